@@ -1,0 +1,51 @@
+"""The ``mtgrpo`` command line: thin sub-commands that parse arguments and call the library.
+
+Each sub-command lives in its own module of this package and exposes
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A command module
+imports nothing heavy at module level (torch, transformers, ...): those imports go
+inside ``run``, so ``mtgrpo --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command name -> (module, one-line help, aliases)
+COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "analyze": (
+        "mtgrpo.cli.analyze",
+        "gradient-noise ('Theorem 3') check of multi-reward advantage estimators",
+        ("thm3-check",),
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mtgrpo",
+        description="Multi-task, multi-reward GRPO post-training of language models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text, aliases) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, aliases=list(aliases))
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(_module=module_name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(args._module)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
