@@ -1,0 +1,439 @@
+"""Group-relative advantages for multi-reward GRPO: pure functions of a ``[N, R]`` score matrix.
+
+Notation: a batch holds ``B`` prompts (groups), each with ``G`` completions, so ``N = B*G``
+rows ordered group by group; each row is scored by ``R`` reward channels with weights
+``w [R]``; ``NaN`` marks a channel that does not apply to a row (its function returned
+``None`` or was not routed to the row's task).
+
+Aggregations (ALGORITHMS.md §2; names are registered in :data:`AGGREGATIONS`):
+
+``sum_then_normalize`` (alias ``an``; TRL's default, GRPO)
+    ``s_j = Σ_l w_l r_jl``, then ``A_j = (s_j − mean(s)) / (std(s) + δ)`` within the group.
+``normalize_then_sum`` (aliases ``na``, ``mo_grpo``; MO-GRPO)
+    ``z_jl = (r_jl − mean_l) / (std_l + δ)`` per channel within the group, ``A_j = Σ_l w_l z_jl``.
+``gdpo`` (GDPO)
+    ``normalize_then_sum`` followed by ``Â = (A − mean_batch A) / (std_batch A + δ)``.
+    **TRL 1.16's** ``multi_objective_aggregation="normalize_then_sum"`` **is this variant.**
+    We keep the name ``normalize_then_sum`` for the plain MO-GRPO estimator on purpose: the
+    batch re-normalisation couples groups through a batch statistic and rescales every
+    channel's influence, which breaks the weight-proportional influence and the
+    ``(τ²/m) wᵀCw`` noise law of the gradient-noise analysis. TRL users who want TRL's numbers
+    pick ``gdpo``.
+``single``
+    Channel 0 only, group-normalised (an ablation).
+
+``scale_rewards`` (TRL's option): ``"group"`` divides by the group std, ``"batch"`` by the std
+of the whole batch, ``"none"`` only centres (Dr. GRPO). For the per-channel orderings it applies
+to each channel's normalisation.
+
+``None`` semantics (``none_handling``), chosen deliberately:
+
+``"neutral"`` (default)
+    A ``None`` neither rewards nor penalises. Under sum-then-normalise the missing entry is
+    replaced by that channel's mean over the group's applicable rows before summing; under
+    normalise-then-sum its normalised value is 0. This is TRL's behaviour for
+    normalise-then-sum, and the reason a reward function may return ``None`` for a completion
+    without silently handing it a reward of 0.
+``"zero"``
+    A ``None`` counts as a reward of 0 (TRL's sum-then-normalise behaviour, which ``nansum``
+    gives). Rows where *every* channel is ``None`` are never zero-filled.
+
+A row where every channel is ``NaN`` is *unscorable*: by default an error
+(``on_unscorable="raise"``); with ``"zero_advantage"`` (TRL's behaviour) it gets advantage 0 and
+is left out of every mean and std.
+
+Gates (conditioning, ALGORITHMS.md §2) are applied before the ordering: channel ``b`` counts only
+where gate channel ``a`` passes (``r_a >= threshold``; a ``NaN`` gate does not pass).
+``zero_fill`` sets ``r_b = 0`` where the gate fails; ``subgroup`` centres ``r_b`` over the
+passing rows of the group and sets it to 0 elsewhere (with fewer than two passing rows the
+channel is 0 for the whole group).
+
+Standard deviations use ``ddof=1`` (unbiased, TRL's choice) with ``δ = 1e-4`` by default; the
+gradient-noise analysis uses ``ddof=0`` and ``δ = 1e-8`` as its formulas do. A std over fewer
+than ``ddof + 1`` values is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "AGGREGATIONS",
+    "GATE_MODES",
+    "NONE_HANDLING",
+    "SCALE_REWARDS",
+    "AdvantageResult",
+    "Gate",
+    "apply_gates",
+    "channel_zscores",
+    "compute_advantages",
+    "resolve_aggregation",
+    "resolve_scale_rewards",
+]
+
+SCALE_REWARDS = ("group", "batch", "none")
+NONE_HANDLING = ("neutral", "zero")
+GATE_MODES = ("zero_fill", "subgroup")
+ON_UNSCORABLE = ("raise", "zero_advantage")
+
+# Relative tolerance below which a group's centred rewards count as "no contrast".
+_CONTRAST_RTOL = 1e-6
+_CONTRAST_ATOL = 1e-7
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Channel ``channel`` counts only where channel ``on`` passes (``r_on >= threshold``)."""
+
+    channel: int
+    on: int
+    mode: str = "zero_fill"
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in GATE_MODES:
+            raise ValueError(
+                f"gate mode {self.mode!r} is not one of {', '.join(GATE_MODES)}; "
+                "use 'zero_fill' (r_b = 0 where the gate fails) or 'subgroup' "
+                "(centre r_b over the passing rows)"
+            )
+        if self.channel == self.on:
+            raise ValueError(f"a channel cannot gate itself (channel {self.channel})")
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Output of :func:`compute_advantages`.
+
+    Attributes:
+        advantages: ``[N]`` one advantage per completion (0 for unscorable rows).
+        zero_gradient: ``[B]`` True where the group has no within-group contrast (every
+            completion got the same rewards), decided before any batch-level step.
+        unscorable: ``[N]`` True where every channel is NaN.
+        scalar_rewards: ``[N]`` ``Σ_l w_l r_jl`` over the applicable channels (NaN for
+            unscorable rows), for logging.
+    """
+
+    advantages: Tensor
+    zero_gradient: Tensor
+    unscorable: Tensor
+    scalar_rewards: Tensor
+
+
+@dataclass(frozen=True)
+class _Spec:
+    weights: Tensor  # [R]
+    scale: str
+    none_handling: str
+    ddof: int
+    eps: float
+
+
+# An aggregation maps gated rewards [B, G, R] (NaN = n/a) and a row mask [B, G] of scorable rows
+# to group-level advantages [B, G] and the centred contrast used for the zero-gradient test.
+Aggregation = Callable[[Tensor, Tensor, _Spec], tuple[Tensor, Tensor]]
+AGGREGATIONS: Registry[Aggregation] = Registry("reward aggregation")
+
+
+def _masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...]) -> Tensor:
+    """Mean of ``x`` over ``dim`` counting only ``mask``; 0 where nothing counts."""
+    count = mask.sum(dim=dim, keepdim=True)
+    total = torch.where(mask, x, 0.0).sum(dim=dim, keepdim=True)
+    return total / count.clamp(min=1)
+
+
+def _masked_std(x: Tensor, mask: Tensor, dim: int | tuple[int, ...], ddof: int) -> Tensor:
+    """Std of ``x`` over ``dim`` counting only ``mask`` (``ddof`` as in numpy); 0 if too few."""
+    count = mask.sum(dim=dim, keepdim=True)
+    mean = _masked_mean(x, mask, dim)
+    sq = torch.where(mask, (x - mean) ** 2, 0.0).sum(dim=dim, keepdim=True)
+    dof = count - ddof
+    var = torch.where(dof > 0, sq / dof.clamp(min=1), torch.zeros_like(sq))
+    return var.sqrt()
+
+
+def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
+    """Divide centred values by the group or batch std (``x`` [B, G, C] holds the raw values)."""
+    if spec.scale == "none":
+        return centred
+    dim: tuple[int, ...] = (1,) if spec.scale == "group" else (0, 1)
+    std = _masked_std(x, mask, dim, spec.ddof)
+    return centred / (std + spec.eps)
+
+
+def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` True where some masked centred value is non-negligible relative to ``reference``."""
+    size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
+    ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
+    return size > _CONTRAST_ATOL + _CONTRAST_RTOL * ref
+
+
+@AGGREGATIONS.register("sum_then_normalize", aliases=("an", "sum_normalize"))
+def _sum_then_normalize(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    applicable = ~rewards.isnan()  # [B, G, R]
+    if spec.none_handling == "neutral":
+        fill = _masked_mean(rewards, applicable, dim=1).expand_as(rewards)
+    else:
+        fill = torch.zeros_like(rewards)
+    filled = torch.where(applicable, rewards, fill)
+    s = (filled * spec.weights).sum(dim=-1)  # [B, G]
+    centred = s - _masked_mean(s, scorable, dim=1)
+    advantages = _scale(centred, s, scorable, spec)
+    contrast = _has_contrast(centred, s, scorable)
+    return torch.where(scorable, advantages, 0.0), contrast
+
+
+def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    """Per-channel normalised rewards ``[B, G, R]`` (0 where not counted) and the contrast."""
+    applicable = ~rewards.isnan()
+    if spec.none_handling == "neutral":
+        valid, values = applicable, rewards
+    else:
+        valid = scorable.unsqueeze(-1).expand_as(rewards)
+        values = torch.where(applicable, rewards, 0.0)
+    centred = values - _masked_mean(values, valid, dim=1)
+    z = _scale(centred, values, valid, spec)
+    contrast = _has_contrast(centred, values, valid)
+    return torch.where(valid, z, 0.0), contrast
+
+
+@AGGREGATIONS.register("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
+def _normalize_then_sum(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    z, contrast = _zscores(rewards, scorable, spec)
+    advantages = (z * spec.weights).sum(dim=-1)
+    return torch.where(scorable, advantages, 0.0), contrast
+
+
+@AGGREGATIONS.register("gdpo")
+def _gdpo(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    group_level, contrast = _normalize_then_sum(rewards, scorable, spec)
+    batch_mean = _masked_mean(group_level, scorable, dim=(0, 1))
+    batch_std = _masked_std(group_level, scorable, dim=(0, 1), ddof=spec.ddof)
+    advantages = (group_level - batch_mean) / (batch_std + spec.eps)
+    return torch.where(scorable, advantages, 0.0), contrast
+
+
+@AGGREGATIONS.register("single")
+def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    channel0 = rewards[..., :1]
+    one = _Spec(torch.ones(1, dtype=rewards.dtype, device=rewards.device), spec.scale,
+                spec.none_handling, spec.ddof, spec.eps)
+    return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
+
+
+def resolve_aggregation(
+    aggregation: str | None = None,
+    *,
+    multi_objective_aggregation: str | None = None,
+    reward_aggregation_method: str | None = None,
+) -> str:
+    """The canonical aggregation name from any of the names users know it by.
+
+    ``multi_objective_aggregation`` is TRL's field name, ``reward_aggregation_method`` the
+    name some TRL tutorials use; ``an`` / ``na`` / ``single`` are the ``multireward-grpo``
+    vocabulary. Giving two different values is an error.
+    """
+    given = {
+        "aggregation": aggregation,
+        "multi_objective_aggregation": multi_objective_aggregation,
+        "reward_aggregation_method": reward_aggregation_method,
+    }
+    named = {k: AGGREGATIONS.canonical(v) for k, v in given.items() if v is not None}
+    if len(set(named.values())) > 1:
+        raise ValueError(
+            "conflicting reward aggregation settings "
+            + ", ".join(f"{k}={given[k]!r}" for k in named)
+            + "; set only one of them"
+        )
+    return next(iter(named.values()), "sum_then_normalize")
+
+
+def resolve_scale_rewards(scale_rewards: str | bool) -> str:
+    """TRL accepts ``True`` (= "group") and ``False`` (= "none") as well as the three names."""
+    if scale_rewards is True:
+        return "group"
+    if scale_rewards is False:
+        return "none"
+    if isinstance(scale_rewards, str) and scale_rewards.lower() in SCALE_REWARDS:
+        return scale_rewards.lower()
+    raise ValueError(
+        f"scale_rewards={scale_rewards!r} is not valid; use one of {', '.join(SCALE_REWARDS)} "
+        "(or True = 'group', False = 'none')"
+    )
+
+
+def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
+    x = torch.as_tensor(rewards)
+    if not x.is_floating_point():
+        x = x.to(torch.float32)
+    if x.dim() != 2:
+        raise ValueError(
+            f"rewards must have shape [N, R] (completions × reward channels), got "
+            f"{tuple(x.shape)}; use rewards.unsqueeze(-1) for a single channel"
+        )
+    if torch.isinf(x).any():
+        row = int(torch.isinf(x).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"rewards contain ±inf (first at row {row}); rewards must be finite or NaN"
+        )
+    return x
+
+
+def _weights(reward_weights: Sequence[float] | Tensor | None, r: int, like: Tensor) -> Tensor:
+    if reward_weights is None:
+        return torch.ones(r, dtype=like.dtype, device=like.device)
+    w = torch.as_tensor(reward_weights, dtype=like.dtype, device=like.device).flatten()
+    if w.numel() != r:
+        raise ValueError(
+            f"reward_weights has {w.numel()} values but the rewards have {r} channels; "
+            "give one weight per reward channel"
+        )
+    if not torch.isfinite(w).all():
+        raise ValueError(f"reward_weights must be finite, got {w.tolist()}")
+    return w
+
+
+def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -> None:
+    if on_unscorable not in ON_UNSCORABLE:
+        raise ValueError(
+            f"on_unscorable={on_unscorable!r} is not valid; use 'raise' or 'zero_advantage'"
+        )
+    if on_unscorable == "raise" and unscorable.any():
+        rows = unscorable.nonzero().flatten()
+        first = [int(i) for i in rows[:5]]
+        raise ValueError(
+            f"{rows.numel()} completion(s) have no applicable reward (every channel is None), "
+            f"first rows {first} (groups {sorted({i // group_size for i in first})}); make at "
+            "least one reward function apply to every task, or pass "
+            "on_unscorable='zero_advantage' to give such completions advantage 0 (TRL's behaviour)"
+        )
+
+
+def apply_gates(rewards: Tensor, gates: Sequence[Gate], group_size: int) -> Tensor:
+    """Apply conditioning gates to ``rewards [N, R]`` in order; returns a new ``[N, R]`` tensor."""
+    if not gates:
+        return rewards
+    r = rewards.shape[1]
+    x = rewards.reshape(-1, group_size, r).clone()  # [B, G, R]
+    for gate in gates:
+        for index in (gate.channel, gate.on):
+            if not 0 <= index < r:
+                raise ValueError(f"gate {gate} refers to channel {index}, but there are {r}")
+        target = x[..., gate.channel]
+        applicable = ~target.isnan()
+        passed = (x[..., gate.on] >= gate.threshold) & applicable  # NaN gate: not passing
+        if gate.mode == "zero_fill":
+            x[..., gate.channel] = torch.where(applicable & ~passed, 0.0, target)
+            continue
+        enough = passed.sum(dim=1, keepdim=True) >= 2  # [B, 1]
+        centred = target - _masked_mean(target, passed, dim=1)
+        gated = torch.where(passed & enough, centred, 0.0)
+        x[..., gate.channel] = torch.where(applicable, gated, target)
+    return x.reshape(-1, r)
+
+
+def _spec(rewards: Tensor, group_size: int, reward_weights, scale_rewards, none_handling,
+          ddof: int, eps: float) -> _Spec:
+    if group_size < 1 or rewards.shape[0] % group_size:
+        raise ValueError(
+            f"group_size={group_size} must be a positive divisor of the number of rows "
+            f"({rewards.shape[0]}); rows are ordered group by group, G per prompt"
+        )
+    if none_handling not in NONE_HANDLING:
+        raise ValueError(
+            f"none_handling={none_handling!r} is not valid; use 'neutral' (None neither rewards "
+            "nor penalises) or 'zero' (None counts as a reward of 0, TRL's sum-then-normalise)"
+        )
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof={ddof} must be 0 (population std) or 1 (unbiased, TRL)")
+    if not eps >= 0:
+        raise ValueError(f"eps={eps} must be >= 0")
+    weights = _weights(reward_weights, rewards.shape[1], rewards)
+    return _Spec(weights, resolve_scale_rewards(scale_rewards), none_handling, ddof, eps)
+
+
+def compute_advantages(
+    rewards: Tensor | np.ndarray,
+    group_size: int,
+    *,
+    reward_weights: Sequence[float] | Tensor | None = None,
+    aggregation: str | None = None,
+    scale_rewards: str | bool = "group",
+    gates: Sequence[Gate] = (),
+    none_handling: str = "neutral",
+    on_unscorable: str = "raise",
+    ddof: int = 1,
+    eps: float = 1e-4,
+    multi_objective_aggregation: str | None = None,
+    reward_aggregation_method: str | None = None,
+) -> AdvantageResult:
+    """Advantages ``[N]`` from reward channels ``[N, R]`` (see the module docstring).
+
+    Args:
+        rewards: ``[N, R]`` scores, ``NaN`` = not applicable; rows grouped ``G`` at a time.
+        group_size: ``G``, completions per prompt.
+        reward_weights: ``[R]`` channel weights (default all 1).
+        aggregation: a name in :data:`AGGREGATIONS` (default ``sum_then_normalize``);
+            ``multi_objective_aggregation`` and ``reward_aggregation_method`` are accepted as
+            aliases of this argument.
+        scale_rewards: ``"group"``, ``"batch"``, ``"none"`` (or TRL's ``True``/``False``).
+        gates: conditioning gates applied before the ordering.
+        none_handling: ``"neutral"`` or ``"zero"`` (how a ``None`` enters the advantage).
+        on_unscorable: ``"raise"`` or ``"zero_advantage"`` for rows with no applicable channel.
+        ddof: 1 (unbiased std, TRL) or 0 (population std, the analysis).
+        eps: ``δ`` added to every std before dividing.
+
+    >>> r = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
+    >>> compute_advantages(r, 4).advantages
+    tensor([ 0.4999, -1.4997,  0.4999,  0.4999])
+    """
+    name = resolve_aggregation(
+        aggregation,
+        multi_objective_aggregation=multi_objective_aggregation,
+        reward_aggregation_method=reward_aggregation_method,
+    )
+    x = _as_tensor(rewards)
+    spec = _spec(x, group_size, reward_weights, scale_rewards, none_handling, ddof, eps)
+    unscorable = x.isnan().all(dim=1)  # [N]
+    _check_unscorable(unscorable, on_unscorable, group_size)
+
+    gated = apply_gates(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
+    scorable = ~unscorable.reshape(-1, group_size)  # [B, G]
+    advantages, contrast = AGGREGATIONS.get(name)(gated, scorable, spec)
+    scalar = (torch.where(x.isnan(), 0.0, x) * spec.weights).sum(dim=1)
+    return AdvantageResult(
+        advantages=advantages.reshape(-1),
+        zero_gradient=~contrast,
+        unscorable=unscorable,
+        scalar_rewards=torch.where(unscorable, torch.nan, scalar),
+    )
+
+
+def channel_zscores(
+    rewards: Tensor | np.ndarray,
+    group_size: int,
+    *,
+    scale_rewards: str | bool = "group",
+    none_handling: str = "neutral",
+    ddof: int = 1,
+    eps: float = 1e-4,
+) -> Tensor:
+    """The per-channel group-normalised rewards ``z [N, R]`` of ``normalize_then_sum``.
+
+    Entries that do not count (not applicable under ``"neutral"``, unscorable rows) are 0.
+    ``compute_advantages(..., aggregation="normalize_then_sum").advantages`` equals
+    ``(channel_zscores(...) * w).sum(-1)``.
+    """
+    x = _as_tensor(rewards)
+    spec = _spec(x, group_size, None, scale_rewards, none_handling, ddof, eps)
+    grouped = x.reshape(-1, group_size, x.shape[1])
+    scorable = ~grouped.isnan().all(dim=-1)
+    z, _ = _zscores(grouped, scorable, spec)
+    return z.reshape(x.shape)
