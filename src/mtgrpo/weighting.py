@@ -1,0 +1,945 @@
+"""Task-weighting strategies: a distribution ``z`` over ``K`` tasks, updated once per step.
+
+Every strategy keeps ``z`` on the simplex (finite, non-negative, summing to 1) and has one small
+interface (ALGORITHMS.md §4; names are registered in :data:`WEIGHTINGS`)::
+
+    strategy = make_weighting("mt_grpo", num_tasks=K, lam=0.25)
+    strategy.weights                  # np.ndarray [K], a copy
+    strategy.update(TaskStats(...))   # -> np.ndarray [K], the new weights
+    strategy.state_dict() / strategy.load_state_dict(state)
+
+Strategies. The logit strategies keep ``ξ [K]`` with ``z = softmax(ξ)`` and ``ξ_0 = 0``; their
+gradient is that of the robust objective ``Σ_k z_k s_k`` with respect to ``ξ``,
+``g_k = z_k (s_k − Σ_j z_j s_j)``, and the update *descends* it, so a task whose signal ``s_k``
+lies below the ``z``-weighted mean gains weight.
+
+``uniform``
+    ``z = 1/K`` always.
+``fixed``
+    The user's weights, normalised.
+``worst_case``
+    ``s_k = J_k``; ``ξ ← ξ − β g``. Without damping ``z`` collapses onto the current worst task
+    (one-hot in the limit): a baseline for the minimax objective with ``ε = 0``, not a recipe.
+``regularized``
+    ``s_k = J_k``; ``ξ ← ξ − β (g + η ξ)``. The damping ``η ξ`` pulls ``ξ`` back towards 0
+    (uniform weights) and stops the collapse. Paper values ``η ∈ {1e-2, 5e-4, 1e-5}``.
+``mt_grpo`` (MT-GRPO's improvement-aware weight update, IWU; Ramesh et al., arXiv 2602.05547)
+    ``s_k = I_k + λ J_k``. ``I_k`` is the change of task ``k``'s GRPO objective across the
+    policy update (measured by the trainer), optionally clipped to ``[−c, c]``. Large ``λ``
+    behaves like ``worst_case`` (robustness); ``λ = 0`` follows improvement only (balanced
+    progress). Default optimizer ``"sgd"`` is the paper's text, ``ξ ← ξ − β (g + η ξ)``;
+    ``"adam"`` is the released code (Adam on ``ξ`` with ``lr = 0.025``, betas ``(0.9, 0.999)``,
+    ``eps = 1e-8`` and L2 weight decay ``η`` added to the gradient as ``torch.optim.Adam`` does).
+    ``reward_ema`` > 0 feeds ``J`` as an exponential moving average of the batch value, as the
+    released code does with decay 0.5; the default 0 is the paper's raw batch value.
+``sec`` (Self-Evolving Curriculum; Chen et al., arXiv 2505.14970)
+    One bandit arm per task, reward ``r_k`` = mean ``|A|`` over task ``k``'s rollouts this step;
+    ``Q ← (1 − α) Q + α r``; ``z = softmax(Q / τ)``.
+
+Absent tasks. A task is *present* in a step when ``count_k > 0``; for a present task ``NaN``
+means "not measured" and ``±inf`` is an error. The values of an absent task are ignored
+whatever they are (``NaN``, ``inf``, stale numbers). The reward- and improvement-driven
+strategies (``worst_case``, ``regularized``, ``mt_grpo``) then use:
+
+- a task present with a measured ``J_k``: the new ``J_k`` (or its EMA) and its measured ``I_k``;
+- a task observed before but not this step: its last ``J_k`` and ``I_k = 0`` (no measured
+  change);
+- a task never observed: ``s_k`` = the ``z``-weighted mean of the observed tasks' signals, which
+  makes its own gradient exactly 0 until it is seen (its weight still moves through the softmax
+  normalisation, as every weight does).
+
+SEC gives absent arms the reward ``r = 0``, its paper's rule. When no task at all is observed in
+a step (nothing to learn from), no strategy changes its weights or optimizer state.
+
+Numerical safety. ``softmax`` subtracts the maximum before ``exp``; logits are kept within
+``±1e150`` and non-finite gradient entries (``inf · 0`` from an underflowed weight) are zeroed,
+so weights stay finite and on the simplex for any finite step size, ``K = 1`` included.
+
+Deliberate choices where the sources are silent: the first observation of a task initialises
+its EMA (a zero-initialised EMA would make a new task look failing and pull weight to it); the
+default ``"sgd"`` step size is 0.5, which moves a logit by 0.005–0.05 per step for the typical
+gradient sizes 0.01–0.1, the same order as the released code's Adam step of 0.025.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "DEFAULT_ADAM_STEP_SIZE",
+    "DEFAULT_SGD_STEP_SIZE",
+    "WEIGHTINGS",
+    "FixedWeighting",
+    "MTGRPOWeighting",
+    "RegularizedWeighting",
+    "SECWeighting",
+    "TaskStats",
+    "UniformWeighting",
+    "WeightingParam",
+    "WeightingStrategy",
+    "WorstCaseWeighting",
+    "make_weighting",
+    "simplex_gradient",
+    "softmax",
+]
+
+DEFAULT_SGD_STEP_SIZE = 0.5
+DEFAULT_ADAM_STEP_SIZE = 0.025
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+# Far beyond where softmax saturates (a logit gap of ~745 already gives weight 0 in float64),
+# yet small enough that Adam's squared gradient (≤ (2e150)²) never overflows.
+_LIMIT = 1e150
+_MAX_LISTED = 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _as_vector(field: str, values: Any) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == np.float64:
+        array = values
+    else:
+        try:
+            array = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"TaskStats.{field} must be a sequence of numbers, one per task; got "
+                f"{type(values).__name__} ({error})"
+            ) from None
+    if array.ndim != 1:
+        raise ValueError(
+            f"TaskStats.{field} must be one-dimensional with one entry per task (shape [K]); "
+            f"got shape {array.shape}"
+        )
+    return array
+
+
+def _as_counts(values: Any) -> np.ndarray:
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        if not (np.isfinite(array).all() and (array == np.round(array)).all()):
+            raise ValueError(
+                f"TaskStats.count must hold whole numbers of rollouts per task; got "
+                f"{array.tolist()}"
+            )
+        array = array.astype(np.int64)
+    elif array.dtype.kind not in "iu":
+        raise TypeError(
+            f"TaskStats.count must be integers (rollouts per task); got dtype {array.dtype}"
+        )
+    if array.ndim != 1:
+        raise ValueError(f"TaskStats.count must have shape [K]; got shape {array.shape}")
+    if (array < 0).any():
+        raise ValueError(f"TaskStats.count must be >= 0 (0 = task absent); got {array.tolist()}")
+    return array
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """What one training step measured per task; the input of :meth:`WeightingStrategy.update`.
+
+    Fields (``K`` tasks, in the strategy's task order; coerced to numpy vectors on creation):
+
+    - ``reward [K]``: ``J_k``, the fraction of task ``k``'s rollouts counted correct this step,
+      measured before zero-gradient filtering. ``NaN`` = absent / not measured.
+    - ``count [K]``: rollouts of task ``k`` this step; 0 marks the task absent.
+    - ``improvement [K] | None``: ``I_k``, the change of task ``k``'s GRPO objective across the
+      policy update (needed by ``mt_grpo``). ``NaN`` = absent / not measured.
+    - ``mean_abs_advantage [K] | None``: mean ``|A|`` over task ``k``'s rollouts (needed by
+      ``sec``). ``NaN`` = absent.
+    """
+
+    reward: np.ndarray  # [K]
+    count: np.ndarray  # [K] int
+    improvement: np.ndarray | None = None  # [K]
+    mean_abs_advantage: np.ndarray | None = None  # [K]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reward", _as_vector("reward", self.reward))
+        object.__setattr__(self, "count", _as_counts(self.count))
+        for field in ("improvement", "mean_abs_advantage"):
+            value = getattr(self, field)
+            if value is not None:
+                object.__setattr__(self, field, _as_vector(field, value))
+        sizes = {f: len(v) for f, v in self._fields().items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"TaskStats fields must all have one entry per task; got sizes {sizes}"
+            )
+
+    def _fields(self) -> dict[str, np.ndarray]:
+        fields = {"reward": self.reward, "count": self.count}
+        if self.improvement is not None:
+            fields["improvement"] = self.improvement
+        if self.mean_abs_advantage is not None:
+            fields["mean_abs_advantage"] = self.mean_abs_advantage
+        return fields
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """``z_k = exp(x_k − max x) / Σ_j exp(x_j − max x)``: finite and on the simplex.
+
+    Subtracting the maximum keeps every exponent ``<= 0`` (no overflow) and the largest term
+    equal to 1 (no division by 0). ``+inf`` entries share the mass equally; all ``−inf`` gives
+    uniform weights. ``NaN`` is an error of the caller.
+    """
+    logits = np.asarray(logits, dtype=np.float64)  # [K]
+    top = logits.max()
+    if not math.isfinite(top):
+        return _softmax_nonfinite(logits)
+    weights = np.exp(logits - top)
+    weights /= weights.sum()
+    return weights
+
+
+def _softmax_nonfinite(logits: np.ndarray) -> np.ndarray:
+    if np.isnan(logits).any():
+        raise ValueError(f"softmax got NaN logits: {logits.tolist()}")
+    winners = logits == np.inf
+    if not winners.any():  # every logit is -inf: no preference at all
+        winners = np.ones_like(winners)
+    return winners / winners.sum()
+
+
+def simplex_gradient(weights: np.ndarray, signal: np.ndarray) -> np.ndarray:
+    """Gradient of ``Σ_k z_k s_k`` with respect to the logits ``ξ`` of ``z = softmax(ξ)``.
+
+    ``g_k = z_k (s_k − Σ_j z_j s_j)`` (MT-GRPO, Subroutine 1). Entries are finite for finite
+    inputs of moderate size; ``inf · 0`` from an underflowed weight becomes 0, an overflowed
+    difference is capped, so the caller's step stays finite.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # handled just below
+        gradient = weights * (signal - weights @ signal)  # [K]
+    if not np.isfinite(gradient).all():
+        gradient = np.clip(np.nan_to_num(gradient, nan=0.0), -_LIMIT, _LIMIT)
+    return gradient
+
+
+def _bounded(logits: np.ndarray) -> np.ndarray:
+    if np.abs(logits).max() <= _LIMIT:
+        return logits
+    assert not np.isnan(logits).any(), "logit update produced NaN"
+    return np.clip(logits, -_LIMIT, _LIMIT)
+
+
+def _fill_unseen(signal: np.ndarray, seen: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Give never-observed tasks the ``z``-weighted mean signal of the observed ones.
+
+    With ``s_u = m = Σ_seen z s / Σ_seen z`` the baseline ``Σ_j z_j s_j`` equals ``m`` as
+    well, so ``g_u = z_u (m − m) = 0``: an unseen task is neither favoured nor penalised, and
+    the observed tasks are centred on their own weighted mean. (The caller also sets ``g_u``
+    to exactly 0, removing the rounding residue.)
+    """
+    if seen.all():
+        return signal
+    seen_weights = np.where(seen, weights, 0.0)  # [K]
+    total = seen_weights.sum()
+    if total == 0.0:  # every observed weight underflowed: fall back to the plain mean
+        seen_weights, total = seen.astype(np.float64), float(seen.sum())
+    mean = seen_weights @ np.where(seen, signal, 0.0) / total
+    return np.where(seen, signal, mean)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True)
+class WeightingParam:
+    """One user-facing parameter of a strategy: its rule, for validation and error messages.
+
+    ``kind="float"``: a finite number in ``[low, high]`` (``low_open``/``high_open`` make an end
+    exclusive; ``optional`` also allows ``None``). ``kind="choice"``: one of ``choices``.
+    ``kind="weights"``: validated by the strategy itself (it needs ``K`` and the task names).
+    """
+
+    name: str
+    description: str
+    kind: Literal["float", "choice", "weights"] = "float"
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+    choices: tuple[str, ...] = ()
+
+    def rule(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "weights":
+            return "K non-negative numbers, not all 0 (or a {task name: weight} mapping)"
+        left = "(" if self.low_open or self.low == -math.inf else "["
+        right = ")" if self.high_open or self.high == math.inf else "]"
+        rule = f"a finite number in {left}{self.low:g}, {self.high:g}{right}"
+        return rule + " or None" if self.optional else rule
+
+    def check(self, strategy: str, value: Any) -> Any:
+        if self.kind == "weights" or (self.optional and value is None):
+            return value
+        if self.kind == "choice":
+            if isinstance(value, str) and value.lower() in self.choices:
+                return value.lower()
+        elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, bool
+        ):
+            number = float(value)
+            low_ok = number > self.low if self.low_open else number >= self.low
+            high_ok = number < self.high if self.high_open else number <= self.high
+            if math.isfinite(number) and low_ok and high_ok:
+                return number
+        raise ValueError(
+            f"{strategy} parameter {self.name!r} must be {self.rule()}; got {value!r}. "
+            f"Fix: pass a valid value ({self.description})"
+        )
+
+
+def _describe_params(cls: type[WeightingStrategy]) -> str:
+    defaults = _defaults(cls)
+    parts = []
+    for param in cls.PARAMS:
+        default = defaults.get(param.name, inspect.Parameter.empty)
+        shown = "required" if default is inspect.Parameter.empty else f"default {default!r}"
+        parts.append(f"{param.name} ({param.rule()}; {shown})")
+    return "; ".join(parts) if parts else "none"
+
+
+def _defaults(cls: type[WeightingStrategy]) -> dict[str, Any]:
+    signature = inspect.signature(cls.__init__)
+    return {name: p.default for name, p in signature.parameters.items() if p.kind == p.KEYWORD_ONLY}
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategy base
+
+
+def _check_num_tasks(num_tasks: Any) -> int:
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)):
+        raise TypeError(f"num_tasks must be an int >= 1; got {num_tasks!r}")
+    if num_tasks < 1:
+        raise ValueError(f"num_tasks must be >= 1 (one weight per task); got {num_tasks}")
+    return int(num_tasks)
+
+
+def _check_task_names(task_names: Sequence[str] | None, num_tasks: int) -> tuple[str, ...] | None:
+    if task_names is None:
+        return None
+    if isinstance(task_names, str) or not all(isinstance(n, str) for n in task_names):
+        raise TypeError(f"task_names must be a sequence of strings; got {task_names!r}")
+    names = tuple(task_names)
+    if len(names) != num_tasks:
+        raise ValueError(
+            f"task_names has {len(names)} names for num_tasks={num_tasks}; give one name per task"
+        )
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"task_names must be unique; repeated: {', '.join(duplicates)}")
+    return names
+
+
+class WeightingStrategy(ABC):
+    """Base of every strategy: validation, the weights vector, steps and ``state_dict``.
+
+    Subclasses set ``name`` (the registry name), ``PARAMS`` (their parameters' rules),
+    ``REQUIRES`` (the optional :class:`TaskStats` fields they read) and implement ``_update``
+    (and ``_state``/``_load_state`` when they carry state). ``weights`` is a copy; ``steps``
+    counts the updates that changed the state (a step where no task was observed does not).
+    """
+
+    name: ClassVar[str]
+    PARAMS: ClassVar[tuple[WeightingParam, ...]] = ()
+    REQUIRES: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, num_tasks: int, *, task_names: Sequence[str] | None, params: Mapping[str, Any]
+    ) -> None:
+        self.num_tasks = _check_num_tasks(num_tasks)
+        self.task_names = _check_task_names(task_names, self.num_tasks)
+        rules = {p.name: p for p in self.PARAMS}
+        self.params: dict[str, Any] = {k: rules[k].check(self.name, v) for k, v in params.items()}
+        self._weights = np.full(self.num_tasks, 1.0 / self.num_tasks)  # [K]
+        self.steps = 0
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Current task weights ``z [K]`` (a copy: finite, non-negative, sum 1)."""
+        return self._weights.copy()
+
+    def update(self, stats: TaskStats) -> np.ndarray:
+        """Validate ``stats``, update the strategy and return the new weights ``[K]`` (a copy)."""
+        present = self._check_stats(stats)  # [K] bool
+        # Overflow on absurd inputs is absorbed by the bounds on logits and gradients.
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._update(stats, present)
+        return self._weights.copy()
+
+    @abstractmethod
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None: ...
+
+    def _state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+    def _task(self, k: int) -> str:
+        return repr(self.task_names[k]) if self.task_names else f"#{k}"
+
+    def _tasks(self, mask: np.ndarray) -> str:
+        indices = np.flatnonzero(mask)
+        shown = ", ".join(self._task(int(k)) for k in indices[:_MAX_LISTED])
+        return shown + (
+            f" and {len(indices) - _MAX_LISTED} more" if len(indices) > _MAX_LISTED else ""
+        )
+
+    def _check_stats(self, stats: TaskStats) -> np.ndarray:
+        """Shapes, required fields and value rules; returns the present mask ``count > 0``."""
+        if not isinstance(stats, TaskStats):
+            raise TypeError(f"update() takes a TaskStats; got {type(stats).__name__}")
+        for field in self.REQUIRES:
+            if getattr(stats, field) is None:
+                raise ValueError(self._missing_field_message(field))
+        if len(stats.count) != self.num_tasks:
+            names = f" ({', '.join(self.task_names)})" if self.task_names else ""
+            raise ValueError(
+                f"TaskStats has {len(stats.count)} entries per field but this {self.name} "
+                f"strategy weights {self.num_tasks} tasks{names}; pass one value per task, in "
+                f"the strategy's task order"
+            )
+        present = stats.count > 0  # [K]
+        for field, values in stats._fields().items():
+            if field != "count" and (bad := np.isinf(values) & present).any():
+                raise ValueError(
+                    f"TaskStats.{field} is infinite for present task(s) {self._tasks(bad)}; "
+                    f"pass a finite value, or NaN when it was not measured"
+                )
+        advantage = stats.mean_abs_advantage
+        if advantage is not None and (bad := (advantage < 0) & present).any():
+            raise ValueError(
+                f"TaskStats.mean_abs_advantage must be >= 0 (a mean of |A|); negative for "
+                f"task(s) {self._tasks(bad)}"
+            )
+        return present
+
+    def _missing_field_message(self, field: str) -> str:
+        return f"the {self.name} strategy needs TaskStats.{field}; it is None"
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (lists, floats, ints, strings; ``None`` stands for NaN)."""
+        return {
+            "strategy": self.name,
+            "num_tasks": self.num_tasks,
+            "task_names": list(self.task_names) if self.task_names else None,
+            "params": dict(self.params),
+            "steps": self.steps,
+            **self._state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; the strategy then continues exactly as before.
+
+        The strategy must have been built with the same name, task count, task names (when both
+        sides have them) and parameters: a silent mismatch would make a resumed run differ.
+        """
+        self._check_header(state)
+        self._load_state(state)
+        self.steps = int(state["steps"])
+
+    def _check_header(self, state: Mapping[str, Any]) -> None:
+        missing = {"strategy", "num_tasks", "params", "steps"} - set(state)
+        if missing:
+            raise ValueError(f"not a weighting state_dict: missing keys {sorted(missing)}")
+        mine = (self.name, self.num_tasks)
+        theirs = (state["strategy"], state["num_tasks"])
+        if mine != theirs:
+            raise ValueError(
+                f"state_dict is for strategy {theirs[0]!r} over {theirs[1]} tasks, but this is "
+                f"{mine[0]!r} over {mine[1]} tasks; build the strategy the state came from"
+            )
+        saved_names = state.get("task_names")
+        if saved_names and self.task_names and tuple(saved_names) != self.task_names:
+            raise ValueError(
+                f"state_dict task order {saved_names} differs from this strategy's "
+                f"{list(self.task_names)}; weights would be applied to the wrong tasks"
+            )
+        for key in sorted(set(state["params"]) | set(self.params)):
+            saved, current = state["params"].get(key), self.params.get(key)
+            if saved != current:
+                raise ValueError(
+                    f"state_dict was saved with {self.name} parameter {key}={saved!r}, but this "
+                    f"strategy has {key}={current!r}; build it with state['params'] to resume"
+                )
+
+
+def _to_json(values: np.ndarray) -> list[float | None]:
+    return [float(v) if math.isfinite(v) else None for v in values.tolist()]
+
+
+def _from_json(state: Mapping[str, Any], key: str, size: int) -> np.ndarray:
+    values = state.get(key)
+    if not isinstance(values, list) or len(values) != size:
+        raise ValueError(f"state_dict[{key!r}] must be a list of {size} numbers; got {values!r}")
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and factory
+
+WEIGHTINGS: Registry[type[WeightingStrategy]] = Registry("weighting strategy")
+
+
+def make_weighting(
+    name: str, num_tasks: int, *, task_names: Sequence[str] | None = None, **params: Any
+) -> WeightingStrategy:
+    """Build the strategy registered as ``name`` for ``num_tasks`` tasks.
+
+    Unknown names list the registered ones; unknown or missing parameters list the valid ones
+    with their allowed ranges and defaults; invalid values say the rule they break.
+    """
+    cls = WEIGHTINGS.get(name)
+    valid = {p.name for p in cls.PARAMS}
+    for key in params:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown parameter {key!r} for weighting strategy {cls.name!r}{hint}; "
+                f"valid parameters: {_describe_params(cls)}"
+            )
+    for key, default in _defaults(cls).items():
+        if key in valid and default is inspect.Parameter.empty and key not in params:
+            raise ValueError(
+                f"weighting strategy {cls.name!r} needs parameter {key!r}; "
+                f"parameters: {_describe_params(cls)}"
+            )
+    return cls(num_tasks, task_names=task_names, **params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixed strategies
+
+
+@WEIGHTINGS.register("uniform")
+class UniformWeighting(WeightingStrategy):
+    """``z_k = 1/K`` at every step (plain multi-task GRPO's implicit weighting)."""
+
+    name = "uniform"
+
+    def __init__(self, num_tasks: int, *, task_names: Sequence[str] | None = None) -> None:
+        super().__init__(num_tasks, task_names=task_names, params={})
+
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None:
+        return None
+
+
+@WEIGHTINGS.register("fixed", aliases=("static",))
+class FixedWeighting(WeightingStrategy):
+    """The user's weights ``w``, normalised: ``z_k = w_k / Σ_j w_j``, never updated.
+
+    ``weights`` is a sequence of ``K`` non-negative finite numbers, not all 0, or a mapping
+    ``{task name: weight}`` covering every task (needs ``task_names``).
+    """
+
+    name = "fixed"
+    PARAMS = (WeightingParam("weights", "the weight of each task", kind="weights"),)
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        weights: Sequence[float] | Mapping[str, float] | np.ndarray,
+        task_names: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(num_tasks, task_names=task_names, params={})
+        vector = self._weight_vector(weights)  # [K]
+        self._weights = vector / vector.sum()
+        self.params = {"weights": _to_json(self._weights)}
+
+    def _weight_vector(self, weights: Any) -> np.ndarray:
+        if isinstance(weights, Mapping):
+            if self.task_names is None:
+                raise ValueError(
+                    "fixed weights given as a {task: weight} mapping need task_names; pass "
+                    "task_names or a list of weights in task order"
+                )
+            unknown = sorted(set(weights) - set(self.task_names))
+            missing = [n for n in self.task_names if n not in weights]
+            if unknown or missing:
+                raise ValueError(
+                    f"fixed weights must name every task exactly: unknown {unknown}, missing "
+                    f"{missing}; tasks are {list(self.task_names)}"
+                )
+            weights = [weights[n] for n in self.task_names]
+        try:
+            vector = np.asarray(weights, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"fixed weights must be numbers; got {weights!r}") from None
+        if vector.shape != (self.num_tasks,):
+            raise ValueError(
+                f"fixed weights need one number per task ({self.num_tasks}); got shape "
+                f"{vector.shape}: {vector.tolist()}"
+            )
+        if not np.isfinite(vector).all() or (vector < 0).any():
+            bad = ~np.isfinite(vector) | (vector < 0)
+            raise ValueError(
+                f"fixed weights must be finite and >= 0; got {vector.tolist()} (bad for task(s) "
+                f"{self._tasks(bad)})"
+            )
+        if vector.sum() <= 0:
+            raise ValueError(
+                f"fixed weights are all 0; give at least one task a positive weight: "
+                f"{vector.tolist()}"
+            )
+        return vector
+
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Logit strategies driven by J (and I)
+
+
+class _RewardMemory:
+    """``J [K]`` per task: the last observation, or its EMA; ``NaN`` until first observed.
+
+    ``J ← decay · J_prev + (1 − decay) · J_batch`` for tasks observed this step; the first
+    observation is taken as is (see the module docstring).
+    """
+
+    def __init__(self, num_tasks: int, decay: float) -> None:
+        self.decay = decay
+        self.value = np.full(num_tasks, np.nan)  # [K]
+
+    def observe(self, reward: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """Fold this step's rewards in; returns the mask of tasks observed this step ``[K]``."""
+        observed = present & ~np.isnan(reward)  # [K]
+        if observed.any():
+            batch = np.where(observed, reward, 0.0)  # absent entries may be inf: keep them out
+            smoothed = self.decay * self.value + (1.0 - self.decay) * batch
+            fresh = np.where(np.isnan(self.value), batch, smoothed)
+            self.value = np.where(observed, fresh, self.value)
+        return observed
+
+
+class _LogitOptimizer:
+    """Descends ``g + η ξ`` on the logits: plain SGD or ``torch.optim.Adam``'s exact update.
+
+    SGD: ``ξ ← ξ − β (g + η ξ)``. Adam (``torch.optim.Adam`` with ``weight_decay=η``, not
+    AdamW): ``d = g + η ξ``; ``m ← m + (1 − β1)(d − m)``; ``v ← β2 v + (1 − β2) d²``;
+    ``ξ ← ξ − (β / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)``, in torch's operation order.
+    """
+
+    def __init__(self, num_tasks: int, kind: str, step_size: float, damping: float) -> None:
+        self.kind, self.step_size, self.damping = kind, step_size, damping
+        self.t = 0
+        self.exp_avg = np.zeros(num_tasks)  # [K]
+        self.exp_avg_sq = np.zeros(num_tasks)  # [K]
+
+    def step(self, logits: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+        direction = gradient + self.damping * logits if self.damping else gradient  # [K]
+        if self.kind == "sgd":
+            return _bounded(logits - self.step_size * direction)
+        beta1, beta2 = ADAM_BETAS
+        self.t += 1
+        self.exp_avg += (1.0 - beta1) * (direction - self.exp_avg)
+        self.exp_avg_sq *= beta2
+        self.exp_avg_sq += (1.0 - beta2) * direction * direction
+        step = self.step_size / (1.0 - beta1**self.t)
+        denom = np.sqrt(self.exp_avg_sq) / (1.0 - beta2**self.t) ** 0.5 + ADAM_EPS
+        return _bounded(logits - step * (self.exp_avg / denom))
+
+    def state(self) -> dict[str, Any]:
+        if self.kind == "sgd":
+            return {"kind": "sgd"}
+        return {
+            "kind": "adam",
+            "t": self.t,
+            "exp_avg": _to_json(self.exp_avg),
+            "exp_avg_sq": _to_json(self.exp_avg_sq),
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or state.get("kind") != self.kind:
+            raise ValueError(f"state_dict['optimizer'] is not a {self.kind} state: {state!r}")
+        if self.kind == "adam":
+            size = len(self.exp_avg)
+            self.t = int(state["t"])
+            self.exp_avg = _from_json(state, "exp_avg", size)
+            self.exp_avg_sq = _from_json(state, "exp_avg_sq", size)
+
+
+_STEP_SIZE = WeightingParam(
+    "step_size", "β, the step on the logits", low=0.0, low_open=True, optional=True
+)
+_DAMPING = WeightingParam("damping", "η, pulls the logits towards 0 (uniform)", low=0.0, high=1.0)
+_REWARD_EMA = WeightingParam(
+    "reward_ema", "EMA decay of J; 0 = raw batch value", low=0.0, high=1.0, high_open=True
+)
+
+
+class _SignalWeighting(WeightingStrategy):
+    """Shared engine of ``worst_case``, ``regularized`` and ``mt_grpo``: ``s → g → ξ → z``.
+
+    Subclasses give ``_signal(stats, present) -> s [K]`` (``NaN`` for never-observed tasks)
+    after the reward memory has been updated.
+    """
+
+    def _setup(self, optimizer: str, step_size: float | None, damping: float, ema: float) -> None:
+        if step_size is None:
+            step_size = DEFAULT_ADAM_STEP_SIZE if optimizer == "adam" else DEFAULT_SGD_STEP_SIZE
+        self.params["step_size"] = step_size
+        self._memory = _RewardMemory(self.num_tasks, ema)
+        self._optimizer = _LogitOptimizer(self.num_tasks, optimizer, step_size, damping)
+        self._logits = np.zeros(self.num_tasks)  # [K] ξ
+
+    @abstractmethod
+    def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray: ...
+
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None:
+        if not self._memory.observe(stats.reward, present).any():
+            return
+        seen = ~np.isnan(self._memory.value)  # [K]
+        signal = _fill_unseen(self._signal(stats, present), seen, self._weights)  # [K]
+        gradient = simplex_gradient(self._weights, signal)  # [K]
+        if not seen.all():  # exactly 0, not a rounding residue that Adam would amplify
+            gradient = np.where(seen, gradient, 0.0)
+        self._logits = self._optimizer.step(self._logits, gradient)
+        self._weights = softmax(self._logits)
+        self.steps += 1
+
+    @property
+    def logits(self) -> np.ndarray:
+        """The logits ``ξ [K]`` (a copy); ``weights = softmax(logits)``."""
+        return self._logits.copy()
+
+    @property
+    def task_rewards(self) -> np.ndarray:
+        """The ``J [K]`` the strategy currently holds (a copy; ``NaN`` = never observed)."""
+        return self._memory.value.copy()
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "logits": _to_json(self._logits),
+            "reward": _to_json(self._memory.value),
+            "optimizer": self._optimizer.state(),
+        }
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        logits = _from_json(state, "logits", self.num_tasks)
+        if not np.isfinite(logits).all():
+            raise ValueError(f"state_dict['logits'] must be finite; got {state['logits']}")
+        self._memory.value = _from_json(state, "reward", self.num_tasks)
+        self._optimizer.load(state.get("optimizer"))
+        self._logits = logits
+        self._weights = softmax(logits)
+
+
+@WEIGHTINGS.register("worst_case", aliases=("minimax",))
+class WorstCaseWeighting(_SignalWeighting):
+    """Reward-only minimax weights: ``g_k = z_k (J_k − Σ_j z_j J_j)``, ``ξ ← ξ − β g``.
+
+    With no damping the weights collapse onto the current worst task (one-hot in the limit):
+    a baseline for the robust objective with ``ε = 0``; use ``regularized`` or ``mt_grpo`` to
+    train.
+    """
+
+    name = "worst_case"
+    PARAMS = (_STEP_SIZE, _REWARD_EMA)
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        step_size: float = DEFAULT_SGD_STEP_SIZE,
+        reward_ema: float = 0.0,
+        task_names: Sequence[str] | None = None,
+    ) -> None:
+        params = {"step_size": step_size, "reward_ema": reward_ema}
+        super().__init__(num_tasks, task_names=task_names, params=params)
+        self._setup("sgd", self.params["step_size"], 0.0, self.params["reward_ema"])
+
+    def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray:
+        return self._memory.value
+
+
+@WEIGHTINGS.register("regularized", aliases=("regularised",))
+class RegularizedWeighting(_SignalWeighting):
+    """Reward-only weights with damping: ``ξ ← ξ − β (g + η ξ)``, ``g_k = z_k (J_k − z·J)``.
+
+    The damping term keeps ``ξ`` near 0 so the weights stop short of collapsing; paper values
+    ``η ∈ {1e-2, 5e-4, 1e-5}`` (default 1e-2, the one that visibly differs from
+    ``worst_case``).
+    """
+
+    name = "regularized"
+    PARAMS = (_STEP_SIZE, _DAMPING, _REWARD_EMA)
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        step_size: float = DEFAULT_SGD_STEP_SIZE,
+        damping: float = 1e-2,
+        reward_ema: float = 0.0,
+        task_names: Sequence[str] | None = None,
+    ) -> None:
+        params = {"step_size": step_size, "damping": damping, "reward_ema": reward_ema}
+        super().__init__(num_tasks, task_names=task_names, params=params)
+        p = self.params
+        self._setup("sgd", p["step_size"], p["damping"], p["reward_ema"])
+
+    def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray:
+        return self._memory.value
+
+
+@WEIGHTINGS.register("mt_grpo", aliases=("mtgrpo", "iwu"))
+class MTGRPOWeighting(_SignalWeighting):
+    """MT-GRPO's improvement-aware weight update (IWU; arXiv 2602.05547, Subroutine 1).
+
+    ``s_k = clip(I_k, −c, c) + λ J_k``; ``g_k = z_k (s_k − Σ_j z_j s_j)``; then
+    ``optimizer="sgd"`` (default, the paper's text): ``ξ ← ξ − β (g + η ξ)`` with
+    ``β = 0.5`` unless given; ``optimizer="adam"`` (the released code): Adam on ``ξ`` with
+    ``lr = β = 0.025`` unless given and weight decay ``η``. ``improvement_clip=None`` (paper
+    text) does not clip; the code uses 0.1 or 0.2. ``reward_ema=0`` (paper text) uses the
+    batch ``J``; the code uses 0.5. Paper values: ``λ ∈ {0.2, 0.25}`` (3 tasks),
+    ``{0.1, 0.3, 0.9, 1.2}`` (9 tasks); ``η ∈ {1e-5, 1e-4}``.
+    """
+
+    name = "mt_grpo"
+    PARAMS = (
+        WeightingParam("lam", "λ, weight of J against the improvement I", low=0.0),
+        _STEP_SIZE,
+        WeightingParam(
+            "optimizer", "'sgd' = paper text, 'adam' = code", "choice", choices=("sgd", "adam")
+        ),
+        _DAMPING,
+        WeightingParam(
+            "improvement_clip", "c, clip I to [-c, c]", low=0.0, low_open=True, optional=True
+        ),
+        _REWARD_EMA,
+    )
+    REQUIRES = ("improvement",)
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        lam: float = 0.25,
+        step_size: float | None = None,
+        optimizer: Literal["sgd", "adam"] = "sgd",
+        damping: float = 1e-5,
+        improvement_clip: float | None = None,
+        reward_ema: float = 0.0,
+        task_names: Sequence[str] | None = None,
+    ) -> None:
+        params = {
+            "lam": lam,
+            "step_size": step_size,
+            "optimizer": optimizer,
+            "damping": damping,
+            "improvement_clip": improvement_clip,
+            "reward_ema": reward_ema,
+        }
+        super().__init__(num_tasks, task_names=task_names, params=params)
+        p = self.params
+        self._setup(p["optimizer"], p["step_size"], p["damping"], p["reward_ema"])
+
+    def _missing_field_message(self, field: str) -> str:
+        return (
+            "the mt_grpo strategy needs TaskStats.improvement (I_k, the change of task k's GRPO "
+            "objective across the policy update); pass NaN where it was not measured, or use "
+            "'regularized' for a reward-only update"
+        )
+
+    def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray:
+        improvement = stats.improvement
+        assert improvement is not None  # REQUIRES checked it
+        measured = present & ~np.isnan(improvement)  # [K]
+        improvement = np.where(measured, improvement, 0.0)  # absent or not measured: no change
+        clip = self.params["improvement_clip"]
+        if clip is not None:
+            improvement = np.clip(improvement, -clip, clip)
+        return improvement + self.params["lam"] * self._memory.value
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-Evolving Curriculum
+
+
+@WEIGHTINGS.register("sec", aliases=("self_evolving_curriculum",))
+class SECWeighting(WeightingStrategy):
+    """Self-Evolving Curriculum (Chen et al., arXiv 2505.14970) with one arm per task.
+
+    ``r_k`` = mean ``|A|`` over task ``k``'s rollouts this step (0 for an arm absent from the
+    batch, the paper's rule); ``Q ← (1 − α) Q + α r`` with ``Q_0 = 0``; ``z = softmax(Q / τ)``.
+    Defaults ``α = 0.5``, ``τ = 0.2`` (the paper's multi-task puzzle setting). A step where no
+    arm is present changes nothing.
+    """
+
+    name = "sec"
+    PARAMS = (
+        WeightingParam("alpha", "α, the Q learning rate", low=0.0, high=1.0, low_open=True),
+        WeightingParam("temperature", "τ of the Boltzmann weights", low=0.0, low_open=True),
+    )
+    REQUIRES = ("mean_abs_advantage",)
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        alpha: float = 0.5,
+        temperature: float = 0.2,
+        task_names: Sequence[str] | None = None,
+    ) -> None:
+        params = {"alpha": alpha, "temperature": temperature}
+        super().__init__(num_tasks, task_names=task_names, params=params)
+        self._q = np.zeros(self.num_tasks)  # [K]
+
+    @property
+    def q_values(self) -> np.ndarray:
+        """The arms' values ``Q [K]`` (a copy)."""
+        return self._q.copy()
+
+    def _missing_field_message(self, field: str) -> str:
+        return (
+            "the sec strategy needs TaskStats.mean_abs_advantage (mean |A| over each task's "
+            "rollouts this step); pass NaN for tasks absent from the batch"
+        )
+
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None:
+        advantage = stats.mean_abs_advantage
+        assert advantage is not None  # REQUIRES checked it
+        observed = present & ~np.isnan(advantage)  # [K]
+        if not observed.any():
+            return
+        reward = np.where(observed, advantage, 0.0)  # [K]
+        alpha = self.params["alpha"]
+        self._q = (1.0 - alpha) * self._q + alpha * reward
+        self._weights = softmax(self._q / self.params["temperature"])
+        self.steps += 1
+
+    def _state(self) -> dict[str, Any]:
+        return {"q": _to_json(self._q)}
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        q = _from_json(state, "q", self.num_tasks)
+        if not np.isfinite(q).all():
+            raise ValueError(f"state_dict['q'] must be finite; got {state['q']}")
+        self._q = q
+        self._weights = softmax(q / self.params["temperature"])

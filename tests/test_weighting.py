@@ -1,0 +1,761 @@
+"""Tests of mtgrpo.weighting: formulas on hand-built inputs, loop references, torch's Adam,
+absent-task rules, validation messages, the simplex property and state round trips."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtgrpo.weighting import (
+    DEFAULT_ADAM_STEP_SIZE,
+    DEFAULT_SGD_STEP_SIZE,
+    WEIGHTINGS,
+    FixedWeighting,
+    MTGRPOWeighting,
+    TaskStats,
+    WeightingStrategy,
+    make_weighting,
+    simplex_gradient,
+    softmax,
+)
+
+NAN = math.nan
+TIGHT = {"rtol": 0.0, "atol": 1e-12}
+
+
+def full_stats(reward, improvement=None, mean_abs_advantage=None, count=None) -> TaskStats:
+    """Every task present with 4 rollouts unless ``count`` says otherwise."""
+    count = [4] * len(reward) if count is None else count
+    return TaskStats(
+        reward=reward, count=count, improvement=improvement, mean_abs_advantage=mean_abs_advantage
+    )
+
+
+def assert_on_simplex(weights: np.ndarray, size: int) -> None:
+    assert weights.shape == (size,)
+    assert np.isfinite(weights).all()
+    assert (weights >= 0).all()
+    assert abs(weights.sum() - 1.0) <= 1e-12
+
+
+def all_strategies(num_tasks: int, **overrides) -> list[WeightingStrategy]:
+    weights = list(range(1, num_tasks + 1))
+    return [
+        make_weighting("uniform", num_tasks),
+        make_weighting("fixed", num_tasks, weights=weights),
+        make_weighting("worst_case", num_tasks, **overrides),
+        make_weighting("regularized", num_tasks, **overrides),
+        make_weighting("mt_grpo", num_tasks, improvement_clip=0.2, **overrides),
+        make_weighting("mt_grpo", num_tasks, optimizer="adam", reward_ema=0.5, **overrides),
+        make_weighting("sec", num_tasks),
+    ]
+
+
+def random_stats(rng: np.random.Generator, num_tasks: int, absent_rate: float = 0.3) -> TaskStats:
+    """Random stats: absent tasks hold NaN, inf or stale garbage; some present tasks have a
+    field that was not measured (NaN)."""
+    count = rng.integers(1, 9, size=num_tasks) * (rng.random(num_tasks) >= absent_rate)
+    absent = count == 0
+    garbage = rng.choice([NAN, math.inf, -math.inf, 7.0], size=num_tasks)
+
+    def measured(values: np.ndarray, rate: float) -> np.ndarray:
+        return np.where(rng.random(num_tasks) < rate, NAN, values)
+
+    reward = np.where(absent, garbage, measured(rng.random(num_tasks), 0.1))
+    improvement = np.where(absent, garbage, measured(rng.normal(0.0, 0.1, num_tasks), 0.2))
+    mean_abs = np.where(absent, np.abs(garbage), measured(rng.random(num_tasks), 0.1))
+    return TaskStats(reward, count, improvement, mean_abs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def test_softmax_hand_values_and_stability():
+    # softmax([0, ln 3]) = [1, 3] / 4; shifting by 1000 must not overflow and gives the same.
+    expected = np.array([0.25, 0.75])
+    np.testing.assert_allclose(softmax(np.array([0.0, math.log(3.0)])), expected, **TIGHT)
+    np.testing.assert_allclose(
+        softmax(np.array([1000.0, 1000.0 + math.log(3.0)])), expected, rtol=0, atol=1e-12
+    )
+    # A gap of 1e300 is a one-hot, not a NaN.
+    np.testing.assert_array_equal(softmax(np.array([-1e300, 1e300])), [0.0, 1.0])
+    np.testing.assert_array_equal(softmax(np.array([math.inf, 0.0, math.inf])), [0.5, 0.0, 0.5])
+    np.testing.assert_array_equal(softmax(np.array([-math.inf, -math.inf])), [0.5, 0.5])
+    with pytest.raises(ValueError, match="softmax got NaN logits"):
+        softmax(np.array([0.0, NAN]))
+
+
+def test_simplex_gradient_matches_loop_and_finite_differences():
+    rng = np.random.default_rng(0)
+    for num_tasks in (1, 2, 5, 17):
+        logits = rng.normal(size=num_tasks)
+        signal = rng.normal(size=num_tasks)
+        weights = softmax(logits)
+        gradient = simplex_gradient(weights, signal)
+        # Loop reference: g_k = z_k (s_k − Σ_j z_j s_j).
+        baseline = sum(weights[j] * signal[j] for j in range(num_tasks))
+        loop = [weights[k] * (signal[k] - baseline) for k in range(num_tasks)]
+        np.testing.assert_allclose(gradient, loop, **TIGHT)
+        # It is the derivative of Σ_k softmax(ξ)_k s_k: central differences, O(h²) error.
+        h = 1e-6
+        numeric = []
+        for k in range(num_tasks):
+            step = np.zeros(num_tasks)
+            step[k] = h
+            up, down = softmax(logits + step) @ signal, softmax(logits - step) @ signal
+            numeric.append((up - down) / (2 * h))
+        np.testing.assert_allclose(gradient, numeric, rtol=0, atol=1e-9)
+
+
+def test_simplex_gradient_zeroes_inf_times_zero():
+    # Weight 0 (underflow) times an infinite difference would be NaN; it must be 0 instead.
+    gradient = simplex_gradient(np.array([0.0, 1.0]), np.array([math.inf, 0.0]))
+    assert np.isfinite(gradient).all()
+    assert gradient[0] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# worst_case and regularized
+
+
+def test_worst_case_first_step_by_hand():
+    # K=3, J=[0.2, 0.5, 0.8], z=1/3: z·J = 0.5, g = (1/3)[−0.3, 0, 0.3] = [−0.1, 0, 0.1];
+    # β = 0.5: ξ = −β g = [0.05, 0, −0.05].
+    strategy = make_weighting("worst_case", 3, step_size=0.5)
+    weights = strategy.update(full_stats([0.2, 0.5, 0.8]))
+    np.testing.assert_allclose(strategy.logits, [0.05, 0.0, -0.05], **TIGHT)
+    np.testing.assert_allclose(weights, softmax(np.array([0.05, 0.0, -0.05])), **TIGHT)
+    assert strategy.steps == 1
+
+
+def test_worst_case_concentrates_on_the_worst_task():
+    strategy = make_weighting("worst_case", 4, step_size=20.0)
+    stats = full_stats([0.6, 0.3, 0.9, 0.5])
+    for _ in range(500):
+        weights = strategy.update(stats)
+    assert np.argmax(weights) == 1
+    assert weights[1] > 0.99
+
+
+def test_regularized_two_steps_by_hand():
+    # K=2, J=[0.0, 1.0], β=1, η=0.1.
+    # Step 1: z=[.5,.5], z·J=.5, g=[−.25, .25], ξ=0 → ξ = −(g + ηξ) = [.25, −.25].
+    # Step 2: z=softmax([.25,−.25]) = [σ(.5), 1−σ(.5)], g_0 = z_0 (0 − z_1) = −z_0 z_1,
+    #         g_1 = z_1 (1 − z_1) = z_0 z_1; ξ_0 = .25 − (−z_0 z_1 + .025), ξ_1 = −ξ_0.
+    strategy = make_weighting("regularized", 2, step_size=1.0, damping=0.1)
+    stats = full_stats([0.0, 1.0])
+    strategy.update(stats)
+    np.testing.assert_allclose(strategy.logits, [0.25, -0.25], **TIGHT)
+    strategy.update(stats)
+    z0 = 1.0 / (1.0 + math.exp(-0.5))
+    xi0 = 0.25 - (-z0 * (1 - z0) + 0.025)
+    np.testing.assert_allclose(strategy.logits, [xi0, -xi0], **TIGHT)
+
+
+def test_regularized_stops_short_of_collapse_at_its_fixed_point():
+    stats = full_stats([0.2, 0.5, 0.8])
+    damped = make_weighting("regularized", 3, step_size=2.0, damping=0.05)
+    undamped = make_weighting("worst_case", 3, step_size=2.0)
+    for _ in range(3000):
+        damped.update(stats)
+        undamped.update(stats)
+    # At the fixed point the update vanishes: g + η ξ = 0.
+    weights = damped.weights
+    gradient = simplex_gradient(weights, np.array([0.2, 0.5, 0.8]))
+    np.testing.assert_allclose(gradient + 0.05 * damped.logits, 0.0, rtol=0, atol=1e-10)
+    assert 0.34 < weights[0] < undamped.weights[0]
+    assert undamped.weights[0] > 0.99
+
+
+# ---------------------------------------------------------------------------------------------
+# mt_grpo
+
+
+def test_mt_grpo_with_large_lambda_behaves_like_worst_case():
+    rng = np.random.default_rng(1)
+    reward = np.array([0.55, 0.1, 0.8, 0.35, 0.6])
+    # s = I + λJ with β/λ equals worst_case's update of step β up to the O(I/λ) term.
+    mt = make_weighting("mt_grpo", 5, lam=1e3, step_size=1.0 / 1e3, damping=0.0)
+    worst = make_weighting("worst_case", 5, step_size=1.0)
+    for _ in range(200):
+        improvement = rng.normal(0.0, 0.05, 5)
+        mt_weights = mt.update(full_stats(reward, improvement))
+        worst_weights = worst.update(full_stats(reward))
+    assert np.argmax(mt_weights) == np.argmax(worst_weights) == 1
+    np.testing.assert_array_equal(np.argsort(mt_weights), np.argsort(-reward))
+    np.testing.assert_allclose(mt_weights, worst_weights, rtol=0, atol=1e-3)
+
+
+def test_mt_grpo_with_zero_lambda_follows_improvement_only():
+    improvement = np.array([0.05, -0.03, 0.01])
+    # The task with the smallest I (#1) has the best J: J must not matter at all.
+    a = make_weighting("mt_grpo", 3, lam=0.0)
+    b = make_weighting("mt_grpo", 3, lam=0.0)
+    for _ in range(20):
+        weights_a = a.update(full_stats([0.1, 0.9, 0.5], improvement))
+        weights_b = b.update(full_stats([0.7, 0.2, 0.3], improvement))
+    np.testing.assert_array_equal(weights_a, weights_b)
+    assert np.argmax(weights_a) == 1
+    np.testing.assert_array_equal(np.argsort(weights_a), np.argsort(-improvement))
+
+
+def test_mt_grpo_needs_improvement():
+    strategy = make_weighting("mt_grpo", 2)
+    with pytest.raises(ValueError, match=r"needs TaskStats.improvement .*'regularized'"):
+        strategy.update(full_stats([0.1, 0.2]))
+
+
+def test_improvement_clip_equals_clipped_input():
+    # With c = 0.1, I = [0.5, −0.5, 0.05] is fed as [0.1, −0.1, 0.05].
+    clipped = make_weighting("mt_grpo", 3, improvement_clip=0.1)
+    manual = make_weighting("mt_grpo", 3)
+    for _ in range(3):
+        clipped.update(full_stats([0.2, 0.4, 0.6], [0.5, -0.5, 0.05]))
+        manual.update(full_stats([0.2, 0.4, 0.6], [0.1, -0.1, 0.05]))
+    np.testing.assert_array_equal(clipped.logits, manual.logits)
+    unclipped = make_weighting("mt_grpo", 3)
+    unclipped.update(full_stats([0.2, 0.4, 0.6], [0.5, -0.5, 0.05]))
+    assert not np.allclose(unclipped.logits, manual.logits)
+
+
+def test_reward_ema_by_hand():
+    # decay 0.5: the first J is taken as is (0.2), then J = 0.5·0.2 + 0.5·0.6 = 0.4.
+    smoothed = make_weighting("mt_grpo", 2, reward_ema=0.5)
+    raw = make_weighting("mt_grpo", 2)
+    improvement = [0.0, 0.0]
+    smoothed.update(full_stats([0.2, 0.8], improvement))
+    smoothed.update(full_stats([0.6, 0.8], improvement))
+    np.testing.assert_allclose(smoothed.task_rewards, [0.4, 0.8], **TIGHT)
+    raw.update(full_stats([0.2, 0.8], improvement))
+    raw.update(full_stats([0.4, 0.8], improvement))
+    np.testing.assert_allclose(smoothed.weights, raw.weights, **TIGHT)
+
+
+def test_default_step_sizes_follow_the_optimizer():
+    assert make_weighting("mt_grpo", 2).params["step_size"] == DEFAULT_SGD_STEP_SIZE
+    adam = make_weighting("mt_grpo", 2, optimizer="ADAM")
+    assert adam.params["optimizer"] == "adam"
+    assert adam.params["step_size"] == DEFAULT_ADAM_STEP_SIZE == 0.025
+
+
+def reference_signal_weights(history, num_tasks, *, lam, beta, optimizer, eta, clip, ema):
+    """Plain-Python MT-GRPO (λ=1 with I unmeasured is worst_case/regularized), loop over tasks.
+
+    Returns the logits after each step. Adam is the textbook form (m̂, v̂), not torch's order.
+    """
+    xi, held = [0.0] * num_tasks, [None] * num_tasks
+    m, v, t, out = [0.0] * num_tasks, [0.0] * num_tasks, 0, []
+    for stats in history:
+        top = max(xi)
+        exps = [math.exp(x - top) for x in xi]
+        z = [e / sum(exps) for e in exps]
+        observed = [
+            stats.count[k] > 0 and not math.isnan(stats.reward[k]) for k in range(num_tasks)
+        ]
+        if not any(observed):
+            out.append(list(xi))
+            continue
+        for k in range(num_tasks):
+            if observed[k]:
+                r = float(stats.reward[k])
+                held[k] = r if held[k] is None else ema * held[k] + (1 - ema) * r
+        signal = [None] * num_tasks
+        for k in range(num_tasks):
+            if held[k] is None:
+                continue
+            imp = stats.improvement[k] if stats.improvement is not None else NAN
+            i = float(imp) if stats.count[k] > 0 and not math.isnan(imp) else 0.0
+            if clip is not None:
+                i = min(max(i, -clip), clip)
+            signal[k] = i + lam * held[k]
+        seen_mass = sum(z[k] for k in range(num_tasks) if signal[k] is not None)
+        mean = sum(z[k] * signal[k] for k in range(num_tasks) if signal[k] is not None) / seen_mass
+        signal = [mean if s is None else s for s in signal]
+        baseline = sum(z[k] * signal[k] for k in range(num_tasks))
+        gradient = [
+            z[k] * (signal[k] - baseline) if held[k] is not None else 0.0 for k in range(num_tasks)
+        ]  # a never-observed task: exactly 0
+        direction = [gradient[k] + eta * xi[k] for k in range(num_tasks)]
+        t += 1
+        for k in range(num_tasks):
+            if optimizer == "sgd":
+                xi[k] -= beta * direction[k]
+            else:
+                m[k] = 0.9 * m[k] + 0.1 * direction[k]
+                v[k] = 0.999 * v[k] + 0.001 * direction[k] ** 2
+                m_hat, v_hat = m[k] / (1 - 0.9**t), v[k] / (1 - 0.999**t)
+                xi[k] -= beta * m_hat / (math.sqrt(v_hat) + 1e-8)
+        out.append(list(xi))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "reference"),
+    [
+        ("mt_grpo", {"lam": 0.3, "damping": 1e-2}, {"optimizer": "sgd", "clip": None, "ema": 0.0}),
+        (
+            "mt_grpo",
+            {
+                "lam": 1.2,
+                "optimizer": "adam",
+                "damping": 1e-4,
+                "improvement_clip": 0.1,
+                "reward_ema": 0.5,
+            },
+            {"optimizer": "adam", "clip": 0.1, "ema": 0.5},
+        ),
+        ("worst_case", {"step_size": 3.0}, {"lam": 1.0, "beta": 3.0, "eta": 0.0}),
+        ("regularized", {"damping": 5e-4}, {"lam": 1.0, "eta": 5e-4}),
+    ],
+)
+@pytest.mark.parametrize("num_tasks", [1, 3, 8])
+def test_signal_strategies_match_loop_reference(name, options, reference, num_tasks):
+    rng = np.random.default_rng(num_tasks)
+    strategy = make_weighting(name, num_tasks, **options)
+    params = strategy.params
+    settings_ = {
+        "lam": params.get("lam", 1.0),
+        "beta": params["step_size"],
+        "optimizer": params.get("optimizer", "sgd"),
+        "eta": params.get("damping", 0.0),
+        "clip": params.get("improvement_clip"),
+        "ema": params["reward_ema"],
+    }
+    assert {k: settings_[k] for k in reference} == reference  # the factory resolved as expected
+    history = [random_stats(rng, num_tasks, absent_rate=0.4) for _ in range(12)]
+    if name != "mt_grpo":  # their signal is J only: the reference reads I as unmeasured
+        history = [TaskStats(s.reward, s.count) for s in history]
+    expected = reference_signal_weights(history, num_tasks, **settings_)
+    for stats, logits in zip(history, expected, strict=True):
+        strategy.update(stats)
+        np.testing.assert_allclose(strategy.logits, logits, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(strategy.weights, softmax(np.array(logits)), rtol=0, atol=1e-12)
+
+
+def test_adam_matches_torch_adam_with_weight_decay():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    num_tasks, damping, step_size = 5, 1e-3, 0.025
+    strategy = make_weighting(
+        "mt_grpo", num_tasks, lam=0.5, optimizer="adam", damping=damping, step_size=step_size
+    )
+    xi = torch.zeros(num_tasks, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam(
+        [xi], lr=step_size, betas=(0.9, 0.999), eps=1e-8, weight_decay=damping
+    )
+    for _ in range(25):
+        reward, improvement = rng.random(num_tasks), rng.normal(0.0, 0.1, num_tasks)
+        # Every task present: s = I + λJ and g = z (s − z·s) from the weights before the step.
+        weights = strategy.weights
+        signal = improvement + 0.5 * reward
+        xi.grad = torch.from_numpy(weights * (signal - weights @ signal))
+        optimizer.step()
+        strategy.update(full_stats(reward, improvement))
+        np.testing.assert_allclose(strategy.logits, xi.detach().numpy(), rtol=0, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
+# Absent tasks
+
+
+def test_absent_task_holds_its_last_reward_and_no_improvement():
+    a = make_weighting("mt_grpo", 3, lam=0.5)
+    b = make_weighting("mt_grpo", 3, lam=0.5)
+    first = full_stats([0.3, 0.6, 0.9], [0.02, 0.01, -0.01])
+    a.update(first)
+    b.update(first)
+    # Task 2 absent (garbage values) ≡ task 2 present with its last J = 0.9 and I = 0.
+    a.update(TaskStats([0.4, 0.5, math.inf], [4, 4, 0], [0.01, 0.03, NAN]))
+    b.update(full_stats([0.4, 0.5, 0.9], [0.01, 0.03, 0.0]))
+    np.testing.assert_array_equal(a.logits, b.logits)
+    np.testing.assert_array_equal(a.task_rewards, [0.4, 0.5, 0.9])
+
+
+def test_unmeasured_values_of_a_present_task():
+    # A present task with NaN improvement counts as I = 0; with NaN reward its J is held.
+    a = make_weighting("mt_grpo", 2, lam=0.5)
+    b = make_weighting("mt_grpo", 2, lam=0.5)
+    a.update(full_stats([0.3, 0.6], [0.02, NAN]))
+    b.update(full_stats([0.3, 0.6], [0.02, 0.0]))
+    np.testing.assert_array_equal(a.logits, b.logits)
+    a.update(full_stats([NAN, 0.5], [0.01, 0.03]))
+    b.update(full_stats([0.3, 0.5], [0.01, 0.03]))
+    np.testing.assert_array_equal(a.logits, b.logits)
+
+
+def test_never_observed_task_gets_zero_gradient():
+    # Task 2 never appears: with damping 0 its logit must stay exactly 0 (g_2 = 0) while the
+    # others move, and the observed tasks move as if the unseen task had their mean signal.
+    strategy = make_weighting("regularized", 3, damping=0.0)
+    for reward in ([0.2, 0.8, NAN], [0.1, 0.7, NAN], [0.3, 0.9, NAN]):
+        strategy.update(TaskStats(reward, [4, 4, 0]))
+        assert strategy.logits[2] == 0.0
+    assert strategy.logits[0] > 0 > strategy.logits[1]
+    # Step 1 by hand: z = 1/3, m = (0.2 + 0.8)/2 = 0.5, g = (1/3)[−0.3, 0.3, 0], β = 0.5.
+    fresh = make_weighting("regularized", 3, damping=0.0)
+    fresh.update(TaskStats([0.2, 0.8, NAN], [4, 4, 0]))
+    np.testing.assert_allclose(fresh.logits, [0.05, -0.05, 0.0], **TIGHT)
+
+
+@pytest.mark.parametrize("strategy", all_strategies(3), ids=lambda s: s.name)
+def test_step_without_any_observed_task_changes_nothing(strategy):
+    strategy.update(full_stats([0.2, 0.5, 0.7], [0.01, 0.0, -0.01], [0.3, 0.2, 0.1]))
+    before = strategy.state_dict()
+    weights = strategy.update(
+        TaskStats([NAN, math.inf, 0.5], [0, 0, 0], [NAN, NAN, 1.0], [NAN, math.inf, 2.0])
+    )
+    assert strategy.state_dict() == before
+    np.testing.assert_array_equal(weights, strategy.weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# SEC
+
+
+def test_sec_q_update_and_boltzmann_weights_by_hand():
+    strategy = make_weighting("sec", 3)  # α = 0.5, τ = 0.2
+    # Step 1: r = [0.4, 0 (absent), 0.8]; Q = 0.5·r = [0.2, 0, 0.4]; Q/τ = [1, 0, 2].
+    weights = strategy.update(TaskStats([0.1, NAN, 0.3], [4, 0, 4], None, [0.4, NAN, 0.8]))
+    np.testing.assert_allclose(strategy.q_values, [0.2, 0.0, 0.4], **TIGHT)
+    e = math.e
+    np.testing.assert_allclose(weights, np.array([e, 1.0, e**2]) / (e + 1 + e**2), **TIGHT)
+    # Step 2: r = [0.2, 0.6, 0 (absent)]; Q = 0.5·[0.2, 0, 0.4] + 0.5·[0.2, 0.6, 0]
+    #         = [0.2, 0.3, 0.2]; Q/τ = [1, 1.5, 1].
+    weights = strategy.update(TaskStats([0.1, 0.2, NAN], [4, 4, 0], None, [0.2, 0.6, NAN]))
+    np.testing.assert_allclose(strategy.q_values, [0.2, 0.3, 0.2], **TIGHT)
+    expected = np.array([e, e**1.5, e]) / (2 * e + e**1.5)
+    np.testing.assert_allclose(weights, expected, **TIGHT)
+
+
+def test_sec_parameters_and_required_field():
+    strategy = make_weighting("sec", 2, alpha=1.0, temperature=1.0)
+    weights = strategy.update(full_stats([0.0, 0.0], mean_abs_advantage=[0.0, math.log(2.0)]))
+    np.testing.assert_allclose(weights, [1 / 3, 2 / 3], **TIGHT)  # softmax([0, ln 2])
+    with pytest.raises(ValueError, match=r"needs TaskStats.mean_abs_advantage"):
+        strategy.update(full_stats([0.1, 0.2]))
+    with pytest.raises(ValueError, match=r"must be >= 0 .* negative for task\(s\) #1"):
+        strategy.update(full_stats([0.1, 0.2], mean_abs_advantage=[0.1, -0.2]))
+    with pytest.raises(ValueError, match=r"'alpha' must be a finite number in \(0, 1\]; got 0"):
+        make_weighting("sec", 2, alpha=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# uniform and fixed
+
+
+def test_uniform_and_fixed_weights():
+    uniform = make_weighting("uniform", 4)
+    np.testing.assert_array_equal(uniform.update(full_stats([0.1, 0.2, 0.3, 0.4])), [0.25] * 4)
+    fixed = make_weighting("fixed", 3, weights=[1, 0, 3])
+    np.testing.assert_allclose(fixed.weights, [0.25, 0.0, 0.75], **TIGHT)
+    np.testing.assert_allclose(
+        fixed.update(full_stats([0.1, 0.2, 0.3])), [0.25, 0.0, 0.75], **TIGHT
+    )
+    by_name = FixedWeighting(3, weights={"b": 2.0, "a": 1.0, "c": 1.0}, task_names=["a", "b", "c"])
+    np.testing.assert_allclose(by_name.weights, [0.25, 0.5, 0.25], **TIGHT)
+
+
+@pytest.mark.parametrize(
+    ("weights", "names", "message"),
+    [
+        ([1.0, -0.5, 1.0], ["a", "b", "c"], r"finite and >= 0; .* task\(s\) 'b'"),
+        ([0.0, 0.0, 0.0], None, "all 0; give at least one task a positive weight"),
+        ([1.0, 2.0], None, r"one number per task \(3\); got shape \(2,\)"),
+        ([1.0, NAN, 1.0], None, r"finite and >= 0; .* task\(s\) #1"),
+        ({"a": 1.0, "b": 1.0}, None, "mapping need task_names"),
+        ({"a": 1.0, "x": 1.0}, ["a", "b", "c"], r"unknown \['x'\], missing \['b', 'c'\]"),
+    ],
+)
+def test_fixed_weight_validation(weights, names, message):
+    with pytest.raises(ValueError, match=message):
+        make_weighting("fixed", 3, weights=weights, task_names=names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry, parameters and stats validation
+
+
+def test_registry_names_and_aliases():
+    assert WEIGHTINGS.names() == [
+        "fixed",
+        "mt_grpo",
+        "regularized",
+        "sec",
+        "uniform",
+        "worst_case",
+    ]
+    assert isinstance(make_weighting("MTGRPO", 2), MTGRPOWeighting)
+    for name in WEIGHTINGS:
+        assert WEIGHTINGS.get(name).name == name
+    with pytest.raises(ValueError, match="'mt_grpo' is already registered"):
+        WEIGHTINGS.add("mt_grpo", MTGRPOWeighting)
+
+
+def test_params_rules_match_constructor_keywords():
+    for name in WEIGHTINGS:
+        cls = WEIGHTINGS.get(name)
+        keywords = {
+            p
+            for p, spec in inspect.signature(cls.__init__).parameters.items()
+            if spec.kind == spec.KEYWORD_ONLY
+        }
+        assert keywords - {"task_names"} == {p.name for p in cls.PARAMS}, name
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda: make_weighting("mt-grpo-x", 3),
+            ValueError,
+            r"unknown weighting strategy 'mt-grpo-x'; valid names: fixed, mt_grpo, regularized",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, lamb=0.1),
+            ValueError,
+            r"unknown parameter 'lamb' .*did you mean 'lam'.*lam \(a finite number in \[0, inf\)",
+        ),
+        (
+            lambda: make_weighting("worst_case", 3, damping=0.1),
+            ValueError,
+            r"unknown parameter 'damping' for weighting strategy 'worst_case'; valid parameters: "
+            r"step_size",
+        ),
+        (
+            lambda: make_weighting("fixed", 3),
+            ValueError,
+            "weighting strategy 'fixed' needs parameter 'weights'",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, lam=-0.1),
+            ValueError,
+            r"'lam' must be a finite number in \[0, inf\); got -0.1",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, step_size=math.inf),
+            ValueError,
+            r"'step_size' must be a finite number in \(0, inf\) or None; got inf",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, optimizer="rmsprop"),
+            ValueError,
+            r"'optimizer' must be one of 'sgd', 'adam'; got 'rmsprop'",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, damping=2.0),
+            ValueError,
+            r"'damping' must be a finite number in \[0, 1\]; got 2.0",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, reward_ema=1.0),
+            ValueError,
+            r"'reward_ema' must be a finite number in \[0, 1\); got 1.0",
+        ),
+        (
+            lambda: make_weighting("mt_grpo", 3, improvement_clip=0.0),
+            ValueError,
+            r"'improvement_clip' must be a finite number in \(0, inf\) or None",
+        ),
+        (lambda: make_weighting("mt_grpo", 3, lam=True), ValueError, "'lam' must be"),
+        (lambda: make_weighting("uniform", 0), ValueError, "num_tasks must be >= 1"),
+        (lambda: make_weighting("uniform", 2.0), TypeError, "num_tasks must be an int"),
+        (
+            lambda: make_weighting("uniform", 2, task_names=["a"]),
+            ValueError,
+            "task_names has 1 names for num_tasks=2",
+        ),
+        (
+            lambda: make_weighting("uniform", 2, task_names=["a", "a"]),
+            ValueError,
+            "task_names must be unique; repeated: a",
+        ),
+        (
+            lambda: make_weighting("uniform", 2, task_names="ab"),
+            TypeError,
+            "task_names must be a sequence of strings",
+        ),
+    ],
+)
+def test_factory_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_stats_validation_messages():
+    strategy = make_weighting("mt_grpo", 3, task_names=["countdown", "zebra", "arc"])
+    with pytest.raises(
+        ValueError,
+        match=r"4 entries per field but this mt_grpo strategy "
+        r"weights 3 tasks \(countdown, zebra, arc\)",
+    ):
+        strategy.update(full_stats([0.1] * 4, [0.0] * 4))
+    with pytest.raises(
+        ValueError,
+        match=r"TaskStats.reward is infinite for present task\(s\) "
+        r"'zebra'",
+    ):
+        strategy.update(full_stats([0.1, math.inf, 0.2], [0.0] * 3))
+    with pytest.raises(ValueError, match=r"improvement is infinite .* 'countdown', 'arc'"):
+        strategy.update(full_stats([0.1] * 3, [-math.inf, 0.0, math.inf]))
+    with pytest.raises(TypeError, match="update\\(\\) takes a TaskStats; got dict"):
+        strategy.update({"reward": [0.1] * 3})
+    assert strategy.steps == 0  # nothing was applied by the failed calls
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"reward": [0.1, 0.2], "count": [1, 2, 3]},
+            ValueError,
+            r"one entry per task; got sizes \{'reward': 2, 'count': 3\}",
+        ),
+        ({"reward": [0.1, 0.2], "count": [1, -1]}, ValueError, "count must be >= 0"),
+        ({"reward": [0.1, 0.2], "count": [1.5, 2]}, ValueError, "whole numbers of rollouts"),
+        ({"reward": [0.1, 0.2], "count": ["a", "b"]}, TypeError, "count must be integers"),
+        ({"reward": [[0.1, 0.2]], "count": [1, 2]}, ValueError, r"got shape \(1, 2\)"),
+        ({"reward": ["x", 0.2], "count": [1, 2]}, TypeError, "sequence of numbers"),
+        (
+            {"reward": [0.1, 0.2], "count": [1, 2], "improvement": [0.1]},
+            ValueError,
+            "'improvement': 1",
+        ),
+    ],
+)
+def test_task_stats_validation(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TaskStats(**kwargs)
+
+
+def test_task_stats_coerces_lists_and_whole_float_counts():
+    stats = TaskStats(reward=[0.5, NAN], count=[3.0, 0.0], improvement=(0.1, 0.2))
+    assert stats.reward.dtype == np.float64
+    assert stats.count.dtype == np.int64
+    np.testing.assert_array_equal(stats.count, [3, 0])
+    assert isinstance(stats.improvement, np.ndarray)
+
+
+def test_weights_are_copies():
+    strategy = make_weighting("worst_case", 2)
+    strategy.weights[0] = 5.0
+    returned = strategy.update(full_stats([0.1, 0.2]))
+    returned[:] = 0.0
+    assert_on_simplex(strategy.weights, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simplex property
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_tasks=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    step_size=st.sampled_from([1e-3, 0.5, 1e3, 1e100, 1e300]),
+    absent_rate=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+)
+def test_weights_stay_on_the_simplex(num_tasks, seed, step_size, absent_rate):
+    rng = np.random.default_rng(seed)
+    strategies = all_strategies(num_tasks, step_size=step_size)
+    for _ in range(6):
+        stats = random_stats(rng, num_tasks, absent_rate)
+        for strategy in strategies:
+            assert_on_simplex(strategy.update(stats), num_tasks)
+
+
+@pytest.mark.parametrize("num_tasks", [1, 1000])
+def test_simplex_at_the_extremes_of_k(num_tasks):
+    rng = np.random.default_rng(num_tasks)
+    for strategy in all_strategies(num_tasks, step_size=1e6):
+        for _ in range(5):
+            assert_on_simplex(strategy.update(random_stats(rng, num_tasks)), num_tasks)
+        if num_tasks == 1:
+            np.testing.assert_array_equal(strategy.weights, [1.0])
+
+
+def test_extreme_signals_keep_weights_finite():
+    strategy = make_weighting("mt_grpo", 3, lam=1e300, step_size=1e300, damping=1.0)
+    for _ in range(5):
+        weights = strategy.update(full_stats([1e300, -1e300, 0.0], [1e308, -1e308, 0.0]))
+        assert_on_simplex(weights, 3)
+        assert np.isfinite(strategy.logits).all()
+    sec = make_weighting("sec", 2, temperature=1e-300)
+    assert_on_simplex(sec.update(full_stats([0.0, 0.0], mean_abs_advantage=[1e300, 1.0])), 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_state_dict_round_trip_continues_exactly(index):
+    rng = np.random.default_rng(index)
+    names = ["a", "b", "c", "d"]
+    original = all_strategies(4)[index]
+    for _ in range(5):
+        original.update(random_stats(rng, 4))
+    saved = json.loads(json.dumps(original.state_dict(), allow_nan=False))
+    restored = make_weighting(original.name, 4, **original.params)
+    restored.load_state_dict(saved)
+    np.testing.assert_array_equal(restored.weights, original.weights)
+    for _ in range(5):
+        stats = random_stats(rng, 4)
+        np.testing.assert_array_equal(restored.update(stats), original.update(stats))
+    assert restored.state_dict() == original.state_dict()
+    assert restored.steps == original.steps
+    named = make_weighting(original.name, 4, task_names=names, **original.params)
+    with pytest.raises(ValueError, match="task order"):
+        named.load_state_dict({**saved, "task_names": ["d", "c", "b", "a"]})
+
+
+def test_load_state_dict_refuses_a_mismatch():
+    saved = make_weighting("mt_grpo", 3, lam=0.25).state_dict()
+    with pytest.raises(
+        ValueError,
+        match=r"for strategy 'mt_grpo' over 3 tasks, but this is "
+        r"'regularized' over 3 tasks",
+    ):
+        make_weighting("regularized", 3).load_state_dict(saved)
+    with pytest.raises(
+        ValueError,
+        match=r"saved with mt_grpo parameter lam=0.25, but this "
+        r"strategy has lam=0.5",
+    ):
+        make_weighting("mt_grpo", 3, lam=0.5).load_state_dict(saved)
+    with pytest.raises(ValueError, match="over 3 tasks, but this is 'mt_grpo' over 4 tasks"):
+        make_weighting("mt_grpo", 4).load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"missing keys \['steps'\]"):
+        make_weighting("mt_grpo", 3).load_state_dict(
+            {k: v for k, v in saved.items() if k != "steps"}
+        )
+    with pytest.raises(ValueError, match=r"state_dict\['logits'\] must be a list of 3 numbers"):
+        make_weighting("mt_grpo", 3).load_state_dict({**saved, "logits": [0.0]})
+    with pytest.raises(ValueError, match="is not a sgd state"):
+        make_weighting("mt_grpo", 3).load_state_dict({**saved, "optimizer": {"kind": "adam"}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark script
+
+
+def test_benchmark_quick_run_reports_every_strategy():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_weighting.py"
+    spec = importlib.util.spec_from_file_location("bench_weighting", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.run(quick=True)
+    assert {row["strategy"] for row in rows} == set(WEIGHTINGS.names())
+    for row in rows:
+        assert row["median_us"] > 0
+        assert row["repeats"] > 0
