@@ -743,6 +743,20 @@ def test_load_state_dict_refuses_a_mismatch():
         make_weighting("mt_grpo", 3).load_state_dict({**saved, "optimizer": {"kind": "adam"}})
 
 
+def test_failed_load_leaves_the_strategy_untouched():
+    strategy = make_weighting("mt_grpo", 2, optimizer="adam")
+    strategy.update(full_stats([0.2, 0.7], [0.01, 0.02]))
+    before = strategy.state_dict()
+    other = make_weighting("mt_grpo", 2, optimizer="adam")
+    for _ in range(3):
+        other.update(full_stats([0.9, 0.1], [0.05, -0.05]))
+    broken = other.state_dict()
+    broken["optimizer"]["exp_avg_sq"] = [0.0]  # wrong length: found after the other fields
+    with pytest.raises(ValueError, match=r"state_dict\['exp_avg_sq'\] must be a list of 2"):
+        strategy.load_state_dict(broken)
+    assert strategy.state_dict() == before
+
+
 # ---------------------------------------------------------------------------------------------
 # Benchmark script
 

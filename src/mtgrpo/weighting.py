@@ -63,6 +63,7 @@ gradient sizes 0.01–0.1, the same order as the released code's Adam step of 0.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import math
@@ -445,7 +446,7 @@ class WeightingStrategy(ABC):
             "strategy": self.name,
             "num_tasks": self.num_tasks,
             "task_names": list(self.task_names) if self.task_names else None,
-            "params": dict(self.params),
+            "params": copy.deepcopy(self.params),
             "steps": self.steps,
             **self._state(),
         }
@@ -679,9 +680,9 @@ class _LogitOptimizer:
             raise ValueError(f"state_dict['optimizer'] is not a {self.kind} state: {state!r}")
         if self.kind == "adam":
             size = len(self.exp_avg)
-            self.t = int(state["t"])
-            self.exp_avg = _from_json(state, "exp_avg", size)
-            self.exp_avg_sq = _from_json(state, "exp_avg_sq", size)
+            exp_avg = _from_json(state, "exp_avg", size)
+            exp_avg_sq = _from_json(state, "exp_avg_sq", size)
+            self.t, self.exp_avg, self.exp_avg_sq = int(state["t"]), exp_avg, exp_avg_sq
 
 
 _STEP_SIZE = WeightingParam(
@@ -744,9 +745,9 @@ class _SignalWeighting(WeightingStrategy):
         logits = _from_json(state, "logits", self.num_tasks)
         if not np.isfinite(logits).all():
             raise ValueError(f"state_dict['logits'] must be finite; got {state['logits']}")
-        self._memory.value = _from_json(state, "reward", self.num_tasks)
-        self._optimizer.load(state.get("optimizer"))
-        self._logits = logits
+        reward = _from_json(state, "reward", self.num_tasks)
+        self._optimizer.load(state.get("optimizer"))  # last check; it assigns only on success
+        self._memory.value, self._logits = reward, logits
         self._weights = softmax(logits)
 
 
