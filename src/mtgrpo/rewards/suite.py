@@ -1,0 +1,513 @@
+"""A :class:`RewardSuite`: the reward functions of a run, their routing to tasks, their channels
+``[R]`` and reward weights ``[R]``, and the scoring of a batch into a ``[N, R]`` matrix."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtgrpo._registry import Registry
+from mtgrpo.advantages import Gate
+from mtgrpo.rewards.core import (
+    RewardError,
+    RewardFunction,
+    as_reward_function,
+    callable_name,
+    unique_names,
+)
+from mtgrpo.rewards.evaluation import (
+    RewardBatch,
+    coerce_output,
+    function_failure,
+    run_awaitables,
+)
+
+__all__ = ["UNSCORABLE_POLICIES", "WILDCARD_TASK", "RewardScores", "RewardSuite"]
+
+WILDCARD_TASK = "*"
+"""Routing-table key whose functions apply to every task."""
+
+UnscorablePolicy = Callable[["RewardSuite", RewardBatch, np.ndarray], None]
+UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = Registry("on_unscorable policy")
+"""What to do with a completion no reward applies to (every channel NaN): ``raise`` (default)
+or ``zero_advantage`` (TRL's behaviour: the row stays all-NaN and the advantage is 0)."""
+
+
+@dataclass(frozen=True)
+class RewardScores:
+    """The scores of one batch.
+
+    Attributes:
+        values: ``[N, R]`` float32; NaN where a function returned ``None`` or was not routed
+            to the row's task.
+        applied: ``[N, R]`` bool, ``~isnan(values)``: the channel scored the completion.
+        channel_names: ``[R]`` column names.
+        tasks: ``[N]`` task label of each completion.
+    """
+
+    values: Tensor  # [N, R]
+    applied: Tensor  # [N, R]
+    channel_names: list[str]  # [R]
+    tasks: list[str]  # [N]
+
+    def __post_init__(self) -> None:
+        assert self.values.shape == (len(self.tasks), len(self.channel_names))
+        assert self.applied.shape == self.values.shape
+
+    @property
+    def unscorable(self) -> Tensor:
+        """``[N]`` bool: no channel applies to the completion."""
+        return ~self.applied.any(dim=1)
+
+    def channel_means(self, rows: Tensor | None = None) -> dict[str, float]:
+        """Mean of each channel over the rows it applied to (NaN where it applied to none);
+        ``rows`` (``[N]`` bool) restricts the rows first."""
+        values, applied = self.values, self.applied
+        if rows is not None:
+            values, applied = values[rows], applied[rows]
+        count = applied.sum(dim=0)  # [R]
+        total = torch.where(applied, values, 0.0).sum(dim=0, dtype=torch.float64)  # [R]
+        means = torch.where(count > 0, total / count.clamp(min=1), math.nan)
+        return dict(zip(self.channel_names, means.tolist(), strict=True))
+
+    def per_task_means(self) -> dict[str, dict[str, float]]:
+        """``{task: {channel: mean over the task's rows the channel applied to}}``."""
+        labels = np.asarray(self.tasks, dtype=object)
+        return {
+            task: self.channel_means(torch.from_numpy(labels == task))
+            for task in sorted(set(self.tasks))
+        }
+
+    def metrics(self, prefix: str = "rewards") -> dict[str, float]:
+        """Per channel ``{prefix}/{channel}/mean`` and ``/std`` over the applied rows (TRL's
+        names; std unbiased as TRL's ``nanstd``, NaN with fewer than two values) and
+        ``/applied`` (fraction of rows the channel scored)."""
+        out: dict[str, float] = {}
+        for r, name in enumerate(self.channel_names):
+            present = self.values[self.applied[:, r], r].double()
+            std = present.std().item() if present.numel() > 1 else math.nan
+            mean = present.mean().item() if present.numel() else math.nan
+            out[f"{prefix}/{name}/mean"] = mean
+            out[f"{prefix}/{name}/std"] = std
+            out[f"{prefix}/{name}/applied"] = present.numel() / max(len(self.tasks), 1)
+        return out
+
+    def as_lists(self) -> list[list[float | None]]:
+        """``[N][R]`` nested lists with ``None`` for not applicable (for JSON records)."""
+        return [
+            [v if ok else None for v, ok in zip(row, mask, strict=True)]
+            for row, mask in zip(self.values.tolist(), self.applied.tolist(), strict=True)
+        ]
+
+
+def _check_listed_once(functions: Sequence[Any]) -> None:
+    """The same object twice in a list is almost surely a slip; a weight says "count it more"."""
+    seen: set[int] = set()
+    for fn in functions:
+        if id(fn) in seen:
+            raise ValueError(
+                f"reward function {callable_name(fn)!r} is listed twice; to score the same logic "
+                "twice wrap it twice (RewardFunction(fn, name=...)), to count it more raise its "
+                "reward weight"
+            )
+        seen.add(id(fn))
+
+
+def _check_functions(functions: Sequence[RewardFunction]) -> None:
+    if not functions:
+        raise ValueError("a reward suite needs at least one reward function; none was given")
+    for rf in functions:
+        if not isinstance(rf, RewardFunction):
+            raise TypeError(
+                f"RewardSuite takes RewardFunction objects, got {type(rf).__name__}; use "
+                "RewardSuite.from_user(...) to pass plain functions or a routing table"
+            )
+    _check_listed_once(functions)
+
+
+def _channel_names(functions: Sequence[RewardFunction]) -> list[str]:
+    names = [column for rf in functions for column in rf.column_names]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ValueError(
+            f"reward channel name(s) {clashes} occur twice (a function name containing '/' "
+            "equals another function's '<name>/<channel>'); rename one of the functions"
+        )
+    return names
+
+
+def _resolve_weights(
+    functions: Sequence[RewardFunction],
+    channel_names: list[str],
+    reward_weights: Sequence[float] | np.ndarray | Tensor | None,
+) -> np.ndarray:
+    declared = [w for rf in functions for w in (rf.weights or (math.nan,) * rf.num_channels)]
+    declared_arr = np.asarray(declared, dtype=np.float64)  # [R], NaN = not declared
+    if reward_weights is None:
+        return np.where(np.isnan(declared_arr), 1.0, declared_arr)
+    if isinstance(reward_weights, Tensor):
+        reward_weights = reward_weights.detach().cpu().numpy()
+    try:
+        weights = np.asarray(reward_weights, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"reward_weights must be numbers, got {reward_weights!r}") from exc
+    if weights.ndim != 1 or weights.shape[0] != len(channel_names):
+        raise ValueError(
+            f"reward_weights has {weights.size} entries but the suite has "
+            f"{len(channel_names)} reward channels {channel_names}; give one weight per channel"
+        )
+    if not np.isfinite(weights).all():
+        raise ValueError(f"reward_weights must be finite, got {weights.tolist()}")
+    mismatch = ~np.isnan(declared_arr) & (declared_arr != weights)
+    if mismatch.any():
+        names = [n for n, bad in zip(channel_names, mismatch, strict=True) if bad]
+        raise ValueError(
+            f"reward_weights {weights.tolist()} disagree with the weights declared on the "
+            f"reward functions for channel(s) {names} ({declared_arr[mismatch].tolist()}); "
+            "set each weight in one place"
+        )
+    return weights
+
+
+def _routing_from_table(
+    table: Mapping[str, Any],
+) -> tuple[list[RewardFunction], list[frozenset[str] | None]]:
+    """Functions in order of first appearance and the tasks each is routed to (``None``: every
+    task). One function object listed under several tasks is one channel."""
+    objects: dict[int, Any] = {}
+    tasks: dict[int, set[str] | None] = {}
+    for task, entry in table.items():
+        if not isinstance(task, str) or not task:
+            raise TypeError(f"routing-table keys must be task names (strings), got {task!r}")
+        if callable(entry) or isinstance(entry, (str, bytes)):
+            entry = [entry]
+        elif not isinstance(entry, (list, tuple)):
+            raise TypeError(
+                f"routing-table entry for task {task!r} must be a reward function or a list of "
+                f"them, got {type(entry).__name__}"
+            )
+        for obj in entry:
+            key = id(obj)
+            objects.setdefault(key, obj)
+            routed = tasks.setdefault(key, set())
+            if task == WILDCARD_TASK:
+                tasks[key] = None
+            elif routed is not None:
+                routed.add(task)
+    functions = [as_reward_function(obj) for obj in objects.values()]
+    routes = [None if t is None else frozenset(t) for t in tasks.values()]
+    return functions, routes
+
+
+class RewardSuite:
+    """The reward functions of a run, routed to tasks, scored into ``[N, R]``.
+
+    Channels: a single-channel function is the column ``name``; a multi-channel one gives
+    ``name/channel`` per declared channel, in declaration order. Function names come from
+    ``__name__`` (the class name for callable instances, ``<lambda>`` for lambdas); duplicates
+    are made unique in order of appearance (``f``, ``f_2``, ``f_3``, ...).
+
+    Routing: with ``routes`` (built from a ``{task: [functions]}`` table by :meth:`from_user`)
+    a function is called only on the rows of its tasks, with prompts, completions,
+    completion ids and every column sliced alike; the other rows are NaN without a call.
+    ``None`` as a route (the ``"*"`` key) means every task. Without routes every function is
+    called on every row and may return ``None`` where it does not apply (TRL's form); both
+    forms give the same matrix for the same logic.
+    """
+
+    def __init__(
+        self,
+        functions: Sequence[RewardFunction],
+        *,
+        routes: Sequence[Collection[str] | None] | None = None,
+        reward_weights: Sequence[float] | np.ndarray | Tensor | None = None,
+        on_unscorable: str = "raise",
+    ) -> None:
+        _check_functions(functions)
+        names = unique_names(str(rf.name) for rf in functions)
+        self._functions = [
+            rf if rf.name == name else rf.renamed(name)
+            for rf, name in zip(functions, names, strict=True)
+        ]
+        self._channel_names = _channel_names(self._functions)
+        self._offsets = np.cumsum([0] + [rf.num_channels for rf in self._functions]).tolist()
+        self._routes = self._check_routes(routes)
+        self._reward_weights = _resolve_weights(
+            self._functions, self._channel_names, reward_weights
+        )
+        self._on_unscorable = UNSCORABLE_POLICIES.canonical(on_unscorable)
+        self._gates = self._resolve_gates()
+
+    @classmethod
+    def from_user(
+        cls,
+        reward_funcs: Any,
+        reward_weights: Sequence[float] | np.ndarray | Tensor | None = None,
+        *,
+        on_unscorable: str = "raise",
+    ) -> RewardSuite:
+        """Build a suite from what a user passes: one function, a list of functions, or a
+        routing table ``{"math": [f1], "code": [f2, f3], "*": [fmt]}`` (a value may be one
+        function or a list; ``"*"`` means every task). Plain callables and
+        :class:`RewardFunction` objects mix freely.
+
+        ``reward_weights``: ``[R]``, one per channel (default 1.0, or the weights declared on
+        the functions; declaring a different value in both places is an error).
+        """
+        if isinstance(reward_funcs, RewardSuite):
+            raise TypeError("reward_funcs is already a RewardSuite; use it directly")
+        routes: list[frozenset[str] | None] | None = None
+        if isinstance(reward_funcs, Mapping):
+            functions, routes = _routing_from_table(reward_funcs)
+        elif isinstance(reward_funcs, (list, tuple)):
+            _check_listed_once(reward_funcs)
+            functions = [as_reward_function(f) for f in reward_funcs]
+        else:
+            functions = [as_reward_function(reward_funcs)]
+        return cls(
+            functions, routes=routes, reward_weights=reward_weights, on_unscorable=on_unscorable
+        )
+
+    def _check_routes(
+        self, routes: Sequence[Collection[str] | None] | None
+    ) -> list[frozenset[str] | None] | None:
+        if routes is None:
+            return None
+        if len(routes) != len(self._functions):
+            raise ValueError(
+                f"routes has {len(routes)} entries for {len(self._functions)} reward functions; "
+                "give each function its tasks (None for every task)"
+            )
+        checked: list[frozenset[str] | None] = []
+        for rf, route in zip(self._functions, routes, strict=True):
+            if route is not None and (
+                isinstance(route, str) or not all(isinstance(t, str) for t in route)
+            ):
+                raise TypeError(
+                    f"the route of {rf.name!r} must be a collection of task names, got {route!r}"
+                )
+            checked.append(None if route is None else frozenset(route))
+        return checked
+
+    def _column_index(self, name: str, owner: int) -> int:
+        if name in self._channel_names:
+            return self._channel_names.index(name)
+        rf = self._functions[owner]
+        if rf.channels is not None and name in rf.channels:
+            return self._offsets[owner] + rf.channels.index(name)
+        raise ValueError(
+            f"a gate on reward function {rf.name!r} refers to unknown channel {name!r}; the "
+            f"channels are {self._channel_names}"
+        )
+
+    def _resolve_gates(self) -> list[Gate]:
+        gates = []
+        for owner, rf in enumerate(self._functions):
+            for spec in rf.gates:
+                own = 0 if rf.channels is None else rf.channels.index(str(spec.channel))
+                channel = self._offsets[owner] + own
+                on = self._column_index(spec.on, owner)
+                if on == channel:
+                    raise ValueError(
+                        f"channel {self._channel_names[channel]!r} cannot gate itself; pass "
+                        "another channel as 'on'"
+                    )
+                gates.append(Gate(channel, on, spec.mode, spec.threshold))
+        return gates
+
+    @property
+    def functions(self) -> list[RewardFunction]:
+        """The reward functions under their unique names, in channel order."""
+        return list(self._functions)
+
+    @property
+    def channel_names(self) -> list[str]:
+        """``[R]`` column names of the score matrix."""
+        return list(self._channel_names)
+
+    @property
+    def num_channels(self) -> int:
+        return len(self._channel_names)
+
+    @property
+    def reward_weights(self) -> np.ndarray:
+        """``[R]`` float64 reward weights."""
+        return self._reward_weights.copy()
+
+    @property
+    def gates(self) -> list[Gate]:
+        """Conditioning gates with channel indices, for
+        :func:`mtgrpo.advantages.compute_advantages` (``gates=suite.gates``)."""
+        return list(self._gates)
+
+    @property
+    def routed(self) -> bool:
+        """True when built from a routing table (functions are called on their tasks only)."""
+        return self._routes is not None
+
+    @property
+    def on_unscorable(self) -> str:
+        return self._on_unscorable
+
+    def tasks_of(self, channel: str | int) -> frozenset[str] | None:
+        """The tasks a channel's function is routed to; ``None`` means every task."""
+        if isinstance(channel, int) and not isinstance(channel, bool):
+            if not 0 <= channel < self.num_channels:
+                raise ValueError(
+                    f"channel index {channel} is out of range [0, {self.num_channels})"
+                )
+            index = channel
+        elif channel in self._channel_names:
+            index = self._channel_names.index(channel)
+        else:
+            raise ValueError(f"unknown reward channel {channel!r}; channels: {self._channel_names}")
+        owner = int(np.searchsorted(self._offsets, index, side="right")) - 1
+        return None if self._routes is None else self._routes[owner]
+
+    def _applies(self, owner: int, task: str) -> bool:
+        route = None if self._routes is None else self._routes[owner]
+        return route is None or task in route
+
+    def functions_for(self, task: str) -> list[RewardFunction]:
+        """The functions called on rows of ``task`` (all of them without a routing table)."""
+        return [rf for owner, rf in enumerate(self._functions) if self._applies(owner, task)]
+
+    def validate_tasks(self, task_names: Collection[str]) -> dict[str, list[str]]:
+        """Check that every task has a reward function; returns ``{task: channel names routed
+        to it}``. With a routing table, a task that no entry (and no ``"*"`` entry) covers is a
+        :class:`RewardError` listing the known tasks and the fix. Without one, every function
+        is called on every task and decides per row, so nothing can fail here."""
+        if isinstance(task_names, str):
+            task_names = [task_names]
+        self._check_task_labels(task_names)
+        return {
+            task: [name for rf in self.functions_for(task) for name in rf.column_names]
+            for task in task_names
+        }
+
+    def _check_task_labels(
+        self, labels: Collection[str], row_tasks: Sequence[str] | None = None
+    ) -> None:
+        """Every label must have a function (only a routing table can miss one)."""
+        missing = sorted({t for t in labels if not self.functions_for(t)})
+        if not missing:
+            return
+        known = sorted({t for route in self._routes or () if route is not None for t in route})
+        where = ""
+        if row_tasks is not None:
+            rows = [i for i, t in enumerate(row_tasks) if t == missing[0]]
+            where = f" (task {missing[0]!r} at rows {rows[:5]}{', ...' if len(rows) > 5 else ''})"
+        raise RewardError(
+            f"no reward function is routed to task(s) {missing}{where}: the routing table "
+            f"knows tasks {known} and has no '*' entry. Add the task to the routing table "
+            f"({missing[0]!r}: [reward_fn]) or a '*' entry for functions that apply to every "
+            "task",
+            task=missing[0],
+        )
+
+    def _rows_of(self, owner: int, tasks: list[str]) -> list[int]:
+        route = None if self._routes is None else self._routes[owner]
+        if route is None:
+            return list(range(len(tasks)))
+        return [i for i, task in enumerate(tasks) if task in route]
+
+    def score(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None,
+        columns: Mapping[str, Sequence[Any]],
+        tasks: Sequence[str],
+        extra: Mapping[str, Any] | None = None,
+    ) -> RewardScores:
+        """Score ``N`` completions with every channel: ``values [N, R]`` float32, NaN = the
+        function returned ``None`` or is not routed to the row's task.
+
+        ``columns`` are the other dataset columns, one value per completion (``task`` is
+        added from ``tasks`` when absent); ``extra`` (e.g. TRL's ``trainer_state``) is passed
+        to every call unchanged. Sync functions run in order, then all async ones (and any
+        awaitable a function returns) are awaited concurrently. Every contract violation is a
+        :class:`RewardError` raised here, before any advantage is computed.
+        """
+        batch = RewardBatch.build(prompts, completions, completion_ids, columns, tasks, extra)
+        self._check_task_labels(set(batch.tasks), batch.tasks)
+        values = np.full((len(batch), self.num_channels), np.nan)  # [N, R]
+        pending: list[tuple[int, list[int], Any]] = []
+        try:
+            for owner, rf in enumerate(self._functions):
+                rows = self._rows_of(owner, batch.tasks)
+                if not rows:
+                    continue
+                try:
+                    out = rf.fn(**batch.kwargs(rows))
+                except Exception as exc:
+                    raise function_failure(rf, batch, rows, exc) from exc
+                if inspect.isawaitable(out):
+                    pending.append((owner, rows, out))
+                else:
+                    self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
+        except BaseException:
+            for *_, awaitable in pending:  # never awaited: close to avoid a RuntimeWarning
+                if inspect.iscoroutine(awaitable):
+                    awaitable.close()
+            raise
+        results = run_awaitables([awaitable for *_, awaitable in pending])
+        for (owner, rows, _), out in zip(pending, results, strict=True):
+            rf = self._functions[owner]
+            if isinstance(out, Exception):
+                raise function_failure(rf, batch, rows, out) from out
+            if isinstance(out, BaseException):
+                raise out
+            self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
+        UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
+        scores = torch.from_numpy(values.astype(np.float32))  # [N, R]
+        return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks)
+
+    def _store(self, values: np.ndarray, owner: int, rows: list[int], block: np.ndarray) -> None:
+        start, stop = self._offsets[owner], self._offsets[owner + 1]
+        values[rows, start:stop] = block  # block: [len(rows), C]
+
+    def __repr__(self) -> str:
+        parts = []
+        for owner, rf in enumerate(self._functions):
+            route = None if self._routes is None else self._routes[owner]
+            where = "every task" if route is None else ", ".join(sorted(route))
+            parts.append(f"{rf.name} -> {rf.column_names} on {where}")
+        return f"RewardSuite({'; '.join(parts)}; on_unscorable={self._on_unscorable!r})"
+
+
+@UNSCORABLE_POLICIES.register("raise")
+def _raise_on_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndarray) -> None:
+    """A completion no channel scores would train on nothing: name it and the functions."""
+    unscorable = np.isnan(values).all(axis=1)  # [N]
+    if not unscorable.any():
+        return
+    rows = np.flatnonzero(unscorable).tolist()
+    row, task = rows[0], batch.tasks[rows[0]]
+    routed = [rf.name for rf in suite.functions_for(task)]
+    skipped = [rf.name for rf in suite.functions if rf.name not in routed]
+    reasons = f"{routed} returned None"
+    if skipped:
+        reasons += f" and {skipped} are not routed to task {task!r}"
+    raise RewardError(
+        f"no reward applies to row {row} (task {task!r}): {reasons}; {len(rows)} of "
+        f"{len(batch)} completions are unscorable ({batch.task_summary(rows)}). Add a reward "
+        "function for the task (a '*' routing entry applies to every task), make one return a "
+        "number for these completions, or pass on_unscorable='zero_advantage' to give them "
+        "advantage 0 (TRL's behaviour)",
+        row=row,
+        task=task,
+    )
+
+
+@UNSCORABLE_POLICIES.register("zero_advantage")
+def _keep_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndarray) -> None:
+    """Keep all-NaN rows as they are: ``compute_advantages(on_unscorable="zero_advantage")``
+    gives them advantage 0 and leaves them out of every statistic (TRL's behaviour)."""
