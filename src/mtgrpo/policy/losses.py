@@ -1,0 +1,372 @@
+"""The GRPO loss family: clipped surrogate, k3 KL penalty, and the token aggregations.
+
+Notation: ``n`` rows of one micro-batch, ``N`` rows of the whole batch (all micro-batches of
+one optimizer step), ``L`` completion tokens, ``m[j, t]`` the completion mask.
+
+Per token ``t`` of completion ``j`` (ALGORITHMS.md section 3; TRL 1.16
+``GRPOTrainer._compute_loss``)::
+
+    rho_jt = exp(logp_jt - old_logp_jt)
+    L_jt   = -min(rho_jt A_j, clip(rho_jt, 1 - eps_low, 1 + eps_high) A_j) + beta KL_jt
+    KL_jt  = exp(ref_jt - logp_jt) - (ref_jt - logp_jt) - 1          (the k3 estimator)
+
+With one policy update per generation batch (mu = 1) and no ``old_logps``, ``old =
+logp.detach()``: rho = 1 in value but its gradient is that of ``logp``, so no extra forward is
+needed (TRL does the same).
+
+Aggregations (``loss_type``, TRL's names; aliases from ALGORITHMS.md), written with the
+*whole-batch* sizes of :class:`LossNormalizer`, so the micro-batch losses of one optimizer step
+sum to the full-batch loss and their accumulated gradients equal the full-batch gradient:
+
+- ``"grpo"`` (``sequence_mean``): ``sum_j [sum_t m L / sum_t m] / N``;
+- ``"dapo"`` (``token_mean``, TRL's default): ``sum_jt m L / sum_jt m`` over the whole batch;
+- ``"dr_grpo"``: ``sum_jt m L / (N * max_completion_length)``;
+- ``"bnpo"``: TRL's local token mean, ``[sum_jt m L / sum_jt m]_micro-batch /
+  num_micro_batches``. It is the only one that depends on how the batch is split (as in
+  TRL); with one micro-batch it equals ``"dapo"``.
+
+Departures from TRL: TRL divides ``grpo`` / ``dr_grpo`` by the gradient-accumulation steps and
+the *local* row count, which equals ours only when every micro-batch has the same number of
+rows; the length-bucketed micro-batches of :mod:`mtgrpo.policy.micro_batches` do not, hence
+whole-batch normalisers. Masked positions are excluded with ``torch.where`` rather than a
+product, so a non-finite value at a padded position cannot leak into the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "LOSS_TYPES",
+    "LossNormalizer",
+    "LossOutput",
+    "combine_loss_outputs",
+    "per_sequence_objective",
+    "policy_loss",
+]
+
+
+@dataclass(frozen=True)
+class LossNormalizer:
+    """Whole-batch sizes that every micro-batch loss is divided by.
+
+    ``num_sequences`` and ``num_tokens`` count the rows and the completion tokens of all
+    micro-batches of one optimizer step (under data parallelism: of this rank's share, since
+    gradients are averaged across ranks). ``max_completion_length`` is Dr. GRPO's constant
+    (the configured generation limit, not the batch's width); ``num_micro_batches`` is used by
+    ``"bnpo"`` only.
+    """
+
+    num_sequences: int
+    num_tokens: int
+    max_completion_length: int | None = None
+    num_micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_sequences < 1:
+            raise ValueError(f"num_sequences must be >= 1, got {self.num_sequences}")
+        if self.num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {self.num_tokens}")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length must be >= 1 or None, got {self.max_completion_length}"
+            )
+        if self.num_micro_batches < 1:
+            raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
+
+    @classmethod
+    def for_batch(
+        cls,
+        completion_mask: Tensor,
+        *,
+        max_completion_length: int | None = None,
+        num_micro_batches: int = 1,
+    ) -> LossNormalizer:
+        """Normaliser of the whole batch from its completion mask ``[N, L]``."""
+        if completion_mask.dim() != 2:
+            raise ValueError(
+                f"completion_mask must be [N, L], got shape {tuple(completion_mask.shape)}"
+            )
+        return cls(
+            num_sequences=completion_mask.shape[0],
+            num_tokens=int(completion_mask.bool().sum().item()),
+            max_completion_length=max_completion_length,
+            num_micro_batches=num_micro_batches,
+        )
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """Result of :func:`policy_loss` for one micro-batch.
+
+    ``loss`` is this micro-batch's share of the batch loss (call ``backward`` on it); every
+    other field is detached. Fractions and means are over this micro-batch's completion
+    tokens; ``num_tokens`` lets :func:`combine_loss_outputs` weight them.
+    """
+
+    loss: Tensor  # [] differentiable
+    per_sequence_loss: Tensor  # [n] token mean of L_jt per completion (KL term included)
+    per_sequence_objective: Tensor  # [n] J_j of per_sequence_objective (no KL term)
+    num_tokens: Tensor  # [] completion tokens of this micro-batch
+    clip_low_fraction: Tensor  # [] tokens with rho < 1 - eps_low and A < 0
+    clip_high_fraction: Tensor  # [] tokens with rho > 1 + eps_high and A > 0
+    clip_region_fraction: Tensor  # [] either of the two
+    mean_ratio: Tensor  # [] token mean of rho
+    mean_kl: Tensor | None  # [] token mean of KL_jt, None without ref_logps
+
+
+# An aggregation maps masked per-token losses [n, L], the mask [n, L] (bool) and the
+# whole-batch normaliser to this micro-batch's scalar share of the loss.
+LossAggregation = Callable[[Tensor, Tensor, LossNormalizer], Tensor]
+
+LOSS_TYPES: Registry[LossAggregation] = Registry("loss type")
+
+
+@LOSS_TYPES.register("grpo", aliases=("sequence_mean",))
+def _sequence_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    lengths = mask.sum(-1).clamp(min=1)  # [n]
+    return (per_token_loss.sum(-1) / lengths).sum() / normalizer.num_sequences
+
+
+@LOSS_TYPES.register("dapo", aliases=("token_mean",))
+def _token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    return per_token_loss.sum() / max(normalizer.num_tokens, 1)
+
+
+@LOSS_TYPES.register("dr_grpo")
+def _constant_length(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    if normalizer.max_completion_length is None:
+        raise ValueError(
+            "loss_type='dr_grpo' divides by the constant max_completion_length; pass "
+            "LossNormalizer(..., max_completion_length=<generation limit>)"
+        )
+    return per_token_loss.sum() / (normalizer.num_sequences * normalizer.max_completion_length)
+
+
+@LOSS_TYPES.register("bnpo")
+def _local_token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    return per_token_loss.sum() / mask.sum().clamp(min=1) / normalizer.num_micro_batches
+
+
+def policy_loss(
+    logps: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    *,
+    old_logps: Tensor | None = None,
+    ref_logps: Tensor | None = None,
+    loss_type: str = "dapo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    normalizer: LossNormalizer | None = None,
+) -> LossOutput:
+    """Clipped GRPO surrogate with an optional k3 KL penalty, aggregated by ``loss_type``.
+
+    ``logps, old_logps, ref_logps, completion_mask: [n, L]``; ``advantages: [n]``. See the
+    module docstring for the formula and the aggregations. Defaults are TRL 1.16's
+    (``loss_type="dapo"``, ``epsilon=0.2``, ``epsilon_high=None`` meaning ``epsilon_low``,
+    ``beta=0``). ``beta = 0`` needs no ``ref_logps``; when they are given anyway, the KL is
+    still reported in ``mean_kl``. ``normalizer=None`` treats this micro-batch as the whole
+    batch.
+    """
+    aggregate = LOSS_TYPES.get(loss_type)
+    eps_high = epsilon_low if epsilon_high is None else epsilon_high
+    _check_loss_inputs(logps, advantages, completion_mask, old_logps, ref_logps)
+    _check_coefficients(epsilon_low, eps_high, beta, ref_logps)
+    mask = completion_mask.bool()  # [n, L]
+    if normalizer is None:
+        normalizer = LossNormalizer.for_batch(mask, max_completion_length=None)
+    ratio, surrogate = _clipped_surrogate(logps, old_logps, advantages, epsilon_low, eps_high)
+    kl = None if ref_logps is None else _k3_kl(logps, ref_logps)  # [n, L]
+    per_token_loss = -surrogate if beta == 0.0 or kl is None else -surrogate + beta * kl
+    per_token_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
+    loss = aggregate(per_token_loss, mask, normalizer)
+    with torch.no_grad():
+        stats = _token_stats(ratio, advantages, kl, mask, epsilon_low, eps_high)
+        lengths = mask.sum(-1).clamp(min=1)
+        return LossOutput(
+            loss=loss,
+            per_sequence_loss=per_token_loss.sum(-1) / lengths,
+            per_sequence_objective=_masked_row_mean(surrogate, mask),
+            **stats,
+        )
+
+
+def per_sequence_objective(
+    logps: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    *,
+    old_logps: Tensor | None = None,
+    epsilon_low: float = 0.2,
+    epsilon_high: float | None = None,
+) -> Tensor:
+    """GRPO objective of each completion: ``J_j = mean_t min(rho A_j, clip(rho) A_j)``.
+
+    ``[n, L]`` inputs and ``advantages [n]`` -> ``[n]``: the token mean over completion ``j``
+    of the clipped surrogate, without the KL term (0 for a completion without tokens).
+    MT-GRPO's improvement signal for task ``k`` (ALGORITHMS.md section 4) is
+    ``I_k = sum_{j in k} J_j(theta_{t+1}) - sum_{j in k} J_j(theta_t)`` on the same samples:
+
+    - before the update, ``old_logps`` are the current log-probabilities, so rho = 1 and
+      ``J_j = A_j``: no forward is needed;
+    - after the optimizer step, score the same batch again (no grad) and call this with
+      those log-probabilities and ``old_logps`` = the ones the update was computed with.
+
+    The token mean (not the batch aggregation of ``loss_type``) makes ``J_j`` independent of
+    the batch a sample was in; the released MT-GRPO code uses minus the summed per-sequence
+    loss, which equals ``-J_j + beta * KL_j`` (:attr:`LossOutput.per_sequence_loss`).
+    """
+    eps_high = epsilon_low if epsilon_high is None else epsilon_high
+    _check_loss_inputs(logps, advantages, completion_mask, old_logps, None)
+    _check_coefficients(epsilon_low, eps_high, 0.0, None)
+    _, surrogate = _clipped_surrogate(logps, old_logps, advantages, epsilon_low, eps_high)
+    return _masked_row_mean(surrogate, completion_mask.bool())
+
+
+def combine_loss_outputs(
+    outputs: Sequence[LossOutput], rows: Sequence[Sequence[int]], num_rows: int
+) -> LossOutput:
+    """Merge the micro-batch results of one batch into batch-level statistics.
+
+    ``rows[i]`` are the batch rows of micro-batch ``i`` (as planned by
+    :func:`~mtgrpo.policy.micro_batches.plan_micro_batches`); per-sequence values are put back
+    in batch order ``[num_rows]``, fractions and means are weighted by token counts, and
+    ``loss`` is the (detached) sum of the micro-batch losses, i.e. the full-batch loss.
+    """
+    if len(outputs) != len(rows) or not outputs:
+        raise ValueError(
+            f"need one row list per loss output and at least one of each; got {len(outputs)} "
+            f"outputs and {len(rows)} row lists"
+        )
+    seen = sorted(r for part in rows for r in part)
+    if seen != list(range(num_rows)):
+        raise ValueError(
+            f"the row lists must cover rows 0..{num_rows - 1} exactly once; got {len(seen)} "
+            "entries; pass the micro-batches planned for this batch"
+        )
+    first = outputs[0]
+    per_seq_loss = first.per_sequence_loss.new_zeros(num_rows)
+    per_seq_obj = first.per_sequence_objective.new_zeros(num_rows)
+    for part, part_rows in zip(outputs, rows, strict=True):
+        index = torch.as_tensor(list(part_rows), dtype=torch.long, device=per_seq_loss.device)
+        per_seq_loss[index] = part.per_sequence_loss
+        per_seq_obj[index] = part.per_sequence_objective
+    tokens = torch.stack([part.num_tokens for part in outputs])  # [num_micro_batches]
+    total = tokens.sum()
+
+    def weighted(values: list[Tensor]) -> Tensor:
+        return (torch.stack(values) * tokens).sum() / total.clamp(min=1)
+
+    kls = [part.mean_kl for part in outputs if part.mean_kl is not None]
+    return LossOutput(
+        loss=torch.stack([part.loss.detach() for part in outputs]).sum(),
+        per_sequence_loss=per_seq_loss,
+        per_sequence_objective=per_seq_obj,
+        num_tokens=total,
+        clip_low_fraction=weighted([part.clip_low_fraction for part in outputs]),
+        clip_high_fraction=weighted([part.clip_high_fraction for part in outputs]),
+        clip_region_fraction=weighted([part.clip_region_fraction for part in outputs]),
+        mean_ratio=weighted([part.mean_ratio for part in outputs]),
+        mean_kl=weighted(kls) if len(kls) == len(outputs) else None,
+    )
+
+
+def _clipped_surrogate(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    advantages: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> tuple[Tensor, Tensor]:
+    """``rho [n, L]`` and ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) [n, L]``."""
+    old = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(logps - old)  # [n, L]
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [n, 1]
+    return ratio, torch.min(ratio * adv, clipped * adv)
+
+
+def _k3_kl(logps: Tensor, ref_logps: Tensor) -> Tensor:
+    """``KL_t = pi_ref/pi - log(pi_ref/pi) - 1``, non-negative, unbiased for KL(pi || pi_ref)."""
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1
+
+
+def _masked_row_mean(values: Tensor, mask: Tensor) -> Tensor:
+    kept = torch.where(mask, values, torch.zeros_like(values))
+    return kept.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _token_stats(
+    ratio: Tensor,
+    advantages: Tensor,
+    kl: Tensor | None,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> dict[str, Tensor | None]:
+    """Clip fractions, mean ratio and mean KL over masked tokens (TRL's definitions)."""
+    adv = advantages.unsqueeze(-1)  # [n, 1]
+    low = (ratio < 1 - epsilon_low) & (adv < 0)
+    high = (ratio > 1 + epsilon_high) & (adv > 0)
+    num_tokens = mask.sum().to(torch.float32)
+
+    def token_mean(values: Tensor) -> Tensor:
+        kept = torch.where(mask, values.to(torch.float32), torch.zeros((), device=mask.device))
+        return kept.sum() / num_tokens.clamp(min=1)
+
+    return {
+        "num_tokens": num_tokens,
+        "clip_low_fraction": token_mean(low),
+        "clip_high_fraction": token_mean(high),
+        "clip_region_fraction": token_mean(low | high),
+        "mean_ratio": token_mean(ratio),
+        "mean_kl": None if kl is None else token_mean(kl),
+    }
+
+
+def _check_loss_inputs(
+    logps: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    old_logps: Tensor | None,
+    ref_logps: Tensor | None,
+) -> None:
+    if logps.dim() != 2:
+        raise ValueError(f"logps must be [n, L], got shape {tuple(logps.shape)}")
+    shape = tuple(logps.shape)
+    named = {"completion_mask": completion_mask, "old_logps": old_logps, "ref_logps": ref_logps}
+    for name, tensor in named.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} must have the shape of logps {shape}, got {tuple(tensor.shape)}"
+            )
+    if tuple(advantages.shape) != shape[:1]:
+        raise ValueError(
+            f"advantages must be [n] = [{shape[0]}] (one per completion), "
+            f"got {tuple(advantages.shape)}"
+        )
+
+
+def _check_coefficients(
+    epsilon_low: float, epsilon_high: float, beta: float, ref_logps: Tensor | None
+) -> None:
+    if not 0 <= epsilon_low < 1:
+        raise ValueError(f"epsilon_low must be in [0, 1) (ratio floor 1 - eps), got {epsilon_low}")
+    if not epsilon_high >= 0:
+        raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high}")
+    if not beta >= 0:
+        raise ValueError(f"beta (KL coefficient) must be >= 0, got {beta}")
+    if beta > 0 and ref_logps is None:
+        raise ValueError(
+            f"beta={beta} > 0 needs ref_logps (the reference policy's log-probabilities); "
+            "pass them or set beta=0"
+        )

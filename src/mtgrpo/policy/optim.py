@@ -1,0 +1,155 @@
+"""Optimizer, learning-rate schedule and gradient clipping for the policy update.
+
+Kept deliberately small and close to the Hugging Face ``Trainer`` so that a run configured
+with TRL's names (``learning_rate``, ``weight_decay``, ``adam_beta1/2``, ``adam_epsilon``,
+``lr_scheduler_type``, ``warmup_steps`` / ``warmup_ratio``, ``max_grad_norm``) behaves the same.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.optim import AdamW, Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "SCHEDULERS",
+    "build_optimizer",
+    "build_scheduler",
+    "clip_gradients",
+    "no_decay_parameter_names",
+]
+
+# The name patterns transformers' Trainer (5.x, `get_decay_parameter_names`) exempts from
+# weight decay, matched on the lower-cased parameter name.
+_NO_DECAY_PATTERNS = tuple(
+    re.compile(pattern)
+    for pattern in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+)
+
+# Our schedule names -> transformers.get_scheduler names. "constant" keeps the warm-up when one
+# is asked for (transformers' plain "constant" would silently ignore it).
+SCHEDULERS: Registry[str] = Registry("learning-rate schedule")
+SCHEDULERS.add("constant", "constant_with_warmup", aliases=("constant_with_warmup",))
+SCHEDULERS.add("linear", "linear")
+SCHEDULERS.add("cosine", "cosine")
+
+
+def no_decay_parameter_names(model: nn.Module) -> set[str]:
+    """Names of the parameters exempt from weight decay, as the HF ``Trainer`` decides.
+
+    Biases and normalisation weights: parameters of ``nn.LayerNorm`` / ``nn.RMSNorm`` modules
+    or of any module whose class name contains ``Norm`` (``LlamaRMSNorm``, ...), and names
+    matching the Trainer's patterns (``bias``, ``layernorm``, ``rmsnorm``, ``norm``).
+    """
+    exempt: set[str] = set()
+    for module_name, module in model.named_modules():
+        is_norm = (
+            isinstance(module, nn.LayerNorm | nn.RMSNorm) or "norm" in type(module).__name__.lower()
+        )
+        for param_name, _ in module.named_parameters(recurse=False):
+            full_name = f"{module_name}.{param_name}" if module_name else param_name
+            if is_norm or any(pattern.search(full_name.lower()) for pattern in _NO_DECAY_PATTERNS):
+                exempt.add(full_name)
+    return exempt
+
+
+def build_optimizer(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> AdamW:
+    """AdamW over the trainable parameters only (LoRA: the adapter weights).
+
+    Two parameter groups, as the HF ``Trainer``: ``weight_decay`` for weight matrices and 0
+    for biases and normalisation weights (:func:`no_decay_parameter_names`). Defaults are the
+    Trainer's (``adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0``).
+    """
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        raise ValueError(f"betas must be two values in [0, 1), got {betas!r}")
+    exempt = no_decay_parameter_names(model)
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if name in exempt else decay).append(param)
+    if not decay and not no_decay:
+        raise ValueError(
+            "the model has no trainable parameters (requires_grad=False everywhere); unfreeze "
+            "the layers to train or attach a LoRA adapter"
+        )
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return AdamW([group for group in groups if group["params"]], lr=lr, betas=betas, eps=eps)
+
+
+def build_scheduler(
+    optimizer: Optimizer,
+    kind: str = "constant",
+    *,
+    total_steps: int,
+    warmup_steps: int | None = None,
+    warmup_ratio: float | None = None,
+) -> LRScheduler:
+    """A per-optimizer-step learning-rate schedule (``transformers.get_scheduler``).
+
+    ``kind``: ``"constant"`` (after the warm-up; MT-GRPO's setting), ``"linear"`` or
+    ``"cosine"`` decay to 0 at ``total_steps``. The warm-up is linear from 0 and is given as
+    ``warmup_steps`` or as ``warmup_ratio`` of ``total_steps`` (rounded up, as the HF
+    ``TrainingArguments.get_warmup_steps``), not both; neither means no warm-up.
+    """
+    name = SCHEDULERS.get(kind)
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+    if warmup_steps is not None and warmup_ratio is not None:
+        raise ValueError(
+            f"give warmup_steps ({warmup_steps}) or warmup_ratio ({warmup_ratio}), not both"
+        )
+    if warmup_ratio is not None:
+        if not 0 <= warmup_ratio <= 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {warmup_ratio}")
+        warmup_steps = math.ceil(warmup_ratio * total_steps)
+    warmup_steps = 0 if warmup_steps is None else warmup_steps
+    if not 0 <= warmup_steps <= total_steps:
+        raise ValueError(
+            f"warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}"
+        )
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps
+    )
+
+
+def clip_gradients(
+    parameters: nn.Module | Iterable[nn.Parameter], max_norm: float | None
+) -> Tensor:
+    """Clip the global L2 norm of the gradients to ``max_norm`` and return the norm before.
+
+    ``max_norm=None`` (or ``inf``) only measures. Only trainable parameters with a gradient
+    count. The norm is returned as a 0-dim tensor so logging it forces no device sync until
+    read. Under ``accelerate`` with FSDP/DeepSpeed, use ``accelerator.clip_grad_norm_``, which
+    reduces the norm across shards.
+    """
+    if max_norm is not None and not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0 or None (no clipping), got {max_norm}")
+    params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
+    with_grad = [p for p in params if p.requires_grad and p.grad is not None]
+    if not with_grad:
+        return torch.zeros(())
+    limit = math.inf if max_norm is None else max_norm
+    return torch.nn.utils.clip_grad_norm_(with_grad, limit)
