@@ -458,6 +458,14 @@ def test_iid_returns_every_group_and_reports_what_the_filter_would_drop():
     assert report.informative_groups.sum() < 64  # the hard task makes some groups dropped
 
 
+def test_prompts_per_round_is_the_ceiling_of_oversampled_batch():
+    tasks = prompts((500, 500))
+    for factor, expected in ((0.1, 3), (0.15, 5), (1.0, 30), (1e-6, 1)):  # ⌈factor·30⌉, >= 1
+        sampler = make_sampler("dynamic", tasks, 2, oversample_factor=factor, max_resample_rounds=0)
+        _, report = sampler.build(np.array([0.5, 0.5]), 30, SimulatedTasks(tasks, (0.0, 0.0)))
+        assert report.prompts_generated == expected, factor
+
+
 def test_batch_is_shuffled_so_mini_batches_mix_tasks():
     tasks = prompts()
     sampler = make_sampler("ratio_preserving", tasks, 3, seed=0)
@@ -572,6 +580,15 @@ def test_load_state_dict_refuses_a_different_sampler_or_dataset():
     shuffled = np.array(prompts((10, 10))[::-1])  # same sizes, different mapping
     with pytest.raises(ValueError, match="the prompt set differs"):
         make_sampler("dynamic", shuffled, 2).load_state_dict(state)
+    # A refused state leaves the sampler untouched.
+    sampler = make_sampler("dynamic", tasks, 2, seed=5)
+    before = sampler.state_dict()
+    broken = {**state, "pool": {**state["pool"], "task_sizes": [3, 17]}}
+    with pytest.raises(ValueError, match="the prompt set differs"):
+        sampler.load_state_dict(broken)
+    with pytest.raises(ValueError, match=r"sampler state is missing \['rng'\]"):
+        sampler.load_state_dict({k: v for k, v in state.items() if k != "rng"})
+    assert sampler.state_dict() == before
 
 
 # ---------------------------------------------------------------------------------------------

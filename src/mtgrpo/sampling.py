@@ -40,6 +40,11 @@ Decisions where the paper is silent:
    trained group is on-policy.
 5. A task with fewer prompts than a step asks for wraps into its next epoch, so the same prompt
    can appear more than once in one batch (its groups are independent generations).
+6. ``N_rs`` counts the rounds after the first, so one build makes at most ``1 + N_rs``
+   generation calls.
+7. ``ratio_preserving`` defaults to AAS on (the paper's 9-task setting); its 3-task setting
+   used ``acceptance_aware=False``. Targets default to the paper's multinomial draw;
+   ``target_rounding="largest_remainder"`` gives the same composition every step.
 
 Every random choice comes from the sampler's own ``np.random.Generator``; the prompt order of
 task ``k`` in epoch ``e`` is regenerated from ``(seed, k, e)``. Both are in :meth:`state_dict`,
@@ -78,8 +83,8 @@ __all__ = [
     "make_sampler",
 ]
 
-# Same tolerance as ``mtgrpo.advantages`` uses for "no contrast", so the filter drops exactly the
-# groups whose advantages would be zero.
+# The tolerance ``mtgrpo.advantages`` uses for "no contrast": float noise in a reward (say, a
+# reward model's logits) gives no usable gradient and must not make a group count as informative.
 _CONSTANT_RTOL = 1e-6
 _CONSTANT_ATOL = 1e-7
 # Floor of the acceptance rate in the AAS inflation 1 / max(1 - ρ, 0.01) (MT-GRPO Algorithm 2).
@@ -463,6 +468,11 @@ def _rounds(value: Any) -> int:
     return rounds
 
 
+def _prompts_per_round(oversample_factor: float, size: int) -> int:
+    """``⌈M_os·B⌉``, rounded first so that float noise (0.1·30 = 3.0000000000000004) adds none."""
+    return max(1, math.ceil(round(oversample_factor * size, 9)))
+
+
 def _normalised(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
@@ -496,6 +506,14 @@ class Sampler(ABC):
 
     Subclasses implement :meth:`_collect`, which runs generation rounds and picks the groups of
     the batch. Build one with :func:`make_sampler`.
+
+    Args:
+        prompt_tasks: ``[num_prompts]`` task index of every prompt of the training set.
+        num_tasks: ``K``.
+        seed: seeds the prompt order and the sampler's RNG.
+        zero_gradient_filter: a name in :data:`ZERO_GRADIENT_FILTERS` (default ``strict``).
+        acceptance_ema: the decay ``d`` of ``ρ_k ← d ρ_k + (1 − d) f_k`` (paper 0.9), where
+            ``f_k`` is the fraction of this build's task-``k`` groups the filter dropped.
     """
 
     name: ClassVar[str]
@@ -665,23 +683,29 @@ class Sampler(ABC):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; nothing changes if the state is refused."""
         if state.get("sampler") != self.name or state.get("num_tasks") != self.num_tasks:
             raise ValueError(
                 f"this state belongs to sampler {state.get('sampler')!r} with "
                 f"{state.get('num_tasks')} tasks; this sampler is {self.name!r} with "
                 f"{self.num_tasks} tasks; resume with the same sampler and task set"
             )
+        missing = sorted({"pool", "rng", "filter_rate_ema"} - set(state))
+        if missing:
+            raise ValueError(f"sampler state is missing {missing}; pass a full state_dict()")
         rho = np.asarray(state["filter_rate_ema"], dtype=np.float64)
         if rho.shape != (self.num_tasks,) or not ((rho >= 0) & (rho <= 1)).all():
             raise ValueError(f"filter_rate_ema must be [K] values in [0, 1]; got {rho.tolist()}")
-        self.pool.load_state_dict(state["pool"])
-        rng = state["rng"]
-        self.rng.bit_generator.state = {
-            "bit_generator": rng["bit_generator"],
-            "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
-            "has_uint32": int(rng["has_uint32"]),
-            "uinteger": int(rng["uinteger"]),
+        saved = state["rng"]
+        rng = np.random.default_rng()
+        rng.bit_generator.state = {
+            "bit_generator": saved["bit_generator"],
+            "state": {"state": int(saved["state"]), "inc": int(saved["inc"])},
+            "has_uint32": int(saved["has_uint32"]),
+            "uinteger": int(saved["uinteger"]),
         }
+        self.pool.load_state_dict(state["pool"])  # validates before it changes anything
+        self.rng = rng
         self._filter_rate_ema = rho.copy()
 
 
@@ -729,7 +753,7 @@ class DynamicSampler(Sampler):
     def _collect(
         self, z: np.ndarray, size: int, generate: GenerateAndScore, rollouts: _Rollouts
     ) -> tuple[np.ndarray, np.ndarray]:
-        per_round = math.ceil(self.oversample_factor * size)
+        per_round = _prompts_per_round(self.oversample_factor, size)
         self._generate_round(self.rng.multinomial(per_round, z), generate, rollouts)
         extra = 0
         while rollouts.informative_counts().sum() < size and extra < self.max_resample_rounds:
@@ -793,7 +817,7 @@ class RatioPreservingSampler(Sampler):
     ) -> tuple[np.ndarray, np.ndarray]:
         target = TARGET_ROUNDINGS.get(self.target_rounding)(z, size, self.rng)  # [K]
         m = self._inflation()  # [K]
-        per_round = math.ceil(self.oversample_factor * size)
+        per_round = _prompts_per_round(self.oversample_factor, size)
         self._generate_round(
             self.rng.multinomial(per_round, _normalised(z * m)), generate, rollouts
         )
