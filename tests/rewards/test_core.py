@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import pickle
 
 import numpy as np
 import pytest
@@ -163,6 +164,17 @@ def test_per_completion_single_channel_and_row_columns():
     assert rf.column_names == ["exact_match"]
     with pytest.raises(KeyError, match=r"row_columns \['answer'\] are not dataset columns"):
         rf(prompts=["q"], completions=["4"], task=["t"])
+
+
+def exact_match(completion, prompt, answer):
+    return float(completion == answer)
+
+
+def test_per_completion_result_pickles():
+    rf = per_completion(exact_match, row_columns=("answer",))
+    clone = pickle.loads(pickle.dumps(rf))
+    assert clone.name == "exact_match"
+    assert clone(prompts=["q", "q"], completions=["1", "2"], answer=["1", "1"]) == [1.0, 0.0]
 
 
 def test_per_completion_refuses_batched_functions():

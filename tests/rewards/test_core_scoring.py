@@ -184,6 +184,36 @@ def test_a_function_cannot_corrupt_anothers_inputs():
     assert scores.values[:, 1].tolist() == [code_logic(c) for c in ["c0", "c1x", "c2xx"]]
 
 
+def test_seed_002_signatures_without_prompts_read_their_columns():
+    def format_reward_func(completions, target, **kwargs):
+        return [float(c.endswith("</answer>")) for c in completions]
+
+    def equation_reward_func(completions, target, nums, **kwargs):
+        return [float(sum(n) == int(t)) for n, t in zip(nums, target, strict=True)]
+
+    suite = RewardSuite.from_user([format_reward_func, equation_reward_func])
+    scores = suite.score(
+        prompts=["p", "p"],
+        completions=["<answer>1+2</answer>", "3"],
+        completion_ids=None,
+        columns={"target": ["3", "4"], "nums": [[1, 2], [1, 2]]},
+        tasks=["countdown", "countdown"],
+    )
+    assert scores.values.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def test_empty_batch_calls_nothing():
+    calls = []
+
+    def reward(prompts, completions, **kwargs):
+        calls.append(1)
+        return []
+
+    scores = RewardSuite.from_user([reward, code_reward]).score(**batch([]))
+    assert scores.values.shape == (0, 2)
+    assert calls == []
+
+
 def test_multi_channel_tuples_dicts_arrays_and_none():
     def judge(prompts, completions, **kwargs):
         return [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mtgrpo.advantages import GATE_MODES
@@ -76,33 +76,42 @@ def per_completion(
         raise TypeError(f"per_completion expects a callable, got {type(fn).__name__}")
     if isinstance(row_columns, str):
         row_columns = (row_columns,)
-    wanted = tuple(row_columns)
-
-    def row_kwargs(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise KeyError(f"row_columns {missing} are not dataset columns (got {sorted(columns)})")
-        return [{c: columns[c][i] for c in wanted} for i in range(n)]
-
-    if is_async_callable(fn):
-
-        @functools.wraps(fn)
-        async def batched(prompts: list[Any], completions: list[Any], **columns: Any) -> list:
-            kwargs = row_kwargs(columns, len(completions))
-            rows = zip(prompts, completions, kwargs, strict=True)
-            return list(await asyncio.gather(*(fn(c, p, **kw) for p, c, kw in rows)))
-
-    else:
-
-        @functools.wraps(fn)
-        def batched(prompts: list[Any], completions: list[Any], **columns: Any) -> list:
-            kwargs = row_kwargs(columns, len(completions))
-            rows = zip(prompts, completions, kwargs, strict=True)
-            return [fn(c, p, **kw) for p, c, kw in rows]
-
+    adapter_type = _AsyncPerCompletion if is_async_callable(fn) else _PerCompletion
+    batched = adapter_type(fn, tuple(row_columns))
     return RewardFunction(
         batched, name=name or callable_name(fn), channels=channels, weights=weights
     )
+
+
+@dataclass(frozen=True)
+class _PerCompletion:
+    """The batched form of a per-sample reward (a class, not a closure, so it pickles)."""
+
+    fn: Callable[..., Any]
+    row_columns: tuple[str, ...]
+
+    def _rows(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
+    ) -> list[tuple[Any, Any, dict[str, Any]]]:
+        missing = [c for c in self.row_columns if c not in columns]
+        if missing:
+            raise KeyError(f"row_columns {missing} are not dataset columns (got {sorted(columns)})")
+        kwargs = [{c: columns[c][i] for c in self.row_columns} for i in range(len(completions))]
+        return list(zip(prompts, completions, kwargs, strict=True))
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[Any]:
+        return [self.fn(c, p, **kw) for p, c, kw in self._rows(prompts, completions, columns)]
+
+
+@dataclass(frozen=True)
+class _AsyncPerCompletion(_PerCompletion):
+    """Awaits the per-sample coroutines of a batch concurrently."""
+
+    async def __call__(  # type: ignore[override]
+        self, prompts: list[Any], completions: list[Any], **columns: Any
+    ) -> list[Any]:
+        rows = self._rows(prompts, completions, columns)
+        return list(await asyncio.gather(*(self.fn(c, p, **kw) for p, c, kw in rows)))
 
 
 def conditioned(
