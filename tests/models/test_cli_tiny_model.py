@@ -1,0 +1,61 @@
+"""``mtgrpo tiny-model``: argument parsing, the model it writes, and its exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtgrpo.cli import tiny_model
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mtgrpo tiny-model")
+    tiny_model.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_match_build_tiny_model() -> None:
+    args = _parse(["out"])
+    assert (args.arch, args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads,
+            args.intermediate_size, args.max_position_embeddings, args.seed, args.gguf) == (
+        "llama", 64, 2, 4, 2, 128, 512, 0, False)
+
+
+def test_builds_the_requested_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "qwen"
+    argv = [str(out), "--arch", "qwen2", "--hidden-size", "32", "--num-heads", "2",
+            "--num-kv-heads", "1", "--num-layers", "1", "--seed", "3", "--gguf"]
+    assert tiny_model.run(_parse(argv)) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["hidden_size"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["num_hidden_layers"]) == ("qwen2", 32, 2, 1, 1)
+    assert (out / "model.gguf").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert f"wrote tiny qwen2 model to {out}" in printed
+    assert "wrote GGUF file" in printed
+
+
+def test_invalid_shape_exits_2_with_the_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parse([str(tmp_path / "m"), "--hidden-size", "30", "--num-heads", "4"])
+    assert tiny_model.run(args) == 2
+    assert "hidden_size (30) must be a multiple of num_heads (4)" in capsys.readouterr().err
+
+
+def test_unknown_arch_is_an_argparse_error() -> None:
+    with pytest.raises(SystemExit):
+        _parse(["out", "--arch", "gpt2"])
+
+
+def test_module_import_stays_light() -> None:
+    code = ("import sys, mtgrpo.cli.tiny_model; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60)
+    assert result.stdout.strip() == "[]"
