@@ -120,7 +120,7 @@ def default_marginals(num_channels: int) -> tuple[ChannelMarginal, ...]:
 
 
 def correlation_matrix(rho: float, num_channels: int = 3) -> np.ndarray:
-    """Channels 0 and 1 correlated by ``rho``, all other pairs independent.  # [R, R]
+    """``C [R, R]`` with channels 0 and 1 correlated by ``rho``, all other pairs independent.
 
     For ``R = 3`` this is the example of the ``multireward-grpo`` description,
     ``[[1, ρ, 0], [ρ, 1, 0], [0, 0, 1]]``.
@@ -129,7 +129,8 @@ def correlation_matrix(rho: float, num_channels: int = 3) -> np.ndarray:
         raise ValueError(f"rho must be a correlation in [-1, 1], got {rho!r}")
     if num_channels < 2:
         raise ValueError(
-            f"a correlation between channels 0 and 1 needs at least 2 channels, got {num_channels}"
+            f"a correlation between channels 0 and 1 needs at least 2 channels, got "
+            f"{num_channels}; for a single channel use the 1x1 matrix [[1]] (--correlation 1)"
         )
     correlation = np.eye(num_channels)
     correlation[0, 1] = correlation[1, 0] = rho

@@ -33,8 +33,9 @@ and drops out of it consistently). Hence
 
     Var ĝ_NA = (τ²/m) wᵀ E[Ĉ] w,
 
-the prediction ``(τ²/m) wᵀ Ĉ_p w`` with ``Ĉ_p`` averaged over the same seeds. Both the
-sample variance and the averaged ``Ĉ_p`` are unbiased, so the ratio is 1 up to sampling
+the prediction ``(τ²/m) wᵀ Ĉ_p w`` with ``Ĉ_p`` averaged over the same seeds. The sample
+variance (ddof 1) and the seed-averaged ``Ĉ_p`` are unbiased for ``Var ĝ`` and ``E[Ĉ]``, so
+realised and predicted MSE have the same expectation and their ratio is 1 up to sampling
 noise (per prompt roughly ±10-15 % at ``S = 200``; the overall ratio, mean realised over
 mean predicted, within a few percent). A prediction that ignores the correlation
 (``wᵀ diag(Ĉ) w``) misses by the factor ``wᵀĈw / wᵀ diag(Ĉ) w``.
@@ -340,19 +341,19 @@ def _zscores(r: np.ndarray) -> np.ndarray:
 
 
 def _realised_mse(advantages: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``Var_s ĝ_{p,s}`` with ``ĝ = (1/m) Σ_j A_j g_j``.  # [P]"""
+    """``Var_s ĝ_{p,s}`` (ddof 1) with ``ĝ = (1/m) Σ_j A_j g_j``, shape ``[P]``."""
     estimate = (advantages * g).mean(axis=2)  # [P, S]
     return estimate.var(axis=1, ddof=REALISED_DDOF)
 
 
 def _influence(advantages: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """Mean over seeds of ``(1/m) Σ_j A_j z_jl``.  # [P, R]"""
+    """Mean over seeds of ``(1/m) Σ_j A_j z_jl``, shape ``[P, R]``."""
     num_seeds, group_size = z.shape[1], z.shape[2]
     return np.einsum("psj,psjl->pl", advantages, z) / (num_seeds * group_size)
 
 
 def _channel_std(r: np.ndarray) -> np.ndarray:
-    """Population std of each channel within a group over its applicable entries. # [P, R]"""
+    """Within-group population std of each channel (applicable entries), seed mean. [P, R]"""
     applicable = ~np.isnan(r)  # [P, S, m, R]
     count = applicable.sum(axis=2)  # [P, S, R]
     values = np.where(applicable, r, 0.0)

@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mtgrpo analyze: error: {error}", file=sys.stderr)
         return 2
     console = Console()
+    if job["source"]["kind"] == "rollouts":
+        _describe_rollouts(console, job["source"], result)
     print_summary(result, console)
     passed = _verdict(console, result, (band[0], band[1]))
     _write_outputs(console, args, result, job["source"], (band[0], band[1]), passed)
@@ -196,6 +198,16 @@ def _rollouts_job(args: argparse.Namespace) -> dict[str, Any]:
             "prompt_ids": list(data.prompt_ids), "source": source, "weights": data.weights}
 
 
+def _describe_rollouts(console: Any, source: dict[str, Any], result: AnalysisResult) -> None:
+    console.print(
+        f"read {result.num_prompts} prompts × {result.num_seeds} groups of "
+        f"{result.group_size} from {source['path']} (skipped {source['skipped_groups']} groups "
+        f"of other sizes, dropped {source['dropped_prompts']} prompts with fewer than "
+        f"{source['min_seeds']} groups, left out {source['truncated_groups']} groups beyond the "
+        f"first {result.num_seeds} of their prompt)"
+    )
+
+
 def _weights(text: str | None, job: dict[str, Any]) -> list[float]:
     num_channels = job["rewards"].shape[-1]
     if text is not None:
@@ -224,6 +236,8 @@ def _verdict(console: Any, result: AnalysisResult, band: tuple[float, float]) ->
         f"{status}: NA realised / predicted = {s.na.ratio:.3f} "
         f"({'inside' if passed else 'outside'} the band [{band[0]:g}, {band[1]:g}])"
     )
+    if result.num_channels == 1:  # AN and NA coincide for one channel
+        return passed
     widest = int(result.channel_std.mean(axis=0).argmax())
     console.print(
         f"AN gives '{result.channels[widest]}' (largest within-group std) "
