@@ -116,10 +116,14 @@ def test_selective_log_softmax_upcasts_bf16_before_the_softmax() -> None:
     logits = (torch.randn(6, 8, 50, generator=generator) * 4).to(torch.bfloat16)
     index = torch.randint(0, 50, (6, 8), generator=generator)
     got = selective_log_softmax(logits, index, temperature=0.7, chunk_size=5)
-    # Reference: the same bf16 values, upcast once, softmax in float32.
+    # Reference: the same bf16 values, upcast once, softmax in float32 (x[y] - logsumexp x
+    # and log_softmax(x)[y] differ by float32 rounding of values near -16: rtol 1e-6).
     expected = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, index[..., None])[..., 0]
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    # A bf16 softmax (no upcast) is off by far more than that.
+    in_bf16 = torch.log_softmax(logits / 0.7, -1).gather(-1, index[..., None])[..., 0]
+    assert (in_bf16.float() - expected).abs().max() > 1e-2
 
 
 def test_selective_log_softmax_gradient_matches_naive() -> None:
@@ -200,6 +204,16 @@ def test_sequence_logprobs_equals_full_logits_with_left_padding(
     torch.testing.assert_close(out.entropy, expected_entropy, rtol=0, atol=1e-6)
     # Padded completion positions are exactly 0 (row 2 ends with 3 pads).
     assert torch.all(out.logps[2, -3:] == 0)
+
+
+def test_bf16_model_scores_in_float32() -> None:
+    model = tiny_llama(seed=14).to(torch.bfloat16)
+    input_ids, mask = padded_batch(seed=5)
+    out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=0.8, chunk_size=3)
+    expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 0.8)  # upcasts logits
+    assert out.logps.dtype == torch.float32
+    # Same bf16 logits (the head computes each row alike whatever the chunk), float32 after.
+    torch.testing.assert_close(out.logps, expected, rtol=1e-6, atol=1e-5)
 
 
 def test_position_ids_follow_generate_for_absolute_position_embeddings() -> None:

@@ -128,9 +128,9 @@ def selective_log_softmax(
     """``log_softmax(float32(logits) / temperature).gather(-1, index)`` without the full result.
 
     ``logits: [..., V]`` (any float dtype), ``index: [...]`` (integer) -> float32 ``[...]``.
-    Rows are processed ``chunk_size`` at a time; each chunk is upcast to float32 before the
-    log-softmax (float32 accumulation for bf16/fp16 logits; TRL instead runs a bf16
-    log-softmax row by row), and, when gradients are needed, recomputed in the backward pass
+    Computed as ``x[index] - logsumexp(x)`` on ``chunk_size`` rows at a time; each chunk is
+    upcast to float32 first (float32 accumulation for bf16/fp16 logits; TRL instead runs a
+    bf16 log-softmax row by row), and, when gradients are needed, recomputed in the backward pass
     instead of being kept, so only one ``[chunk_size, V]`` float32 slice is alive at a time.
     A non-contiguous ``logits`` is copied once by the flattening reshape.
     """
@@ -273,10 +273,13 @@ def _row_scores(
     scaled = logits.float()
     if temperature != 1.0:
         scaled = scaled / temperature
+    if not with_entropy:
+        # log softmax(x)[y] = x[y] - logsumexp(x): no [c, V] log-probability tensor is formed.
+        selected = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [c]
+        return selected - torch.logsumexp(scaled, dim=-1), None
     log_probs = torch.log_softmax(scaled, dim=-1)  # [c, V]
     logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [c]
-    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
-    return logps, entropy
+    return logps, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def _logits_scorer(temperature: float, with_entropy: bool) -> _Scorer:
