@@ -14,7 +14,10 @@ Departures from calling ``generate`` with its defaults, each on purpose:
    and drops everything after it.
 3. Prompts of different lengths are left-padded within a micro-batch of at most
    ``max_batch_size`` rows; the attention mask keeps padding out of the computation.
-4. With ``SamplingParams.seed`` set, sampling draws from ``torch.manual_seed(seed)`` inside a
+4. ``SamplingParams.return_logprobs`` asks ``generate`` for its processed scores, which it keeps
+   for every step (``L`` tensors ``[n, V]``): meant for checks and small models; a trainer
+   recomputes log-probabilities with its own forward pass anyway.
+5. With ``SamplingParams.seed`` set, sampling draws from ``torch.manual_seed(seed)`` inside a
    forked RNG state, so the caller's random state is untouched and the result depends only on
    the seed, the prompts, the parameters and ``max_batch_size``.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +38,9 @@ from mtgrpo.rollout.base import (
     check_num_samples,
     check_prompt_ids,
 )
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 __all__ = ["HFGenerateBackend"]
 
@@ -159,28 +165,34 @@ class HFGenerateBackend:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         prompts = check_prompt_ids(prompt_ids, self._vocab_size())
         group_size = check_num_samples(num_samples)
-        rows = [prompt for prompt in prompts for _ in range(group_size)]  # [N], grouped by prompt
+        # [N] rows grouped by prompt; copies, so that rows of one group do not share a list
+        rows = [list(prompt) for prompt in prompts for _ in range(group_size)]
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
 
-        chunks = []
-        with _eval_mode(self.model), _blank_generation_config(self.model), torch.no_grad(), \
-                _seeded(params.seed, self._device):
+        chunks: list[_Chunk] = []
+        with (
+            _eval_mode(self.model),
+            _blank_generation_config(self.model),
+            torch.no_grad(),
+            _seeded(params.seed, self._device),
+        ):
             for start in range(0, len(rows), self.max_batch_size):
                 batch = rows[start : start + self.max_batch_size]
                 chunks.append(self._generate_chunk(batch, params, stop_ids))
+        logprobs = None
+        if params.return_logprobs:
+            logprobs = [lp for chunk in chunks for lp in chunk.logprobs or []]
         return GenerationOutput(
             prompt_ids=rows,
             completion_ids=[c for chunk in chunks for c in chunk.completion_ids],
             finished=[f for chunk in chunks for f in chunk.finished],
-            logprobs=(
-                [lp for chunk in chunks for lp in chunk.logprobs]  # type: ignore[union-attr]
-                if params.return_logprobs
-                else None
-            ),
+            logprobs=logprobs,
             weights_version=self.weights_version,
         )
 
-    def _generation_kwargs(self, params: SamplingParams, stop_ids: tuple[int, ...]) -> Any:
+    def _generation_config(
+        self, params: SamplingParams, stop_ids: tuple[int, ...]
+    ) -> GenerationConfig:
         from transformers import GenerationConfig
 
         sampling: dict[str, Any] = {"do_sample": False}
@@ -218,7 +230,7 @@ class HFGenerateBackend:
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            generation_config=self._generation_kwargs(params, stop_ids),
+            generation_config=self._generation_config(params, stop_ids),
         )
         generated = output.sequences[:, input_ids.shape[1] :].tolist()  # [n, L]
         lengths, finished = _cut_at_stop(generated, set(stop_ids))
@@ -275,12 +287,13 @@ def _token_logprobs(
     """log p(token) under the processed (tempered, nucleus-filtered) distribution of each step.
 
     ``scores``: L tensors ``[n, V]`` (the logits after generate's processors); ``generated``:
-    ``[n, L]``.
+    ``[n, L]``. One step at a time, so no ``[n, L, V]`` copy is made on top of ``scores``.
     """
-    steps = torch.stack(scores, dim=1).float()  # [n, L, V]
-    logprobs = torch.log_softmax(steps, dim=-1)
-    chosen = logprobs.gather(-1, generated.unsqueeze(-1)).squeeze(-1)  # [n, L]
-    return chosen.tolist()
+    chosen = [
+        torch.log_softmax(step.float(), dim=-1).gather(-1, generated[:, i, None])[:, 0]  # [n]
+        for i, step in enumerate(scores)
+    ]
+    return torch.stack(chosen, dim=1).tolist()  # [n, L]
 
 
 BACKENDS.add("hf", HFGenerateBackend, aliases=("transformers", "hf_generate"))
