@@ -385,6 +385,52 @@ def test_prompt_learning_peft_falls_back_to_the_model_forward() -> None:
     assert "prompt-learning" in route.reason
 
 
+# --- distributed wrappers -----------------------------------------------------------------
+
+
+@pytest.fixture
+def single_process_group(tmp_path):
+    """A one-process gloo group on CPU, enough to build a real DistributedDataParallel."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.usefixtures("single_process_group")
+def test_ddp_is_called_so_its_hooks_run_and_the_chunked_path_is_kept() -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = tiny_llama(seed=15)
+    previous_forward = model.forward  # set on the instance, as accelerate's autocast wrapper is
+    model.forward = previous_forward
+    ddp = DistributedDataParallel(model)
+    calls: list[int] = []
+    ddp.register_forward_pre_hook(lambda module, args: calls.append(1))
+    route = resolve_logprob_path(ddp)
+    assert route.path == "chunked_head"
+    assert "DDP forward" in route.reason
+    input_ids, mask = padded_batch(seed=6)
+    out = sequence_logprobs(ddp, input_ids, mask, COMPLETION_LEN, temperature=0.8, chunk_size=3)
+    assert calls == [1]  # through DDP's forward, where its gradient-sync bookkeeping lives
+    assert model.__dict__["forward"] is previous_forward  # the instance forward is restored
+    out.logps.sum().backward()
+    through_ddp = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 0.8)
+    torch.testing.assert_close(out.logps, expected, rtol=0, atol=1e-6)
+    expected.sum().backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(through_ddp[name], param.grad, rtol=1e-5, atol=1e-6, msg=name)
+    forced = sequence_logprobs(
+        ddp, input_ids, mask, COMPLETION_LEN, temperature=0.8, path="model_forward"
+    )
+    torch.testing.assert_close(forced.logps, expected, rtol=0, atol=1e-6)
+
+
 # --- models whose forward transforms the logits ----------------------------------------------
 
 

@@ -6,13 +6,13 @@ One update of the policy on a scored batch, read top to bottom::
     normalizer = LossNormalizer.for_batch(batch.completion_mask, max_completion_length=L_max)
     plan = plan_micro_batches(batch.lengths(), max_tokens_per_micro_batch=8192)
     for rows in plan:
-        part = batch.select(rows)
-        out = sequence_logprobs(model, part.input_ids, part.attention_mask,
-                                part.completion_length, temperature=temperature)
-        loss = policy_loss(out.logps, part.advantages, part.completion_mask,
-                           old_logps=part.old_logps, ref_logps=part.ref_logps,
-                           loss_type="dapo", normalizer=normalizer)
-        loss.loss.backward()           # accumulated gradients = full-batch gradient
+        part = batch.select(rows)              # padding columns of these rows trimmed
+        scored = sequence_logprobs(model, part.input_ids, part.attention_mask,
+                                   part.completion_length, temperature=temperature)
+        out = policy_loss(scored.logps, part.advantages, part.completion_mask,
+                          old_logps=part.old_logps, ref_logps=part.ref_logps,
+                          loss_type="dapo", normalizer=normalizer)
+        out.loss.backward()                    # accumulated gradients = full-batch gradient
     grad_norm = clip_gradients(model, max_norm=1.0)
     optimizer.step(); scheduler.step(); optimizer.zero_grad()
 

@@ -25,16 +25,22 @@ LM head, ``trl.trainer.utils.add_fused_lm_head``):
    still apply; for models whose forward transforms the head's output we fall back to the
    model's own forward (see :func:`resolve_logprob_path`) instead of re-implementing each
    transform.
-2. TRL chunks rows of the flattened scored positions by 32,768 tokens inside its kernel; we
-   chunk the same way but by ``chunk_size`` (default 512) so the slice fits in plain PyTorch.
+2. TRL's kernel tiles 4,096 positions x 32,768 vocabulary columns with an online
+   logsumexp and a hand-written backward. We tile positions only (whole vocabulary rows,
+   ``chunk_size`` positions, default 512) and let activation checkpointing recompute each
+   tile in the backward pass: plain PyTorch, any head module, the same bounded memory.
+   The chunks run along the flattened scored positions of all rows (not ``[N, chunk, V]``
+   along the sequence), so memory does not grow with ``N`` and padding is never projected.
 3. Like TRL's fused head, padded completion positions (``attention_mask == 0``) get
    log-probability 0 and entropy 0.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,7 +69,8 @@ LogprobPath = Literal["chunked_head", "model_forward"]
 # `lm_head(hidden)` before returning logits: tanh soft-capping (Gemma 2/3, Mistral-Large-4,
 # RecurrentGemma), multiplicative scales (Cohere, Falcon-H1, HyperCLOVA X, Muse), division by a
 # scale (Granite, MiniCPM3) and a vocabulary cut (Inkling). Found by reading every
-# `*ForCausalLM.forward` of transformers 5.23; TRL's fused head handles the same set.
+# `*ForCausalLM.forward` of transformers 5.23 (TRL's fused head re-implements the soft-cap and
+# the scales; we let the model's own forward apply them).
 LOGIT_TRANSFORM_FIELDS: tuple[str, ...] = (
     "final_logit_softcapping",
     "logits_soft_cap",
@@ -97,12 +104,18 @@ class LogprobOutput:
 
 @dataclass(frozen=True)
 class LogprobRoute:
-    """How :func:`sequence_logprobs` will score a model, and why."""
+    """How :func:`sequence_logprobs` will score a model, and why.
+
+    ``backbone`` and ``head`` are the modules the ``"chunked_head"`` path calls (``None`` on
+    the ``"model_forward"`` path); ``via`` is the DDP wrapper whose forward the computation
+    runs inside, if any.
+    """
 
     path: LogprobPath
     reason: str
     backbone: nn.Module | None = None
     head: nn.Module | None = None
+    via: nn.Module | None = None
 
 
 def position_ids_from_attention_mask(attention_mask: Tensor) -> Tensor:
@@ -183,38 +196,39 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     adapter, and ``disable_adapter()`` still works), (b) its backbone,
     ``getattr(lm, lm.base_model_prefix)``, and head, ``lm.get_output_embeddings()``, and
     (c) a forward that returns ``head(backbone(...).last_hidden_state)`` unchanged, which we
-    cannot guarantee when the config sets one of :data:`LOGIT_TRANSFORM_FIELDS`.
+    cannot guarantee when the config sets one of :data:`LOGIT_TRANSFORM_FIELDS`. A model
+    that transforms its logits without such a config field is not detected: score it with
+    ``path="model_forward"``.
 
+    A ``DistributedDataParallel`` wrapper keeps the chunked path but is *called*: the
+    computation temporarily replaces its child's ``forward`` (as TRL's fused head patches the
+    model forward), so DDP's forward hooks, which set up the gradient all-reduce, still run.
     Everything else falls back to ``"model_forward"`` (correct, but the model materialises
-    ``[N, L + 1, V]`` logits in its own dtype): DDP / FSDP wrappers (their forward is what
-    synchronises gradients or gathers shards, so sub-modules must not be called around it), a
-    head whose weight is an FSDP2 ``DTensor``, prompt-learning PEFT methods (the virtual tokens
-    are added by the PEFT forward), and models without a separable backbone or head.
+    ``[N, L + 1, V]`` logits in its own dtype): FSDP (v1) wrappers, a head whose weight is an
+    FSDP2 ``DTensor`` (its root forward gathers the shards), prompt-learning PEFT methods (the
+    virtual tokens are added by the PEFT forward), and models without a separable backbone
+    or head.
     """
-    wrapper = _distributed_wrapper_name(model)
-    if wrapper is not None:
-        return LogprobRoute("model_forward", f"the model is wrapped in {wrapper}")
-    causal_lm, reason = _unwrap_causal_lm(model)
+    via = model if _is_instance_of(model, "torch.nn.parallel", "DistributedDataParallel") else None
+    inner = model.module if via is not None else model
+    if _is_instance_of(inner, "torch.distributed.fsdp", "FullyShardedDataParallel"):
+        return LogprobRoute("model_forward", "the model is wrapped in FullyShardedDataParallel")
+    causal_lm, reason = _unwrap_causal_lm(inner)
     if reason is not None:
         return LogprobRoute("model_forward", reason)
-    config = getattr(causal_lm, "config", None)
-    if config is not None:
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        for field in LOGIT_TRANSFORM_FIELDS:
-            value = getattr(text_config, field, None)
-            if value not in _NEUTRAL_VALUES.get(field, (None, 1, 1.0)):
-                return LogprobRoute(
-                    "model_forward", f"the model's forward transforms logits ({field}={value!r})"
-                )
+    transform = _logit_transform(causal_lm)
+    if transform is not None:
+        return LogprobRoute("model_forward", f"the model's forward transforms logits ({transform})")
     prefix = getattr(causal_lm, "base_model_prefix", "")
     backbone = getattr(causal_lm, prefix, None) if prefix else None
     get_head = getattr(causal_lm, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(backbone, nn.Module) or not isinstance(head, nn.Module):
         return LogprobRoute("model_forward", "no separable backbone and output head were found")
-    if _is_dtensor(getattr(head, "weight", None)):
+    if _is_instance_of(getattr(head, "weight", None), "torch.distributed.tensor", "DTensor"):
         return LogprobRoute("model_forward", "the output head is sharded by FSDP2")
-    return LogprobRoute("chunked_head", "plain causal LM head", backbone=backbone, head=head)
+    reason = "plain causal LM head" + (" (called through the DDP forward)" if via else "")
+    return LogprobRoute("chunked_head", reason, backbone=backbone, head=head, via=via)
 
 
 def sequence_logprobs(
@@ -245,18 +259,15 @@ def sequence_logprobs(
     _check_sequence_inputs(input_ids, attention_mask, completion_length)
     _check_scoring_options(temperature, chunk_size)
     route = _route_for(model, path)
-    length = completion_length
     position_ids = position_ids_from_attention_mask(attention_mask)  # [N, T]
-    targets = input_ids[:, -length:]  # [N, L]
-    scored = attention_mask[:, -length:].bool()  # [N, L]
     if route.path == "chunked_head":
         logps_full, entropy_full = _chunked_head_scores(
-            route, input_ids, attention_mask, position_ids, targets, scored,
+            route, input_ids, attention_mask, position_ids, completion_length,
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
         )  # fmt: skip
     else:
         logps_full, entropy_full = _model_forward_scores(
-            model, input_ids, attention_mask, position_ids, targets, scored,
+            model, input_ids, attention_mask, position_ids, completion_length,
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
         )  # fmt: skip
     return LogprobOutput(logps=logps_full, entropy=entropy_full, path=route.path)
@@ -339,32 +350,65 @@ def _chunked_head_scores(
     input_ids: Tensor,
     attention_mask: Tensor,
     position_ids: Tensor,
-    targets: Tensor,
-    scored: Tensor,
+    length: int,
     *,
     temperature: float,
     chunk_size: int,
     compute_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """The direct route: the backbone once, then the head on scored positions chunk by chunk."""
-    assert route.backbone is not None
-    assert route.head is not None
-    length = targets.shape[1]
-    hidden = route.backbone(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    ).last_hidden_state[:, -length - 1 : -1]  # [N, L, H]: the state before each token
-    # Only scored positions reach the head: padding costs no [V]-wide work at all.
-    logps, entropy = _chunked_scores(
-        _head_scorer(route.head, temperature, compute_entropy),
-        hidden[scored],  # [M, H]
-        targets[scored],  # [M]
-        chunk_size,
-    )
-    logps_full = _scatter_scored(scored, logps)  # [N, L]
-    return logps_full, (None if entropy is None else _scatter_scored(scored, entropy))
+    backbone, head = route.backbone, route.head
+    assert backbone is not None
+    assert head is not None
+
+    def score(
+        input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        targets = input_ids[:, -length:]  # [N, L]
+        scored = attention_mask[:, -length:].bool()  # [N, L]
+        hidden = backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).last_hidden_state[:, -length - 1 : -1]  # [N, L, H]: the state before each token
+        # Only scored positions reach the head: padding costs no [V]-wide work at all.
+        logps, entropy = _chunked_scores(
+            _head_scorer(head, temperature, compute_entropy),
+            hidden[scored],  # [M, H]
+            targets[scored],  # [M]
+            chunk_size,
+        )
+        logps_full = _scatter_scored(scored, logps)  # [N, L]
+        return logps_full, (None if entropy is None else _scatter_scored(scored, entropy))
+
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
+    if route.via is None:
+        return score(**inputs)
+    with _forward_replaced(route.via.module, score):
+        return route.via(**inputs)
+
+
+@contextmanager
+def _forward_replaced(module: nn.Module, forward: Callable[..., object]) -> Iterator[None]:
+    """Make ``module(...)`` run ``forward`` for the duration of the block.
+
+    An instance attribute shadows the class's ``forward``; a forward already set on the
+    instance (accelerate's mixed-precision wrapper, for one) is put back afterwards.
+    """
+    previous = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
 
 
 def _model_forward_scores(
@@ -372,15 +416,15 @@ def _model_forward_scores(
     input_ids: Tensor,
     attention_mask: Tensor,
     position_ids: Tensor,
-    targets: Tensor,
-    scored: Tensor,
+    length: int,
     *,
     temperature: float,
     chunk_size: int,
     compute_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """The fallback route: the model's own forward, keeping only the needed logits."""
-    length = targets.shape[1]
+    targets = input_ids[:, -length:]  # [N, L]
+    scored = attention_mask[:, -length:].bool()  # [N, L]
     kwargs: dict[str, object] = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -423,42 +467,50 @@ def _route_for(model: nn.Module, path: str) -> LogprobRoute:
 
 
 def _unwrap_causal_lm(model: nn.Module) -> tuple[nn.Module, str | None]:
-    """The causal LM behind ``torch.compile`` and PEFT wrappers, or a reason to fall back."""
+    """The causal LM behind ``torch.compile`` and PEFT wrappers, and a reason to fall back.
+
+    The reason is set for prompt-learning PEFT methods, whose virtual tokens exist only in
+    the PEFT forward (the base model is still returned, e.g. to read its signature).
+    """
     module = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
     try:
         from peft import PeftModel
     except ImportError:  # pragma: no cover - peft is a core dependency
         return module, None
-    if isinstance(module, PeftModel):
-        if module.active_peft_config.is_prompt_learning:
-            return module, "prompt-learning PEFT adds virtual tokens in its own forward"
-        module = module.get_base_model()
-    return module, None
+    if not isinstance(module, PeftModel):
+        return module, None
+    reason = None
+    if module.active_peft_config.is_prompt_learning:
+        reason = "prompt-learning PEFT adds virtual tokens in its own forward"
+    return module.get_base_model(), reason
 
 
-def _distributed_wrapper_name(model: nn.Module) -> str | None:
-    if not torch.distributed.is_available():
+def _is_instance_of(value: object, module_name: str, class_name: str) -> bool:
+    """``isinstance`` against a ``torch.distributed`` class, False where that is unavailable."""
+    if value is None or not torch.distributed.is_available():
+        return False
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    return cls is not None and isinstance(value, cls)
+
+
+def _logit_transform(causal_lm: nn.Module) -> str | None:
+    """``"field=value"`` for the first logit-transforming config field that is set, else None."""
+    config = getattr(causal_lm, "config", None)
+    if config is None:
         return None
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.nn.parallel import DistributedDataParallel
-
-    for wrapper in (DistributedDataParallel, FullyShardedDataParallel):
-        if isinstance(model, wrapper):
-            return wrapper.__name__
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in LOGIT_TRANSFORM_FIELDS:
+        value = getattr(text_config, field, None)
+        if value not in _NEUTRAL_VALUES.get(field, (None, 1, 1.0)):
+            return f"{field}={value!r}"
     return None
 
 
-def _is_dtensor(value: object) -> bool:
-    if value is None or not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(value, DTensor)
-
-
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    causal_lm, _ = _unwrap_causal_lm(model)
-    causal_lm = getattr(causal_lm, "module", causal_lm)  # DDP / FSDP keep the model in .module
+    module = model
+    while isinstance(getattr(module, "module", None), nn.Module):  # DDP / FSDP wrappers
+        module = module.module
+    causal_lm, _ = _unwrap_causal_lm(module)
     return "logits_to_keep" in inspect.signature(causal_lm.forward).parameters
 
 
