@@ -255,6 +255,10 @@ def sequence_logprobs(
     is :func:`resolve_logprob_path`'s; ``"model_forward"`` forces the fallback (for a model
     whose forward alters logits in a way the config does not reveal), ``"chunked_head"``
     forces the direct route and raises when the model has no separable backbone and head.
+
+    Mixed precision: the chunked route calls the backbone and head modules, not the model's
+    forward, so a forward wrapper's autocast (accelerate's) does not apply; call this inside
+    ``accelerator.autocast()`` (as TRL does) when training with autocast.
     """
     _check_sequence_inputs(input_ids, attention_mask, completion_length)
     _check_scoring_options(temperature, chunk_size)
