@@ -142,6 +142,8 @@ def test_hub_name_is_served_from_the_cache_offline(tiny_model_dir: Path, tmp_pat
     script = textwrap.dedent("""
         from mtgrpo.models import load_model_and_tokenizer, resolve_model_source
         assert not resolve_model_source("mtgrpo-test/tiny").is_local
+        pinned = resolve_model_source("mtgrpo-test/tiny", revision="0" * 40)
+        assert pinned.revision == "0" * 40
         loaded = load_model_and_tokenizer("mtgrpo-test/tiny")
         print(type(loaded.model).__name__, loaded.tokenizer.eos_token)
     """)
@@ -152,6 +154,19 @@ def test_hub_name_is_served_from_the_cache_offline(tiny_model_dir: Path, tmp_pat
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["LlamaForCausalLM", "<|im_end|>"]
+
+
+def test_revision_must_be_a_string(tiny_model_dir: Path) -> None:
+    with pytest.raises(TypeError, match="revision must be a str"):
+        resolve_model_source(tiny_model_dir, revision=3)  # type: ignore[arg-type]
+
+
+def test_attention_implementation_is_passed_through(tiny_model_dir: Path) -> None:
+    eager = load_model(tiny_model_dir, attn_implementation="eager")
+    sdpa = load_model(tiny_model_dir, attn_implementation="sdpa")
+    assert (eager.config._attn_implementation, sdpa.config._attn_implementation) == (
+        "eager", "sdpa")
+    torch.testing.assert_close(_logits(eager), _logits(sdpa), rtol=0, atol=1e-5)
 
 
 def test_gguf_file_loads_to_the_same_model(tiny_model_dir: Path, tiny_gguf_file: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mtgrpo.models import build_tiny_model, build_tiny_tokenizer
+from mtgrpo.models import build_tiny_model, build_tiny_tokenizer, ensure_tiny_model
 
 SPECIAL_IDS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
 
@@ -92,6 +92,16 @@ def test_same_seed_gives_identical_files_and_leaves_rng_alone(tmp_path: Path) ->
     assert weights[0] == weights[1]
     assert weights[0] != weights[2]
     assert (first / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
+
+
+def test_ensure_tiny_model_builds_once(tmp_path: Path) -> None:
+    out = ensure_tiny_model(tmp_path / "m", hidden_size=32, num_heads=2, num_kv_heads=1)
+    weights = out / "model.safetensors"
+    built_at = weights.stat().st_mtime_ns
+    # an existing model is reused as it is, whatever the options
+    assert ensure_tiny_model(out, hidden_size=64) == out
+    assert weights.stat().st_mtime_ns == built_at
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
 
 
 def test_in_memory_tokenizer_matches_first_principles() -> None:

@@ -66,6 +66,8 @@ def test_greedy_batched_with_left_padding_equals_each_prompt_alone(tiny_model_di
     params = SamplingParams(max_new_tokens=10, greedy=True)
     batched = HFGenerateBackend(model, max_batch_size=64).generate(PROMPTS, params)
     micro = HFGenerateBackend(model, max_batch_size=3).generate(PROMPTS, params)
+    unbounded = HFGenerateBackend(model, max_batch_size=None).generate(PROMPTS, params)
+    assert unbounded.completion_ids == batched.completion_ids
     alone = HFGenerateBackend(model, max_batch_size=1).generate(PROMPTS, params)
     reference = [_reference_greedy(model, p, 10, STOPS) for p in PROMPTS]
     assert batched.completion_ids == micro.completion_ids == alone.completion_ids
@@ -333,8 +335,10 @@ def test_eos_and_pad_come_from_model_and_tokenizer(tiny_model_dir: Path) -> None
 
 def test_bad_arguments_are_refused(tiny_model_dir: Path) -> None:
     model = _model(tiny_model_dir)
-    with pytest.raises(ValueError, match="max_batch_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"max_batch_size must be >= 1 \(or None: no limit\)"):
         HFGenerateBackend(model, max_batch_size=0)
+    with pytest.raises(TypeError, match=r"max_batch_size must be an int or None, got 2\.5"):
+        HFGenerateBackend(model, max_batch_size=2.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="has no generate"):
         HFGenerateBackend(torch.nn.Linear(2, 2))
     backend = HFGenerateBackend(model)

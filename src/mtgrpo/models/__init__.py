@@ -4,7 +4,8 @@
   for hub ids, local directories, GGUF files and loaded models; ``smollm2_gguf_path``.
 * :mod:`mtgrpo.models.lora`: ``apply_lora`` and ``reference_mode`` (the adapter-off reference).
 * :mod:`mtgrpo.models.tiny`: ``build_tiny_model`` (a small Llama or Qwen2 with a byte-level
-  tokenizer and a ChatML template, saved offline) and ``write_tiny_gguf``.
+  tokenizer and a ChatML template, saved offline), ``ensure_tiny_model`` (build on first use)
+  and ``write_tiny_gguf``.
 
 Importing this package imports neither torch nor transformers; each function imports them when
 called.
@@ -34,6 +35,7 @@ from mtgrpo.models.tiny import (
     TINY_ARCHITECTURES,
     build_tiny_model,
     build_tiny_tokenizer,
+    ensure_tiny_model,
     write_tiny_gguf,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "apply_lora",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "ensure_tiny_model",
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",

@@ -66,12 +66,14 @@ class ModelSource:
     """Where a model's files are, resolved and checked.
 
     ``location`` is a local directory or a hub repo id; ``gguf_file`` names a GGUF file inside
-    it (``None`` for a ``save_pretrained`` checkpoint).
+    it (``None`` for a ``save_pretrained`` checkpoint); ``revision`` is the hub revision (branch,
+    tag or commit; ``None`` for the default branch, and always for a local model).
     """
 
     location: str
     gguf_file: str | None
     is_local: bool
+    revision: str | None = None
 
 
 @dataclass
@@ -105,7 +107,7 @@ def _require_gguf() -> None:
         )
 
 
-def _source_from_mapping(spec: Mapping[str, Any]) -> ModelSource:
+def _source_from_mapping(spec: Mapping[str, Any], revision: str | None) -> ModelSource:
     unknown = set(spec) - _SPEC_KEYS
     if unknown or "path" not in spec:
         raise ValueError(
@@ -114,7 +116,7 @@ def _source_from_mapping(spec: Mapping[str, Any]) -> ModelSource:
         )
     gguf_file = spec.get("gguf_file")
     if gguf_file is None:
-        return _source_from_path(spec["path"])
+        return _source_from_path(spec["path"], revision)
     if not isinstance(gguf_file, str) or not gguf_file.endswith(".gguf"):
         raise ValueError(f"gguf_file must be a file name ending in '.gguf', got {gguf_file!r}")
     location = str(spec["path"])
@@ -128,14 +130,14 @@ def _source_from_mapping(spec: Mapping[str, Any]) -> ModelSource:
         _require_gguf()
         return ModelSource(str(directory), gguf_file, is_local=True)
     _require_gguf()
-    return _hub_source(location, gguf_file)
+    return _hub_source(location, gguf_file, revision)
 
 
 def _gguf_names(directory: Path) -> str:
     return ", ".join(sorted(p.name for p in directory.glob("*.gguf")))
 
 
-def _source_from_path(spec: str | PathLike[str]) -> ModelSource:
+def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelSource:
     text = str(spec)
     path = Path(text).expanduser()
     if path.is_file():
@@ -160,10 +162,10 @@ def _source_from_path(spec: str | PathLike[str]) -> ModelSource:
             f"model path {text!r} does not exist; pass an existing directory, a .gguf file or a "
             "hub repo id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
         )
-    return _hub_source(text, None)
+    return _hub_source(text, None, revision)
 
 
-def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
+def _hub_source(repo_id: str, gguf_file: str | None, revision: str | None) -> ModelSource:
     """Check that a hub model can be had (cached or downloadable) by fetching one small file.
 
     ``config.json`` (or, for a GGUF repo, the GGUF file itself, which ``from_pretrained`` would
@@ -179,7 +181,7 @@ def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
 
     filename = gguf_file or "config.json"
     try:
-        hf_hub_download(repo_id, filename)
+        hf_hub_download(repo_id, filename, revision=revision)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError) as err:
         raise ValueError(
             f"{repo_id!r} is not a local path (nothing exists there), so it was read as a hub repo "
@@ -197,17 +199,24 @@ def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
             f"hub repo {repo_id!r} has no {filename}; for a GGUF-only repo pass "
             f"{{'path': {repo_id!r}, 'gguf_file': '<name>.gguf'}}"
         ) from err
-    return ModelSource(repo_id, gguf_file, is_local=False)
+    return ModelSource(repo_id, gguf_file, is_local=False, revision=revision)
 
 
-def resolve_model_source(spec: str | PathLike[str] | Mapping[str, Any]) -> ModelSource:
-    """Resolve a model spec (see the module docstring) to a checked :class:`ModelSource`."""
+def resolve_model_source(
+    spec: str | PathLike[str] | Mapping[str, Any], *, revision: str | None = None
+) -> ModelSource:
+    """Resolve a model spec (see the module docstring) to a checked :class:`ModelSource`.
+
+    ``revision`` applies to hub models only (a local path ignores it).
+    """
+    if revision is not None and not isinstance(revision, str):
+        raise TypeError(f"revision must be a str (branch, tag or commit), got {revision!r}")
     if isinstance(spec, Mapping):
-        return _source_from_mapping(spec)
+        return _source_from_mapping(spec, revision)
     if isinstance(spec, (str, PathLike)):
         if not str(spec).strip():
             raise ValueError("model spec is an empty string; pass a path or a hub repo id")
-        return _source_from_path(spec)
+        return _source_from_path(spec, revision)
     raise TypeError(
         f"a model spec is a hub repo id, a local path, a .gguf path, a mapping "
         f"{{'path': ..., 'gguf_file': ...}} or a loaded model, got {type(spec).__name__}"
@@ -252,14 +261,19 @@ def load_model(
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
     for_training: bool = True,
+    revision: str | None = None,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM from a spec (see the module docstring).
 
     ``dtype``: a name ("float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16", "auto") or a
-    ``torch.dtype``; ``None`` means float32 when ``for_training`` and the checkpoint's own dtype
+    ``torch.dtype``; ``None`` means float32 when ``for_training`` (full-precision master
+    weights; mixed precision is the trainer's business) and the checkpoint's own dtype
     otherwise. ``device``: where to move the model (``None`` leaves it on the CPU).
     ``for_training=True`` returns the model in train mode with gradients on; ``False`` returns it
-    in eval mode with every parameter frozen (a reference or evaluation model).
+    in eval mode with every parameter frozen (a reference or evaluation model). ``revision``: hub
+    branch, tag or commit. ``attn_implementation``: passed to transformers ("sdpa", "eager",
+    "flash_attention_2", ...; ``None`` is transformers' default).
 
     A loaded model is returned as the same object; a ``dtype``/``device`` passed with it is
     applied in place (``Module.to``), so callers can treat every spec alike.
@@ -270,12 +284,14 @@ def load_model(
 
     torch_dtype = _resolve_dtype(dtype, for_training)
     target = _resolve_device(device)
-    source = resolve_model_source(spec)
+    source = resolve_model_source(spec, revision=revision)
     model = AutoModelForCausalLM.from_pretrained(
         source.location,
         gguf_file=source.gguf_file,
+        revision=source.revision,
         dtype=torch_dtype,
         trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
     )
     if source.is_local and source.gguf_file is not None:
         # transformers records the directory; record the file so that load_tokenizer(model)
@@ -304,16 +320,16 @@ def _prepare_loaded_model(
     return model
 
 
-def _tokenizer_source(spec: ModelSpec) -> ModelSource:
+def _tokenizer_source(spec: ModelSpec, revision: str | None) -> ModelSource:
     if not _is_loaded_model(spec):
-        return resolve_model_source(spec)
+        return resolve_model_source(spec, revision=revision)
     name = getattr(spec, "name_or_path", "") or getattr(spec.config, "_name_or_path", "")
     if not name:
         raise ValueError(
             "this loaded model does not record where it was loaded from (name_or_path is empty), "
             "so its tokenizer cannot be found; pass the tokenizer's path instead"
         )
-    return resolve_model_source(name)
+    return resolve_model_source(name, revision=revision)
 
 
 def load_tokenizer(
@@ -321,6 +337,7 @@ def load_tokenizer(
     *,
     padding_side: str = "left",
     trust_remote_code: bool = False,
+    revision: str | None = None,
 ) -> PreTrainedTokenizerBase:
     """Load the tokenizer for a model spec (or the model loaded from it), ready for batching.
 
@@ -337,9 +354,12 @@ def load_tokenizer(
     if isinstance(spec, PreTrainedTokenizerBase):
         tokenizer = spec
     else:
-        source = _tokenizer_source(spec)
+        source = _tokenizer_source(spec, revision)
         tokenizer = AutoTokenizer.from_pretrained(
-            source.location, gguf_file=source.gguf_file, trust_remote_code=trust_remote_code
+            source.location,
+            gguf_file=source.gguf_file,
+            revision=source.revision,
+            trust_remote_code=trust_remote_code,
         )
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -363,13 +383,15 @@ def load_model_and_tokenizer(
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
     for_training: bool = True,
+    revision: str | None = None,
+    attn_implementation: str | None = None,
 ) -> LoadedModel:
     """:func:`load_model` and :func:`load_tokenizer` on one spec, with the model's generation
     config given the tokenizer's pad token id when it has none (so ``generate`` does not warn)."""
-    tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code, revision=revision)
     model = load_model(
         spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-        for_training=for_training,
+        for_training=for_training, revision=revision, attn_implementation=attn_implementation,
     )
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None and generation_config.pad_token_id is None:

@@ -42,6 +42,7 @@ __all__ = [
     "TinyModelShape",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "ensure_tiny_model",
     "write_tiny_gguf",
 ]
 
@@ -222,6 +223,19 @@ def build_tiny_model(
     # transformers 4.x readers and GGUF export find it where they look first.
     tokenizer.save_pretrained(out, save_jinja_files=False)
     return out
+
+
+def ensure_tiny_model(out_dir: str | Path, **options: Any) -> Path:
+    """``out_dir`` if it already holds a built model, else :func:`build_tiny_model` into it.
+
+    Lets a config say "the tiny model at this path" and build it only on first use. An existing
+    checkpoint is reused as it is; ``options`` (``build_tiny_model``'s keywords) apply only when
+    building.
+    """
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    return build_tiny_model(out, **options)
 
 
 def _gguf_tokenizer_fields(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:

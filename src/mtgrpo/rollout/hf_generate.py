@@ -108,8 +108,8 @@ class HFGenerateBackend:
 
     ``model``: a transformers causal LM (or a peft model wrapping one). ``tokenizer``: used only
     for its pad and EOS ids (may be None when the model's generation config has them).
-    ``max_batch_size``: rows per ``generate`` call (memory bound). ``eos_token_ids``: override the
-    EOS ids read from the model and tokenizer.
+    ``max_batch_size``: most rows per ``generate`` call (a memory bound; ``None``: every row in
+    one call). ``eos_token_ids``: override the EOS ids read from the model and tokenizer.
     """
 
     def __init__(
@@ -117,13 +117,17 @@ class HFGenerateBackend:
         model: torch.nn.Module,
         tokenizer: Any = None,
         *,
-        max_batch_size: int = 64,
+        max_batch_size: int | None = 64,
         eos_token_ids: Sequence[int] | None = None,
     ) -> None:
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
-            raise TypeError(f"max_batch_size must be an int, got {max_batch_size!r}")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_size is not None and (
+            isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
+        ):
+            raise TypeError(f"max_batch_size must be an int or None, got {max_batch_size!r}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(
+                f"max_batch_size must be >= 1 (or None: no limit), got {max_batch_size}"
+            )
         if not callable(getattr(model, "generate", None)):
             raise TypeError(f"{type(model).__name__} has no generate(); pass a causal LM")
         self.model = model
@@ -176,8 +180,9 @@ class HFGenerateBackend:
             torch.no_grad(),
             _seeded(params.seed, self._device),
         ):
-            for start in range(0, len(rows), self.max_batch_size):
-                batch = rows[start : start + self.max_batch_size]
+            step = self.max_batch_size or len(rows)
+            for start in range(0, len(rows), step):
+                batch = rows[start : start + step]
                 chunks.append(self._generate_chunk(batch, params, stop_ids))
         logprobs = None
         if params.return_logprobs:
