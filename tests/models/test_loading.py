@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from mtgrpo.models import (
     ModelSource,
@@ -23,6 +23,7 @@ from mtgrpo.models import (
     load_tokenizer,
     resolve_model_source,
     smollm2_gguf_path,
+    write_tiny_gguf,
 )
 from mtgrpo.models import loading as loading_module
 
@@ -178,6 +179,26 @@ def test_gguf_file_loads_to_the_same_model(tiny_model_dir: Path, tiny_gguf_file:
     torch.testing.assert_close(_logits(from_gguf), _logits(original), rtol=0, atol=1e-6)
     from_mapping = load_model({"path": tiny_gguf_file.parent, "gguf_file": tiny_gguf_file.name})
     torch.testing.assert_close(_logits(from_mapping), _logits(original), rtol=0, atol=1e-6)
+
+
+def test_qwen2_gguf_round_trip(tiny_qwen2_model_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    path = write_tiny_gguf(tiny_qwen2_model_dir, tmp_path / "qwen2.gguf")
+    model = load_model(path)
+    assert model.config.model_type == "qwen2"
+    original = AutoModelForCausalLM.from_pretrained(tiny_qwen2_model_dir)
+    # Qwen2's q/k/v biases survive, and no rotary permutation applies to this architecture
+    torch.testing.assert_close(_logits(model), _logits(original), rtol=0, atol=1e-6)
+
+
+def test_gguf_export_refuses_other_architectures(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=259)).save_pretrained(
+        tmp_path / "gpt2")
+    build_tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
+    expected = r"architectures \['llama', 'qwen2'\], got model_type 'gpt2'"
+    with pytest.raises(ValueError, match=expected):
+        write_tiny_gguf(tmp_path / "gpt2")
 
 
 def test_gguf_tokenizer_matches_and_is_found_from_the_model(
