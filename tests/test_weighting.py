@@ -22,6 +22,7 @@ from mtgrpo.weighting import (
     MTGRPOWeighting,
     TaskStats,
     WeightingStrategy,
+    improvement_by_task,
     make_weighting,
     simplex_gradient,
     softmax,
@@ -773,3 +774,24 @@ def test_benchmark_quick_run_reports_every_strategy():
     for row in rows:
         assert row["median_us"] > 0
         assert row["repeats"] > 0
+
+
+def test_task_stats_from_rollouts_hand_values():
+    # task 0: rollouts correct [1, 0, 1] -> J = 2/3, mean |A| = (0.5 + 1 + 0.5) / 3
+    # task 1: absent -> NaN; task 2: [0] -> J = 0, |A| = 0.2
+    stats = TaskStats.from_rollouts(
+        np.array([0, 0, 2, 0]), np.array([True, False, False, True]), 3,
+        abs_advantages=np.array([0.5, 1.0, 0.2, 0.5]),
+    )
+    np.testing.assert_allclose(stats.reward, [2 / 3, np.nan, 0.0])
+    np.testing.assert_array_equal(stats.count, [3, 0, 1])
+    np.testing.assert_allclose(stats.mean_abs_advantage, [2 / 3, np.nan, 0.2])
+    assert stats.improvement is None
+
+
+def test_improvement_by_task_sums_the_change_per_task():
+    # task 0: (0.3 - 0.1) + (0.0 - 0.4) = -0.2; task 1: 0.5 - 0.5 = 0; task 2 absent
+    improvement = improvement_by_task(
+        np.array([0, 1, 0]), np.array([0.1, 0.5, 0.4]), np.array([0.3, 0.5, 0.0]), 3
+    )
+    np.testing.assert_allclose(improvement, [-0.2, 0.0, np.nan], atol=1e-12)

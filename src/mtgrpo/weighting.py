@@ -89,6 +89,7 @@ __all__ = [
     "WeightingParam",
     "WeightingStrategy",
     "WorstCaseWeighting",
+    "improvement_by_task",
     "make_weighting",
     "simplex_gradient",
     "softmax",
@@ -180,6 +181,37 @@ class TaskStats:
                 f"TaskStats fields must all have one entry per task; got sizes {sizes}"
             )
 
+    @classmethod
+    def from_rollouts(
+        cls,
+        task_ids: np.ndarray,
+        correct: np.ndarray,
+        num_tasks: int,
+        *,
+        abs_advantages: np.ndarray | None = None,
+        improvement: np.ndarray | None = None,
+    ) -> TaskStats:
+        """Per-task statistics of one step's rollouts.
+
+        ``task_ids [N]`` (task index of each rollout), ``correct [N]`` (bool),
+        ``abs_advantages [N]`` (optional, for SEC), ``improvement [K]`` (optional, for
+        MT-GRPO, see :func:`improvement_by_task`). ``J_k`` is the mean of ``correct`` over task
+        ``k``'s rollouts, ``NaN`` (absent) where the task has none.
+        """
+        task_ids = np.asarray(task_ids, dtype=np.int64)  # [N]
+        count = np.bincount(task_ids, minlength=num_tasks)  # [K]
+        present = count > 0
+        hits = np.bincount(task_ids, weights=np.asarray(correct, dtype=np.float64),
+                           minlength=num_tasks)
+        reward = np.where(present, hits / np.maximum(count, 1), np.nan)
+        mean_abs = None
+        if abs_advantages is not None:
+            total = np.bincount(task_ids, weights=np.asarray(abs_advantages, dtype=np.float64),
+                                minlength=num_tasks)
+            mean_abs = np.where(present, total / np.maximum(count, 1), np.nan)
+        return cls(reward=reward, count=count, improvement=improvement,
+                   mean_abs_advantage=mean_abs)
+
     def _fields(self) -> dict[str, np.ndarray]:
         fields = {"reward": self.reward, "count": self.count}
         if self.improvement is not None:
@@ -187,6 +219,23 @@ class TaskStats:
         if self.mean_abs_advantage is not None:
             fields["mean_abs_advantage"] = self.mean_abs_advantage
         return fields
+
+
+def improvement_by_task(
+    task_ids: np.ndarray, before: np.ndarray, after: np.ndarray, num_tasks: int
+) -> np.ndarray:
+    """MT-GRPO's ``I_k = Σ_{j∈k} J_j(θ_{t+1}) − Σ_{j∈k} J_j(θ_t)`` on the same samples.
+
+    ``task_ids [n]``, ``before [n]`` and ``after [n]`` the per-sequence GRPO objective of the
+    trained samples before and after the policy update. The released code uses the summed
+    per-sequence loss (minus this), hence a sum over the task's samples rather than a mean.
+    Returns ``[K]``, ``NaN`` for tasks without trained samples.
+    """
+    task_ids = np.asarray(task_ids, dtype=np.int64)
+    change = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    total = np.bincount(task_ids, weights=change, minlength=num_tasks)  # [K]
+    present = np.bincount(task_ids, minlength=num_tasks) > 0
+    return np.where(present, total, np.nan)
 
 
 # ---------------------------------------------------------------------------------------------
