@@ -97,8 +97,12 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
     if seed is None:
         yield
         return
-    cuda_devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda_devices):
+    # Fork the RNG of the accelerator that samples (cuda, xpu, mps, ...) as well as the CPU's.
+    accelerator = device.type != "cpu"
+    with torch.random.fork_rng(
+        devices=[device.index or 0] if accelerator else [],
+        device_type=device.type if accelerator else None,
+    ):
         torch.manual_seed(seed)
         yield
 
