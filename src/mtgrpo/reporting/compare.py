@@ -15,7 +15,8 @@ Rules where the paper is silent (each is also said where it applies):
 
 1. Worst and average at a step are defined only when *every* task has a finite accuracy at
    that step: a minimum over the tasks that happened to be measured would overstate the worst.
-2. "Final" is the last such complete step of the split; "best" is the maximum over them.
+2. "Final" is the last such complete step of the split; "best" is the maximum over them
+   (the earliest step on a tie).
 3. A threshold is reached at the first complete step with ``worst >= threshold``.
 4. Δm% leaves out tasks whose baseline accuracy is 0 (the relative change is undefined) and
    reports them in ``delta_m_skipped``; it is None when no task is left.
@@ -149,6 +150,10 @@ class RunHistory:
         self.tasks: tuple[str, ...] = tuple(tasks)
 
     def _add(self, record: Mapping[str, Any], tasks: dict[str, None]) -> None:
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a metrics record must be a dict (one line of metrics.jsonl), got "
+                            f"{type(record).__name__} {record!r:.80}; pass a run directory or "
+                            "the parsed records")
         step, split = record.get("step"), record.get("split")
         if isinstance(step, bool) or not isinstance(step, int) or split not in SPLITS:
             self.ignored_records += 1
@@ -476,7 +481,8 @@ def run_report(summary: RunSummary, tasks: Sequence[TaskSummary]) -> Group:
     from rich.console import Group
 
     columns = (("final acc", lambda t: _pct(t.final_accuracy)),
-               ("best acc (step)", lambda t: _pct_with(t.best_accuracy, t.best_step)),
+               ("best acc", lambda t: _pct(t.best_accuracy)),
+               ("best at step", lambda t: "—" if t.best_step is None else str(t.best_step)),
                ("final weight", lambda t: _num(t.final_weight, 3)),
                ("batch share", lambda t: _num(t.mean_batch_share, 3)),
                ("target share", lambda t: _num(t.mean_target_share, 3)),

@@ -102,7 +102,7 @@ class RunPlotContext:
 
 RunFigure = Callable[[RunPlotContext], Drawn]
 RUN_FIGURES: Registry[RunFigure] = Registry("run figure")
-ComparisonFigure = Callable[[ComparisonTable, "SeedAggregateTable | None", float], Drawn]
+ComparisonFigure = Callable[[ComparisonTable, SeedAggregateTable | None, float], Drawn]
 COMPARISON_FIGURES: Registry[ComparisonFigure] = Registry("comparison figure")
 
 
@@ -388,10 +388,12 @@ def _run_colours(table: ComparisonTable, aggregate: SeedAggregateTable | None) -
     return {label: by_key[key] for label, key in zip(table.labels, keys, strict=True)}
 
 
-def _first_of_group(table: ComparisonTable, aggregate: SeedAggregateTable | None) -> dict:
+def _first_of_group(
+    table: ComparisonTable, aggregate: SeedAggregateTable | None
+) -> dict[str, str | None]:
     """Legend label per run: the method for its first run, nothing for the other seeds."""
     if aggregate is None:
-        return {label: label for label in table.labels}
+        return dict(zip(table.labels, table.labels, strict=True))
     seen: set[str] = set()
     out: dict[str, str | None] = {}
     for label in table.labels:
