@@ -20,6 +20,21 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gradient-noise ('Theorem 3') check of multi-reward advantage estimators",
         ("thm3-check",),
     ),
+    "report": (
+        "mtgrpo.cli.report",
+        "figures and summary of one run (per-task accuracy, worst task, weights, composition)",
+        (),
+    ),
+    "compare": (
+        "mtgrpo.cli.compare",
+        "compare runs: worst-task / average accuracy, steps to threshold, Δm%, seeds",
+        (),
+    ),
+    "tiny-model": (
+        "mtgrpo.cli.tiny_model",
+        "build the tiny local model (offline: Llama or Qwen2, byte-level tokenizer, ChatML)",
+        (),
+    ),
 }
 
 
@@ -31,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text, aliases) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        command_parser = sub.add_parser(name, help=help_text, aliases=list(aliases))
+        command_parser = sub.add_parser(
+            name, help=help_text, aliases=list(aliases), description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(command_parser)
         command_parser.set_defaults(_module=module_name)
     return parser

@@ -1,0 +1,102 @@
+"""The append-only ``metrics.jsonl`` log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsWriter", "read_metrics"]
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values; NaN and ±inf become null (JSON has no NaN)."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to ``path`` and flushes after every line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(_jsonable(record), ensure_ascii=False, sort_keys=False)
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def rewind(path: str | Path, step: int) -> Path | None:
+        """Keep records with ``step <= step`` in ``path``; move the rest to a side file.
+
+        Used on resume: the interrupted run may have logged steps after its last checkpoint,
+        which the resumed run logs again. Those lines are kept (never deleted) in
+        ``metrics.after-step-<step>.<time>.jsonl`` beside the log. Returns that file, if any.
+        """
+        path = Path(path)
+        if not path.exists():
+            return None
+        keep, moved = [], []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                record_step = json.loads(line).get("step", 0)
+            except json.JSONDecodeError:  # a line cut by the crash: keep it aside
+                moved.append(line)
+                continue
+            (keep if record_step <= step else moved).append(line)
+        if not moved:
+            return None
+        side = path.with_name(f"{path.stem}.after-step-{step}.{int(time.time())}.jsonl")
+        side.write_text("\n".join(moved) + "\n", encoding="utf-8")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, path)
+        return side
+
+
+def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` (or a run directory), optionally of one split."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics log at {str(path)!r}; is this a run directory?")
+    return [r for r in _records(path) if split is None or r.get("split") == split]
+
+
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a final line cut by a crash
