@@ -3,8 +3,9 @@
 Protocol (standard input and output, binary): every message is an 8-byte big-endian
 length followed by that many bytes of pickle. The first message from the parent is its
 ``sys.path``, answered with ``("ready", pid)``; each further one is a job
-``(fn, args)``, answered with ``("ok", fn(*args))`` or
-``("error", "<ExceptionType>: <message>")``; end of input ends the worker. The worker's
+``(fn, args)``, answered with ``("started", None)`` once it is unpickled (its modules
+imported), then ``("ok", fn(*args))`` or ``("error", "<ExceptionType>: <message>")``
+(a job that cannot be unpickled gets the error alone); end of input ends the worker. The worker's
 own ``sys.stdout`` goes to standard error, so a generator that prints cannot corrupt the
 protocol.
 
@@ -23,9 +24,14 @@ from typing import Any
 from mtgrpo.tasks.generation import read_message, write_message
 
 
-def _reply(job: bytes) -> tuple[str, Any]:
+def _reply(job: bytes, replies: Any) -> tuple[str, Any]:
     try:
         fn, args = pickle.loads(job)
+    except Exception as error:
+        return ("error", f"cannot load the job: {type(error).__name__}: {error}")
+    # Importing the generator's module is done: the item's time limit starts now.
+    write_message(replies, pickle.dumps(("started", None)))
+    try:
         return ("ok", fn(*args))
     except Exception as error:
         return ("error", f"{type(error).__name__}: {error}")
@@ -44,7 +50,7 @@ def main() -> None:
     sys.path[:0] = [entry for entry in pickle.loads(parent_path) if entry not in sys.path]
     write_message(replies, pickle.dumps(("ready", os.getpid())))
     while (job := read_message(requests)) is not None:
-        reply = _reply(job)
+        reply = _reply(job, replies)
         try:
             payload = pickle.dumps(reply)
         except Exception as error:

@@ -148,8 +148,18 @@ class _Worker:
                 self.replies.put(("error", f"cannot read the worker's reply: {error}"))
 
     def run(self, job: _Job, timeout_s: float) -> tuple[str, Any] | None:
-        """The child's reply, ``None`` on time-out; ``EOFError`` if the child died."""
+        """The child's reply, ``None`` on time-out; ``EOFError`` if the child died.
+
+        The time limit counts from the child's "started" signal, so importing the
+        generator's module on a worker's first job is not part of any item's budget.
+        """
         self._send((job.fn, job.args))
+        reply = self._next_reply(_STARTUP_TIMEOUT_S)
+        if reply is not None and reply[0] == "started":
+            reply = self._next_reply(timeout_s)
+        return reply
+
+    def _next_reply(self, timeout_s: float) -> tuple[str, Any] | None:
         try:
             reply = self.replies.get(timeout=timeout_s)
         except queue.Empty:
