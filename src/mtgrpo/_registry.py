@@ -6,12 +6,28 @@ typo in a config file is answered with the fix rather than a ``KeyError``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "import_object"]
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute, with an error naming what failed."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{path!r} is not an import path; write it as 'package.module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError as exc:
+        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from exc
 
 
 class Registry(Generic[T]):

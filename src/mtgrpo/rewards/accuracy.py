@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["accuracy_channel_index", "correct_completions"]
+__all__ = ["accuracy_channel_index", "accuracy_values", "correct_completions"]
 
 
 def accuracy_channel_index(channel_names: Sequence[str], name: str | None) -> int | None:
@@ -29,17 +29,23 @@ def accuracy_channel_index(channel_names: Sequence[str], name: str | None) -> in
     return list(channel_names).index(name)
 
 
+def accuracy_values(values: Tensor, channel: int | None = None) -> Tensor:
+    """``[N]`` the accuracy reward of each row of ``values [N, R]`` (NaN where none applies).
+
+    With ``channel=None`` each row uses its first applicable channel.
+    """
+    if channel is not None:
+        return values[:, channel]
+    applicable = ~values.isnan()  # [N, R]
+    first = applicable.to(torch.int8).argmax(dim=1)  # [N] first True (0 if none)
+    return values.gather(1, first.unsqueeze(1)).squeeze(1)
+
+
 def correct_completions(values: Tensor, threshold: float = 1.0, channel: int | None = None
                         ) -> Tensor:
     """``[N]`` bool from reward channels ``values [N, R]`` (NaN = not applicable).
 
-    With ``channel=None`` each row uses its first applicable channel; a row with no applicable
-    channel (or whose named channel is NaN) is not correct.
+    A row whose accuracy reward (:func:`accuracy_values`) is at least ``threshold`` is
+    correct; a row with no applicable channel (or whose named channel is NaN) is not.
     """
-    if channel is not None:
-        picked = values[:, channel]
-    else:
-        applicable = ~values.isnan()  # [N, R]
-        first = applicable.to(torch.int8).argmax(dim=1)  # [N] first True (0 if none)
-        picked = values.gather(1, first.unsqueeze(1)).squeeze(1)
-    return torch.nan_to_num(picked, nan=-torch.inf) >= threshold
+    return torch.nan_to_num(accuracy_values(values, channel), nan=-torch.inf) >= threshold

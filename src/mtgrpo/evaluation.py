@@ -1,0 +1,164 @@
+"""Per-task evaluation: accuracy, worst task, average, Δm% (ALGORITHMS.md §6).
+
+For every test prompt ``n`` completions are sampled (paper: ``n = 8`` at temperature 1.0);
+a task's accuracy is the mean 0/1 correctness over its prompts' samples. Worst-task accuracy is
+the minimum over tasks, average accuracy the mean. ``format_rate`` is the fraction of
+completions whose accuracy reward is above 0: under the papers' scheme (1.0 correct, 0.1 wrong
+but in the expected answer tag, 0 otherwise) that is "the answer was where it should be".
+
+The trainer's periodic evaluation and ``mtgrpo eval`` run the same code
+(:func:`evaluate_prompts`); generation and scoring reuse the trainer's rollout worker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EvaluationResult", "TaskResult", "delta_m", "evaluate_prompts"]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's evaluation (means over ``prompts × samples`` completions)."""
+
+    task: str
+    prompts: int
+    samples: int
+    accuracy: float
+    mean_reward: float
+    format_rate: float
+    mean_length: float
+
+
+@dataclass
+class EvaluationResult:
+    """Per-task results plus the worst task and the average."""
+
+    tasks: dict[str, TaskResult]
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worst_task(self) -> str:
+        return min(self.tasks, key=lambda t: self.tasks[t].accuracy)
+
+    @property
+    def worst_accuracy(self) -> float:
+        return self.tasks[self.worst_task].accuracy
+
+    @property
+    def average_accuracy(self) -> float:
+        return float(np.mean([r.accuracy for r in self.tasks.values()]))
+
+    def metrics(self) -> dict[str, Any]:
+        """Flat metrics with the keys of ``metrics.jsonl`` (``tasks/<task>/accuracy``, ...)."""
+        out: dict[str, Any] = {}
+        for name, result in self.tasks.items():
+            for key in ("accuracy", "mean_reward", "format_rate", "mean_length"):
+                out[f"tasks/{name}/{key}"] = getattr(result, key)
+        out.update({
+            "accuracy/worst": self.worst_accuracy, "accuracy/average": self.average_accuracy,
+            "accuracy/worst_task": self.worst_task, "time/eval": self.seconds,
+        })
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tasks": {name: asdict(result) for name, result in self.tasks.items()},
+            "worst_accuracy": self.worst_accuracy, "worst_task": self.worst_task,
+            "average_accuracy": self.average_accuracy, "seconds": self.seconds, **self.extra,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvaluationResult:
+        """Read a results file written by :meth:`save` (``mtgrpo eval``'s ``results.json``)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no evaluation results at {str(path)!r}")
+        raw = json.loads(path.read_text())
+        if "tasks" not in raw:
+            raise ValueError(f"{path} is not an evaluation results file (no 'tasks' key)")
+        return cls({name: TaskResult(**r) for name, r in raw["tasks"].items()},
+                   seconds=raw.get("seconds", 0.0))
+
+
+def delta_m(result: Mapping[str, float], baseline: Mapping[str, float]) -> tuple[float, list[str]]:
+    """``Δm% = (1/K) Σ_k (Acc(k) − Acc_b(k)) / Acc_b(k) · 100`` over the shared tasks.
+
+    Tasks where the baseline accuracy is 0 have no relative change and are skipped (returned
+    as the second value); with no task left the result is NaN.
+    """
+    shared = sorted(set(result) & set(baseline))
+    skipped = [t for t in shared if baseline[t] == 0]
+    kept = [t for t in shared if baseline[t] != 0]
+    if not kept:
+        return math.nan, skipped
+    change = [(result[t] - baseline[t]) / baseline[t] for t in kept]
+    return float(np.mean(change) * 100), skipped
+
+
+def _chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def evaluate_prompts(
+    prompts: Any,
+    backend: Any,
+    rewards: Any,
+    params: Any,
+    num_samples: int,
+    tokenizer: Any,
+    *,
+    accuracy_threshold: float = 1.0,
+    accuracy_channel: int | None = None,
+    shard: Any = None,
+    prompts_per_call: int = 64,
+) -> EvaluationResult:
+    """Sample ``num_samples`` completions per prompt of ``prompts`` (a
+    :class:`~mtgrpo.trainer.data.PromptSet`) and score them with ``rewards``."""
+    import torch
+
+    from mtgrpo.rewards.accuracy import accuracy_values
+    from mtgrpo.trainer.rollouts import RolloutWorker
+
+    worker = RolloutWorker(
+        prompts, backend, rewards, params, num_samples, tokenizer,
+        accuracy_threshold=accuracy_threshold, accuracy_channel=accuracy_channel, shard=shard,
+    )
+    begin = time.perf_counter()
+    for chunk in _chunks(len(prompts), prompts_per_call):
+        worker(chunk)
+    groups = worker.generated
+    weights = np.asarray(rewards.reward_weights, dtype=np.float64)
+    results = {}
+    for k, name in enumerate(prompts.task_names):
+        mine = [g for g in groups if g.task == k]
+        if not mine:
+            continue
+        values = np.concatenate([g.rewards for g in mine])  # [n, R]
+        scalar = np.where(np.isnan(values), 0.0, values) @ weights
+        scored = ~np.isnan(values).all(axis=1)
+        accuracy_value = accuracy_values(torch.from_numpy(values), accuracy_channel).numpy()
+        lengths = [len(c) for g in mine for c in g.payload.completion_ids]
+        results[name] = TaskResult(
+            task=name, prompts=len(mine), samples=num_samples,
+            accuracy=float(np.concatenate([g.correct for g in mine]).mean()),
+            mean_reward=float(scalar[scored].mean()) if scored.any() else math.nan,
+            format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
+            mean_length=float(np.mean(lengths)),
+        )
+    return EvaluationResult(results, seconds=time.perf_counter() - begin)

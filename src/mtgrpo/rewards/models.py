@@ -1,0 +1,86 @@
+"""Neural reward models as reward functions.
+
+A reward model is a sequence-classification model; its reward for a completion is
+``logits[:, 0]`` on ``prompt + completion`` (TRL's convention). Chat prompts are rendered with
+the reward model's own chat template, the completion appended as the assistant turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["RewardModel", "is_reward_model_path"]
+
+
+def is_reward_model_path(spec: Any) -> bool:
+    """A local directory holding a transformers checkpoint (``config.json``)."""
+    return isinstance(spec, str | Path) and (Path(spec) / "config.json").is_file()
+
+
+def _is_chat(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+class RewardModel:
+    """``RewardModel(model_or_path, tokenizer=None)`` scores completions with ``logits[:, 0]``.
+
+    ``model_or_path``: a loaded ``PreTrainedModel`` for sequence classification, or a hub name
+    / local path loaded with ``AutoModelForSequenceClassification``. ``tokenizer``: its
+    tokenizer (default: loaded from the same place). Scoring runs under ``torch.no_grad`` in
+    batches of ``batch_size``; inputs longer than ``max_length`` tokens keep their end.
+    """
+
+    def __init__(self, model_or_path: Any, tokenizer: Any = None, *, batch_size: int = 16,
+                 max_length: int | None = None, name: str | None = None) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if isinstance(model_or_path, str | Path):
+            model = AutoModelForSequenceClassification.from_pretrained(str(model_or_path))
+            source = str(model_or_path)
+        else:
+            model = model_or_path
+            source = getattr(model, "name_or_path", "") or type(model).__name__
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.__name__ = name or Path(source.rstrip("/")).name or "reward_model"
+
+    def _text(self, prompt: Any, completion: Any) -> str:
+        if _is_chat(prompt):
+            reply = completion if _is_chat(completion) else [
+                {"role": "assistant", "content": str(completion)}
+            ]
+            return self.tokenizer.apply_chat_template(list(prompt) + list(reply), tokenize=False)
+        return str(prompt) + (completion[-1]["content"] if _is_chat(completion) else completion)
+
+    @torch.no_grad()
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
+                 **kwargs: Any) -> list[float]:
+        texts = [self._text(p, c) for p, c in zip(prompts, completions, strict=True)]
+        device = next(self.model.parameters()).device
+        scores: list[float] = []
+        side = self.tokenizer.truncation_side
+        self.tokenizer.truncation_side = "left"
+        try:
+            for start in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(
+                    texts[start : start + self.batch_size], padding=True, return_tensors="pt",
+                    truncation=self.max_length is not None, max_length=self.max_length,
+                    add_special_tokens=False,
+                ).to(device)
+                logits = self.model(**enc).logits  # [b, num_labels]
+                scores.extend(logits[:, 0].float().tolist())
+        finally:
+            self.tokenizer.truncation_side = side
+        return scores

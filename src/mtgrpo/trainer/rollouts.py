@@ -1,0 +1,134 @@
+"""Generate and score: the callable the batch-construction sampler drives.
+
+Given prompt ids, every process generates ``G`` completions for its contiguous share of whole
+groups, scores them with the reward suite, and the scored groups are gathered so every
+process holds the same list (advantages, filters and task weights then agree everywhere).
+Every group generated during a step is also kept in :attr:`RolloutWorker.generated`, because
+task statistics (``J_k``) are measured before zero-gradient filtering.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mtgrpo.rewards import RewardSuite
+from mtgrpo.rewards.accuracy import correct_completions
+from mtgrpo.rollout import GenerationBackend, SamplingParams
+from mtgrpo.sampling import ScoredGroup
+from mtgrpo.trainer.data import PromptSet, is_conversational
+
+__all__ = ["GroupPayload", "RolloutWorker", "Shard"]
+
+
+@dataclass
+class GroupPayload:
+    """The tokens and texts of one group (what the update and the logs need)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]  # [G]
+    completions: list[Any]  # [G] text, or assistant messages for chat prompts
+    finished: list[bool]  # [G] ended with a stop token (vs. cut at max_completion_length)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Process ``rank`` of ``world``; ``gather`` concatenates per-process lists in rank order."""
+
+    rank: int = 0
+    world: int = 1
+    gather: Any = None
+
+    def bounds(self, total: int) -> tuple[int, int]:
+        """Contiguous share ``[start, stop)`` of ``total`` items for this process."""
+        per, extra = divmod(total, self.world)
+        start = self.rank * per + min(self.rank, extra)
+        return start, start + per + (1 if self.rank < extra else 0)
+
+    def all(self, local: list[Any]) -> list[Any]:
+        return local if self.world == 1 else list(self.gather(local))
+
+
+class RolloutWorker:
+    """``worker(prompt_ids) -> list[ScoredGroup]`` for :mod:`mtgrpo.sampling`."""
+
+    def __init__(
+        self,
+        prompts: PromptSet,
+        backend: GenerationBackend,
+        rewards: RewardSuite,
+        params: SamplingParams,
+        group_size: int,
+        tokenizer: Any,
+        *,
+        accuracy_threshold: float = 1.0,
+        accuracy_channel: int | None = None,
+        shard: Shard | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.prompts = prompts
+        self.backend = backend
+        self.rewards = rewards
+        self.params = params
+        self.group_size = group_size
+        self.tokenizer = tokenizer
+        self.accuracy_threshold = accuracy_threshold
+        self.accuracy_channel = accuracy_channel
+        self.shard = shard or Shard()
+        self.extra = extra or {}
+        self.generated: list[ScoredGroup] = []
+        self.seconds = {"generate": 0.0, "score": 0.0}
+        self.tokens_generated = 0
+
+    def reset(self) -> None:
+        """Forget the previous step's groups and timings."""
+        self.generated = []
+        self.seconds = {"generate": 0.0, "score": 0.0}
+        self.tokens_generated = 0
+
+    def __call__(self, prompt_ids: Sequence[int]) -> list[ScoredGroup]:
+        start, stop = self.shard.bounds(len(prompt_ids))
+        local = [int(i) for i in prompt_ids[start:stop]]
+        groups = self._generate_and_score(local) if local else []
+        gathered = self.shard.all(groups)
+        self.generated.extend(gathered)
+        return gathered
+
+    def _generate_and_score(self, ids: list[int]) -> list[ScoredGroup]:
+        g = self.group_size
+        begin = time.perf_counter()
+        out = self.backend.generate([self.prompts.tokens(i) for i in ids], self.params, g)
+        texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+        self.seconds["generate"] += time.perf_counter() - begin
+        self.tokens_generated += sum(out.completion_lengths)
+
+        begin = time.perf_counter()
+        prompts = [self.prompts.prompt(i) for i in ids for _ in range(g)]
+        completions = [
+            [{"role": "assistant", "content": t}] if is_conversational(p) else t
+            for p, t in zip(prompts, texts, strict=True)
+        ]
+        scores = self.rewards.score(
+            prompts, completions, out.completion_ids, self.prompts.columns(ids, g),
+            [self.prompts.task(i) for i in ids for _ in range(g)], extra=self.extra,
+        )
+        correct = correct_completions(scores.values, self.accuracy_threshold,
+                                      self.accuracy_channel).numpy()
+        values = scores.values.numpy().astype(np.float64)  # [N, R]
+        self.seconds["score"] += time.perf_counter() - begin
+        groups = []
+        for b, prompt_id in enumerate(ids):
+            rows = slice(b * g, (b + 1) * g)
+            payload = GroupPayload(
+                prompt_ids=out.prompt_ids[b * g], completion_ids=out.completion_ids[rows],
+                completions=completions[rows], finished=out.finished[rows],
+            )
+            groups.append(ScoredGroup(
+                prompt_id=prompt_id, task=int(self.prompts.prompt_tasks[prompt_id]),
+                rewards=values[rows], correct=correct[rows], payload=payload,
+            ))
+        return groups

@@ -1,0 +1,265 @@
+"""One policy update on a scored batch: reference and old log-probs, mini- and micro-batches.
+
+Orchestration only: log-probabilities, losses, normalisers and micro-batch plans come from
+:mod:`mtgrpo.policy`. Under data parallelism every process trains on its own rows; loss
+normalisers are the whole batch's (summed over processes, divided by the number of processes,
+because DDP averages gradients), so the gradient does not depend on how rows are split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtgrpo.config import GRPOConfig
+from mtgrpo.policy import (
+    LossNormalizer,
+    LossOutput,
+    PolicyBatch,
+    clip_gradients,
+    per_sequence_objective,
+    plan_micro_batches,
+    policy_loss,
+    sequence_logprobs,
+)
+
+__all__ = ["PolicyUpdater", "UpdateOutput", "pad_policy_batch"]
+
+_UNBOUNDED_TOKENS = 1 << 62
+
+
+def pad_policy_batch(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    advantages: Tensor,
+    pad_token_id: int,
+    *,
+    completion_weight: list[bool] | None = None,
+    device: torch.device | None = None,
+) -> PolicyBatch:
+    """Left-pad prompts and right-pad completions into a :class:`PolicyBatch` (TRL's layout).
+
+    ``completion_weight[i] = False`` masks row ``i`` out of the loss entirely (a truncated
+    completion under ``mask_truncated_completions``, or a padding row).
+    """
+    n = len(prompt_ids)
+    p = max(len(ids) for ids in prompt_ids)
+    length = max(max((len(ids) for ids in completion_ids), default=1), 1)
+    prompt = torch.full((n, p), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p), dtype=torch.long)
+    completion = torch.full((n, length), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((n, length), dtype=torch.long)
+    for i, (pr, co) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        prompt[i, p - len(pr):] = torch.tensor(pr, dtype=torch.long)
+        prompt_mask[i, p - len(pr):] = 1
+        if co:
+            completion[i, : len(co)] = torch.tensor(co, dtype=torch.long)
+            completion_mask[i, : len(co)] = 1
+    if completion_weight is not None:
+        keep = torch.tensor(completion_weight, dtype=torch.long).unsqueeze(1)
+        completion_mask = completion_mask * keep
+    return PolicyBatch(
+        prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device),
+        completion_ids=completion.to(device), completion_mask=completion_mask.to(device),
+        advantages=advantages.to(device=device, dtype=torch.float32),
+    )
+
+
+@dataclass
+class UpdateOutput:
+    """What one update measured (``n`` = this process's rows)."""
+
+    metrics: dict[str, float]
+    objective_before: np.ndarray  # [n] per-sequence GRPO objective at θ_t (= the advantages)
+    objective_after: np.ndarray | None = None  # [n] the same after the update, if measured
+    optimizer_steps: int = 0
+    losses: list[LossOutput] = field(default_factory=list)
+
+
+class PolicyUpdater:
+    """Runs ``num_iterations`` × ``steps_per_generation`` optimizer steps on a batch.
+
+    ``reference`` is a context manager factory whose block computes log-probs under the
+    reference policy (the adapter disabled under LoRA, or ``None`` when ``beta == 0``);
+    ``reference_model`` is the module to score under it.
+    """
+
+    def __init__(
+        self,
+        args: GRPOConfig,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        accelerator: Any,
+        *,
+        reference_model: torch.nn.Module | None = None,
+        reference: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        logprob_chunk_size: int = 512,
+    ) -> None:
+        self.args = args
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.accelerator = accelerator
+        self.reference_model = reference_model
+        self.reference = reference or contextlib.nullcontext
+        self.chunk_size = logprob_chunk_size
+
+    # ------------------------------------------------------------------ scoring
+    def _plan(self, batch: PolicyBatch, rows: list[int]) -> list[list[int]]:
+        lengths = batch.lengths()[rows]
+        budget = self.args.max_tokens_per_microbatch
+        plan = plan_micro_batches(
+            lengths, budget or _UNBOUNDED_TOKENS,
+            max_rows=None if budget else self.args.per_device_train_batch_size,
+        )
+        return [[rows[i] for i in micro] for micro in plan]
+
+    def _logps(self, model: torch.nn.Module, part: PolicyBatch, entropy: bool = False):
+        with self.accelerator.autocast():
+            return sequence_logprobs(
+                model, part.input_ids, part.attention_mask, part.completion_length,
+                temperature=self.args.temperature, chunk_size=self.chunk_size,
+                compute_entropy=entropy,
+            )
+
+    @torch.no_grad()
+    def score(self, batch: PolicyBatch, model: torch.nn.Module | None = None) -> Tensor:
+        """``[N, L]`` log-probs of every row under ``model`` (default: the policy), no grad."""
+        model = model or self.model
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32,
+                          device=batch.completion_ids.device)
+        for rows in self._plan(batch, list(range(batch.num_rows))):
+            part = batch.select(rows)
+            logps = self._logps(model, part).logps
+            out[rows, : part.completion_length] = logps.float()
+        return out
+
+    def _with_logps(self, batch: PolicyBatch, need_old: bool) -> PolicyBatch:
+        ref = None
+        if self.args.beta > 0:
+            with self.reference():
+                ref = self.score(batch, self.reference_model or self.model)
+        old = self.score(batch) if need_old else None
+        return PolicyBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                           batch.completion_mask, batch.advantages, old_logps=old, ref_logps=ref)
+
+    # ------------------------------------------------------------------ the update
+    def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
+        local = torch.tensor([len(rows), int(batch.completion_mask[rows].sum())],
+                             dtype=torch.float64)
+        world = self.accelerator.num_processes
+        total = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
+        return LossNormalizer(
+            num_sequences=max(float(total[0]) / world, 1e-12),
+            num_tokens=float(total[1]) / world,
+            max_completion_length=self.args.max_completion_length,
+            num_micro_batches=micro_batches,
+        )
+
+    def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
+                        logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
+        plan = self._plan(batch, rows)
+        normalizer = self._normalizer(batch, rows, len(plan))
+        for i, micro in enumerate(plan):
+            part = batch.select(micro)
+            sync = i == len(plan) - 1
+            context = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
+            with context:
+                scored = self._logps(self.model, part, entropy=self.args.log_entropy)
+                out = policy_loss(
+                    scored.logps, part.advantages, part.completion_mask,
+                    old_logps=part.old_logps, ref_logps=part.ref_logps,
+                    loss_type=self.args.loss_type, epsilon_low=self.args.epsilon,
+                    epsilon_high=self.args.resolved_epsilon_high, beta=self.args.beta,
+                    normalizer=normalizer,
+                )
+                self.accelerator.backward(out.loss)
+            outputs.append(out)
+            if scored.entropy is not None:
+                mask = part.completion_mask.bool()
+                entropies.append(scored.entropy.detach()[mask].float())
+            if logps_at_start is not None:
+                logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
+        max_norm = self.args.max_grad_norm or None
+        if self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        else:
+            grad_norm = clip_gradients(self.model, max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
+        parts = np.array_split(np.arange(num_rows), self.args.steps_per_generation)
+        for part in parts:
+            if len(part):
+                yield part.tolist()
+
+    def update(self, batch: PolicyBatch, measure_after: bool = False) -> UpdateOutput:
+        """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``."""
+        multi = self.args.num_iterations > 1 or self.args.steps_per_generation > 1
+        batch = self._with_logps(batch, need_old=multi)
+        capture = None
+        if measure_after and not multi:
+            capture = torch.zeros(batch.completion_ids.shape, dtype=torch.float32,
+                                  device=batch.completion_ids.device)
+        outputs: list[LossOutput] = []
+        entropies: list[Tensor] = []
+        grad_norms = []
+        self.model.train()
+        for _ in range(self.args.num_iterations):
+            for rows in self._mini_batches(batch.num_rows):
+                # Without old log-probs there is exactly one optimizer step, whose forward
+                # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
+                grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
+        result = UpdateOutput(
+            metrics=self._metrics(outputs, entropies, grad_norms),
+            objective_before=batch.advantages.detach().cpu().numpy().astype(np.float64),
+            optimizer_steps=len(grad_norms),
+            losses=outputs,
+        )
+        if measure_after:
+            at_start = batch.old_logps if multi else capture
+            result.objective_after = self._objective_after(batch, at_start)
+        return result
+
+    def _objective_after(self, batch: PolicyBatch, logps_at_start: Tensor) -> np.ndarray:
+        self.model.eval()
+        after = self.score(batch)
+        self.model.train()
+        objective = per_sequence_objective(
+            after, batch.advantages, batch.completion_mask, old_logps=logps_at_start,
+            epsilon_low=self.args.epsilon, epsilon_high=self.args.resolved_epsilon_high,
+        )
+        return objective.cpu().numpy().astype(np.float64)
+
+    def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
+                 grad_norms: list[float]) -> dict[str, float]:
+        tokens = torch.stack([o.num_tokens.float() for o in outputs])
+        weights = tokens / tokens.sum().clamp(min=1)
+
+        def weighted(values: list[Tensor]) -> float:
+            return float((torch.stack([v.float() for v in values]) * weights).sum())
+
+        metrics = {
+            "loss": float(sum(float(o.loss.detach()) for o in outputs)
+                          / max(len(grad_norms), 1)),
+            "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
+            "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
+            "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "learning_rate": float(self.scheduler.get_last_lr()[0]),
+        }
+        if outputs[0].mean_kl is not None:
+            metrics["kl"] = weighted([o.mean_kl for o in outputs])
+        if entropies:
+            metrics["entropy"] = float(torch.cat(entropies).mean())
+        return metrics
