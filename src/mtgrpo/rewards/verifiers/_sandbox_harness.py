@@ -1,0 +1,522 @@
+"""Child side of the code sandbox: run as ``python -I -S -B -X utf8 _sandbox_harness.py``.
+
+This file is executed in the sandboxed process, never imported by the library. It reads its
+job from stdin, locks the process down, runs the untrusted program, and reports on a result
+pipe. The parent side, the protocol and the threat model are in ``sandbox.py`` and
+``docs/sandbox.md``.
+
+Order of work (everything before step 5 runs before any untrusted code):
+
+1. Read the job (``marshal``: length-prefixed dict) from stdin with ``os.read``.
+2. Resource limits (``RLIMIT_AS/CPU/FSIZE/NOFILE/NPROC/CORE``), a new network namespace
+   when the kernel allows one, SIGXFSZ ignored so oversized writes fail with ``EFBIG``.
+3. Compile the program and the tests (a syntax error is reported before anything runs).
+4. Harden: bind every function the harness will call to a local, replace dangerous
+   functions of loaded modules with refusals, guard ``_imp.create_builtin`` so fresh copies
+   of ``_signal``/``posix``/``pwd``/``_imp`` cannot be made, and install the audit hook.
+5. Run: in ``tests`` mode the program, then each test in a copy of its namespace under a
+   per-test timer, writing the test's secret token to the result pipe when it passes; in
+   ``io`` mode the program as ``__main__`` with the case input on stdin.
+
+The tokens exist only as locals of :func:`_run_tests`; the audit hook refuses the ways
+Python code reaches another function's frame (``sys._getframe``, ``tb_frame``/``gi_frame``/
+``cr_frame``/``ag_frame``, ``sys.settrace``/``setprofile``, ``sys._current_frames``, the
+``gc`` object walkers, Python-level signal handlers, which receive the interrupted frame).
+"""
+
+from __future__ import annotations
+
+import builtins
+import marshal
+import os
+import sys
+
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+BLOCKED_MODULES = frozenset(
+    {
+        "ctypes", "_ctypes", "_ctypes_test", "socket", "_socket", "ssl", "_ssl", "subprocess",
+        "_posixsubprocess", "multiprocessing", "_multiprocessing", "_posixshmem", "pty",
+        "resource", "_xxsubinterpreters", "_xxinterpchannels", "_testcapi", "_testinternalcapi",
+        "_testbuffer", "_testmultiphase", "_testclinic", "_testimportmultiple", "_xxtestfuzz",
+        "pwd", "grp", "spwd", "nis", "_crypt", "crypt", "syslog", "readline", "_sqlite3",
+        "sqlite3", "dbm", "_dbm", "_gdbm", "_tkinter", "tkinter", "_curses", "curses",
+        "_curses_panel", "ossaudiodev", "asyncio", "_asyncio", "webbrowser",
+    }
+)  # fmt: skip
+DENIED_EVENTS = frozenset(
+    {
+        "os.fork", "os.forkpty", "os.system", "os.kill", "os.killpg", "os.exec", "os.spawn",
+        "os.posix_spawn", "os.startfile", "os.chdir", "os.chmod", "os.chown", "os.chflags",
+        "os.lchflags", "os.lchmod", "os.link", "os.symlink", "os.setxattr", "os.removexattr",
+        "os.getxattr", "os.listxattr", "subprocess.Popen", "pty.spawn", "webbrowser.open",
+        "sys.addaudithook", "sys.setprofile", "sys.settrace", "gc.get_objects",
+        "gc.get_referrers", "gc.get_referents", "code.__new__", "resource.setrlimit",
+        "resource.prlimit", "sys.monitoring.register_callback",
+    }
+)  # fmt: skip
+DENIED_PREFIXES = ("socket.", "ctypes.", "sqlite3.", "syslog.", "_winapi.", "winreg.")
+FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions"})
+PATH_EVENTS = frozenset(
+    {"os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.utime"}
+)
+READ_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
+REPLACED_POSIX = ("mknod", "mkfifo", "chroot", "pidfd_open", "setns", "unshare")
+REPLACED_SIGNAL = ("signal", "set_wakeup_fd", "pidfd_send_signal", "siginterrupt")
+GUARDED_BUILTINS = frozenset({"_imp", "_signal", "posix", "pwd"})
+STRICT_EQ = "__mtgrpo_strict_eq__"
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 8, 38
+CAPABILITY_VERSION_3, CAP_DAC_READ_SEARCH = 0x20080522, 2
+NOBODY = 65534
+
+
+def main() -> None:
+    import _signal
+
+    install_handler = _signal.signal  # before hardening replaces it; used once, pre-program
+    job = _read_job()
+    result_fd = job["result_fd"]
+    isolated, dropped = _isolate(job)
+    _apply_limits(job)
+    os.write(result_fd, b"N%d P%d\n" % (isolated, dropped))
+    if job["mode"] == "tests":
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    try:
+        program = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
+        os.write(result_fd, f"S {type(error).__name__}\n".encode())
+        os._exit(0)
+    tests = [
+        (kind, compile(source, f"<test {index}>", "exec", dont_inherit=True, optimize=0))
+        for index, (kind, source) in enumerate(job["tests"])
+    ]
+    import types  # noqa: F401  # reads a traceback's tb_frame at import: load it before the hook
+
+    _harden(job)
+    if job["mode"] == "tests":
+        strict_eq = _make_strict_eq()
+        _run_tests(program, tests, job, strict_eq, install_handler)
+    _run_io(program)
+
+
+def _read_job() -> dict:
+    header = _read_exactly(8)
+    return marshal.loads(_read_exactly(int.from_bytes(header, "little")))
+
+
+def _read_exactly(size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = os.read(0, min(remaining, 1 << 20))
+        if not chunk:
+            raise SystemExit("sandbox harness: job truncated")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _apply_limits(job: dict) -> None:
+    import _signal
+    import resource
+
+    limits = {
+        resource.RLIMIT_AS: job["memory_bytes"],
+        resource.RLIMIT_CPU: job["cpu_seconds"],
+        resource.RLIMIT_FSIZE: job["file_bytes"],
+        resource.RLIMIT_NOFILE: job["max_open_files"],
+        resource.RLIMIT_NPROC: 0,
+        resource.RLIMIT_CORE: 0,
+    }
+    for kind, value in limits.items():
+        hard = value + 1 if kind == resource.RLIMIT_CPU else value
+        resource.setrlimit(kind, (value, hard))
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+    del sys.modules["resource"]
+
+
+def _isolate(job: dict) -> tuple[bool, bool]:
+    """(network isolated, privileges dropped), using ``ctypes`` before the program runs.
+
+    Network: enter a new, empty network namespace (only ``lo``, down).
+    ``unshare(CLONE_NEWNET)`` needs ``CAP_SYS_ADMIN``; without it an unprivileged user
+    namespace (``CLONE_NEWUSER | CLONE_NEWNET``) is tried; where both are refused, the audit
+    hook's socket ban is the only network barrier.
+
+    Privileges: when running as root, become uid/gid 65534 (``nobody``) keeping only
+    ``CAP_DAC_READ_SEARCH`` (so the interpreter can still read its library wherever it is
+    installed). The kernel then enforces what the audit hook also refuses: no writes outside
+    world-writable places, no signals to other users' processes, and ``RLIMIT_NPROC`` (which
+    root ignores).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        isolated = False
+        if job["network_namespace"]:
+            isolated = libc.unshare(CLONE_NEWNET) == 0
+            if not isolated:
+                isolated = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
+        dropped = _drop_privileges(ctypes, libc, job["workdir"]) if os.geteuid() == 0 else False
+    except (OSError, AttributeError, ImportError):
+        isolated = dropped = False
+    for name in ("ctypes", "ctypes._endian", "_ctypes", "struct", "_struct"):
+        sys.modules.pop(name, None)
+    return isolated, dropped
+
+
+def _drop_privileges(ctypes, libc, workdir: str) -> bool:
+    class CapHeader(ctypes.Structure):
+        _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+    class CapData(ctypes.Structure):
+        _fields_ = (
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        )
+
+    os.chown(workdir, NOBODY, NOBODY)
+    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        return False
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    header, data = CapHeader(CAPABILITY_VERSION_3, 0), (CapData * 2)()
+    data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
+    if libc.capset(ctypes.byref(header), ctypes.byref(data)) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")  # uid already dropped: stop here
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    return True
+
+
+def _refuse(name: str):
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(f"sandbox: {name} is not allowed")
+
+    refused.__name__ = name
+    return refused
+
+
+def _harden(job: dict) -> None:
+    import _imp
+    import _signal
+    import posix
+
+    replacements = ((posix, REPLACED_POSIX), (os, REPLACED_POSIX), (_signal, REPLACED_SIGNAL))
+    for module, names in replacements:
+        for name in names:
+            if hasattr(module, name):
+                setattr(module, name, _refuse(f"{module.__name__}.{name}"))
+    _imp.create_builtin = _guarded_create_builtin(_imp.create_builtin)
+    roots = tuple(path for path in sys.path if path) + tuple(job["read_paths"])
+    sys.addaudithook(_make_audit_hook(job["workdir"], roots, job["max_files"]))
+
+
+def _guarded_create_builtin(original):
+    """``_imp.create_builtin`` that refuses :data:`GUARDED_BUILTINS`.
+
+    The original function lives only in the frame of a suspended generator: a closure cell
+    or attribute would hand it to any program that inspects the replacement, while a
+    generator's frame is reachable only through ``gi_frame`` (refused by the audit hook).
+    """
+
+    class Spec:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    def serve():
+        outcome = None
+        while True:
+            spec = yield outcome
+            try:
+                name = str.__str__(spec.name)
+                if name in GUARDED_BUILTINS:
+                    outcome = (False, ImportError(f"sandbox: module {name!r} is not available"))
+                else:
+                    outcome = (True, original(Spec(name)))
+            except BaseException as error:  # handed back to the caller unchanged
+                outcome = (False, error)
+
+    server = serve()
+    next(server)
+    send = server.send
+
+    def create_builtin(spec):
+        ok, value = send(spec)
+        if ok:
+            return value
+        raise value
+
+    return create_builtin
+
+
+def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
+    """The audit hook: refuses the events listed above and confines file access.
+
+    Every name it uses is bound here, before the program can patch a module; paths are
+    normalised by string operations on exact ``str`` objects (``os.path`` is Python code the
+    program could replace). Writes are allowed only strictly inside ``workdir``, reads inside
+    ``workdir``, the interpreter's own library directories (``read_roots``) and a few
+    devices; at most ``max_files`` opens for writing and directory creations in total.
+    """
+    str_, bytes_, int_, isinstance_ = str, bytes, int, isinstance
+    permission_error, value_error, attribute_error, import_error = (
+        PermissionError, ValueError, AttributeError, ImportError
+    )  # fmt: skip
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    inside_work = workdir + "/"
+    read_prefixes = (*(root.rstrip("/") + "/" for root in read_roots), inside_work)
+    read_exact = frozenset(root.rstrip("/") for root in read_roots) | READ_DEVICES | {workdir}
+    writes = [0]
+
+    def absolute(path: object) -> str | None:
+        if isinstance_(path, str_):
+            text = str_.__str__(path)
+        elif isinstance_(path, bytes_):
+            text = bytes_.decode(path, "utf-8", "surrogateescape")
+        else:
+            return None  # a path object could answer differently when the call re-reads it
+        if "\x00" in text:
+            return None
+        parts: list[str] = []
+        for part in (text if text.startswith("/") else inside_work + text).split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    def readable(path: str | None) -> bool:
+        return path is not None and (path in read_exact or path.startswith(read_prefixes))
+
+    def writable(path: str | None) -> bool:
+        if path is None or not path.startswith(inside_work):
+            return False
+        writes[0] += 1
+        return writes[0] <= max_files
+
+    def check_open(path: object, mode: object, flags: object) -> None:
+        if isinstance_(path, int_):
+            return
+        if mode is None and not (isinstance_(path, (str_, bytes_)) and path[:1] in ("/", b"/")):
+            raise permission_error("sandbox: os.open needs an absolute path")
+        wants_write = (isinstance_(mode, str_) and any(c in mode for c in "wax+")) or (
+            isinstance_(flags, int_) and flags & write_flags
+        )
+        target = absolute(path)
+        if not (writable(target) if wants_write else readable(target)):
+            raise permission_error(f"sandbox: no access to {path!r}")
+
+    def check_paths(event: str, args: tuple) -> None:
+        if event == "os.rename":
+            paths, dir_fds = args[:2], args[2:]
+        elif event in ("os.truncate", "os.utime") and isinstance_(args[0], int_):
+            return
+        else:
+            paths, dir_fds = args[:1], args[-1:] if event != "os.truncate" else ()
+        if any(fd is not None and fd != -1 for fd in dir_fds):
+            raise permission_error(f"sandbox: {event} with dir_fd is not allowed")
+        for path in paths:
+            if event == "os.mkdir":
+                ok = writable(absolute(path))
+            else:
+                target = absolute(path)
+                ok = target is not None and target.startswith(inside_work)
+            if not ok:
+                raise permission_error(f"sandbox: {event} outside the working directory")
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            check_open(*args[:3])
+        elif event == "import":
+            name = args[0]
+            if isinstance_(name, str_) and (
+                name in BLOCKED_MODULES or name.partition(".")[0] in BLOCKED_MODULES
+            ):
+                raise import_error(f"sandbox: module {name!r} is not available")
+        elif event == "object.__getattr__":
+            if args[1] in FRAME_ATTRIBUTES:
+                raise attribute_error("sandbox: frame objects are not available")
+        elif event in ("os.listdir", "os.scandir"):
+            path = args[0]
+            if not (path is None or isinstance_(path, int_) or readable(absolute(path))):
+                raise permission_error(f"sandbox: cannot list {path!r}")
+        elif event in PATH_EVENTS:
+            check_paths(event, args)
+        elif event in FRAME_EVENTS:
+            # ValueError is what ``sys._getframe`` raises for a too-deep frame, so library
+            # code that asks for its caller's module name (namedtuple, enum, typing) copes.
+            raise value_error("sandbox: the call stack is not available")
+        elif event in DENIED_EVENTS or event.startswith(DENIED_PREFIXES):
+            raise permission_error(f"sandbox: {event} is not allowed")
+
+    return hook
+
+
+def _make_strict_eq():
+    """``strict_eq(a, b)``: ``a == b`` that a program cannot fake with a lying ``__eq__``.
+
+    Plain data (None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets
+    of plain data, subclasses included) is copied into exact built-in types through the base
+    types' own methods, then compared with ``==``. When exactly one side is plain, the other
+    side (an object whose class decides what ``==`` means) is not equal; when neither is,
+    ordinary ``==`` applies.
+    """
+    scalars = ((bool, bool), (int, int.__index__), (float, float.__float__))
+    scalars += ((complex, complex.__complex__), (str, str.__str__), (bytes, bytes.__bytes__))
+    containers = ((list, list.__iter__, list), (tuple, tuple.__iter__, tuple))
+    containers += ((frozenset, frozenset.__iter__, frozenset), (set, set.__iter__, set))
+    dict_items, isinstance_, type_ = dict.items, isinstance, type
+    not_plain, budget_error = object(), RecursionError
+
+    def plain(value: object, depth: int, budget: list[int]) -> object:
+        budget[0] -= 1
+        if depth > 100 or budget[0] < 0:
+            raise budget_error
+        if value is None:
+            return None
+        kind = type_(value)
+        for base, convert in scalars:
+            if kind is base or isinstance_(value, base):
+                return convert(value)
+        for base, iterate, build in containers:
+            if isinstance_(value, base):
+                return build(plain(item, depth + 1, budget) for item in iterate(value))
+        if isinstance_(value, dict):
+            return {
+                plain(key, depth + 1, budget): plain(item, depth + 1, budget)
+                for key, item in dict_items(value)
+            }
+        return not_plain
+
+    def canonical(value: object) -> object:
+        try:
+            return plain(value, 0, [1_000_000])
+        except BaseException:  # cycles, size, or a hostile object: not plain data
+            return not_plain
+
+    def strict_eq(left: object, right: object) -> bool:
+        left_plain, right_plain = canonical(left), canonical(right)
+        if left_plain is not_plain and right_plain is not_plain:
+            return bool(left == right)
+        if left_plain is not_plain or right_plain is not_plain:
+            return False
+        return left_plain == right_plain
+
+    return strict_eq
+
+
+def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
+    """Run the program, then each test; write a passing test's token to the result pipe.
+
+    Every name used once the program has started is a local bound on the first lines (a
+    module global or builtin could have been replaced by the program). The program and each
+    test run under the per-test timer, which raises ``TestTimeout`` (a ``BaseException``).
+    Setup statements run in the program's namespace; each test runs in a copy of it with
+    pristine builtins and the strict equality, so a program cannot rebind what a test sees.
+    """
+    import _signal
+
+    exec_, write, exit_, copy, type_ = exec, os.write, os._exit, dict, type
+    base_exception, result_fd, eq_name = BaseException, job["result_fd"], STRICT_EQ
+    tokens, code_token = job["tokens"], job["code_token"]
+    flushes = (sys.stdout.flush, sys.stderr.flush)
+    setitimer, timer, budget = _signal.setitimer, _signal.ITIMER_REAL, job["test_seconds"]
+    pristine_builtins = dict(builtins.__dict__)
+    armed = [False]
+
+    class TestTimeout(BaseException):
+        pass
+
+    def on_alarm(signum: int, frame: object) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise TestTimeout
+
+    def run(code, scope):
+        """None when ``code`` ran to the end, else the exception that stopped it."""
+        try:
+            armed[0] = True
+            setitimer(timer, budget)
+            exec_(code, scope)
+            armed[0] = False
+            setitimer(timer, 0)
+            return None
+        except base_exception as error:
+            armed[0] = False
+            setitimer(timer, 0)
+            return error
+
+    def describe(where: str, error: BaseException) -> None:
+        """A diagnostic line on stderr (free text: never read as a result)."""
+        try:
+            text = f"{where}: {type_(error).__name__}: {error}"
+        except base_exception:
+            text = f"{where}: an error that cannot be printed"
+        try:  # noqa: SIM105  # contextlib is Python code the program could have patched
+            write(2, text[:500].encode("utf-8", "replace") + b"\n")
+        except base_exception:
+            pass
+
+    install_handler(_signal.SIGALRM, on_alarm)
+    namespace = {"__name__": "__solution__", "__builtins__": builtins}
+    failure = run(program, namespace)
+    if failure is not None:
+        describe("program", failure)
+    else:
+        write(result_fd, b"C" + code_token + b"\n")
+        test_index = 0
+        for kind, code in tests:
+            if kind != "test":
+                failure = run(code, namespace)
+                if failure is not None:
+                    describe("setup", failure)
+                continue
+            scope = copy(namespace)
+            scope["__builtins__"], scope[eq_name] = pristine_builtins, strict_eq
+            failure = run(code, scope)
+            if failure is None:
+                try:
+                    write(result_fd, b"T" + tokens[test_index] + b"\n")
+                except base_exception:
+                    exit_(0)
+            else:
+                describe(f"test {test_index}", failure)
+            test_index += 1
+    for flush in flushes:
+        try:  # noqa: SIM105  # contextlib is Python code the program could have patched
+            flush()
+        except base_exception:
+            pass
+    exit_(0)
+
+
+def _run_io(program) -> None:
+    """Run the program as ``__main__`` with the case input on stdin; exit 0 only if it ends."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    stdout, stderr, exit_ = sys.stdout, sys.stderr, os._exit
+    status = 0
+    try:
+        exec(program, namespace)
+    except SystemExit as error:
+        status = 0 if error.code in (None, 0) else 1
+    except BaseException as error:
+        status = 1
+        try:  # noqa: SIM105  # contextlib is Python code the program could have patched
+            stderr.write(f"{type(error).__name__}: {error}\n")
+        except BaseException:
+            pass
+    for stream in (stdout, stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            status = 1
+    exit_(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Code reward: extract the program from a completion and run it against the sample's tests.
+
+Where the code is read (:func:`extract_code`): the last complete ``<code>...</code>`` block
+(seed 002's format); failing that, the last complete fenced block whose info string is
+empty or ``python``/``py``/``python3``. Programs longer than :data:`MAX_CODE_CHARS` count as
+no code.
+
+Tests come from the dataset, per sample:
+
+* column ``tests``: assert statements, as one string (a test file: each top-level ``assert``
+  is a test, other statements are setup) or a list of strings (one test each); run by
+  :func:`~mtgrpo.rewards.verifiers.sandbox.run_python`;
+* column ``test_cases`` (alias ``input_output``): stdin/stdout cases, as a list of
+  ``{"input": ..., "output": ...}``, APPS' ``{"inputs": [...], "outputs": [...]}``, or a
+  JSON string of either; run by :func:`~mtgrpo.rewards.verifiers.sandbox.run_python_io`.
+
+Reward: the fraction of tests passed, in [0, 1] (``all_or_nothing=True``: 1.0 only when
+all pass). A sample without tests is scored on syntax alone, with seed 002's numbers: 1.0
+when the code compiles, 0.3 when it does not, 0.0 when there is no code. Seed 002 also gave
+0 to any code mentioning ``import``, ``os`` or ``open``; that was its only guard against
+running hostile code. Here nothing is executed outside the sandbox and syntax-only
+samples are only compiled, so that keyword filter is dropped.
+
+Samples run in parallel: a thread pool of ``max_workers`` threads, each waiting on one
+sandbox subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import textwrap
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mtgrpo.rewards.verifiers._batch import completion_texts, optional_column
+from mtgrpo.rewards.verifiers.answer import MAX_TEXT_CHARS
+from mtgrpo.rewards.verifiers.sandbox import (
+    IOCase,
+    SandboxLimits,
+    SandboxResult,
+    prepare_tests,
+    run_python,
+    run_python_io,
+)
+
+__all__ = [
+    "MAX_CODE_CHARS",
+    "SYNTAX_ERROR_REWARD",
+    "code_reward",
+    "extract_code",
+    "syntax_reward",
+]
+
+MAX_CODE_CHARS = 50_000
+MAX_FENCES = 10_000
+SYNTAX_ERROR_REWARD = 0.3
+_PYTHON_INFO = frozenset({"", "python", "py", "python3", "py3"})
+# A fence line: optional indentation, three backticks, an info string without backticks.
+# No two adjacent parts can match the same character, so a line is matched in linear time.
+_FENCE = re.compile(r"^[ \t]*```([^\n`]*)$", re.MULTILINE)
+
+
+def extract_code(text: Any) -> str | None:
+    """The program in a completion (see the module docstring), dedented, or ``None``.
+
+    >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\n")
+    'print(1)'
+    >>> extract_code("<code>\\n    x = 1\\n</code>")
+    'x = 1'
+    """
+    if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
+        return None
+    code = _code_tag(text)
+    if code is None:
+        code = _last_fenced_block(text)
+    if code is None or len(code) > MAX_CODE_CHARS:
+        return None
+    code = textwrap.dedent(code).strip("\n")
+    return code if code.strip() else None
+
+
+def _code_tag(text: str) -> str | None:
+    """Content of the last ``<code>...</code>``, unstripped (indentation matters in Python)."""
+    end = text.rfind("</code>")
+    start = text.rfind("<code>", 0, end) if end >= 0 else -1
+    return None if start < 0 else text[start + len("<code>") : end]
+
+
+def _last_fenced_block(text: str) -> str | None:
+    """Content of the last complete Python (or untagged) fenced block, paired in order."""
+    opening: re.Match[str] | None = None
+    last: str | None = None
+    for count, fence in enumerate(_FENCE.finditer(text)):
+        if count >= MAX_FENCES:
+            break
+        info = fence.group(1).strip().lower()
+        if opening is None:
+            opening = fence
+        elif not info:
+            if opening.group(1).strip().lower() in _PYTHON_INFO:
+                last = text[opening.end() + 1 : fence.start()]
+            opening = None
+    return last
+
+
+def syntax_reward(code: str | None) -> float:
+    """Seed 002's syntax-only score: 1.0 compiles, 0.3 does not, 0.0 no code.
+
+    Compiled (never run) in this process: the source is capped at :data:`MAX_CODE_CHARS`
+    and Python's parser turns nesting bombs into ``SyntaxError``/``MemoryError``/
+    ``RecursionError``, all of which count as "does not compile".
+    """
+    if code is None:
+        return 0.0
+    try:
+        compile(code, "<completion>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return SYNTAX_ERROR_REWARD
+    return 1.0
+
+
+def code_reward(
+    prompts: Sequence[Any] | None,
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    *,
+    all_or_nothing: bool = False,
+    limits: SandboxLimits | None = None,
+    max_workers: int | None = None,
+    **columns: Any,
+) -> list[float | None]:
+    """Fraction of the sample's tests the extracted program passes, in [0, 1].
+
+    See the module docstring for where code and tests are read and for the syntax-only
+    scores of samples without tests. ``limits`` are the sandbox limits per sample
+    (:class:`~mtgrpo.rewards.verifiers.sandbox.SandboxLimits`); ``max_workers`` bounds the
+    samples run at once (default ``min(8, cpu count)``). Test columns that are not valid
+    (a test that is not Python, a malformed case) raise ``ValueError`` before anything runs.
+
+    >>> add = "<code>\\ndef add(a, b):\\n    return a + b\\n</code>"
+    >>> code_reward(None, [add, add], tests=[["assert add(1, 2) == 3"], None])
+    [1.0, 1.0]
+    """
+    texts = completion_texts("code_reward", completions)
+    tests = optional_column("code_reward", columns, ("tests",), len(texts))
+    cases = optional_column("code_reward", columns, ("test_cases", "input_output"), len(texts))
+    jobs = [
+        _job(row, tests[row] if tests else None, cases[row] if cases else None)
+        for row in range(len(texts))
+    ]
+    codes = [extract_code(text) for text in texts]
+    limits = limits or SandboxLimits()
+    workers = max_workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [
+            pool.submit(_score, code, job, limits, all_or_nothing)
+            for code, job in zip(codes, jobs, strict=True)
+        ]
+        return [future.result() for future in futures]
+
+
+def _job(row: int, tests: Any, cases: Any) -> tuple[str, Any]:
+    """("tests", units) | ("io", cases) | ("syntax", None) for one row, validated."""
+    if tests is not None and not (isinstance(tests, (str, Sequence)) and len(tests) == 0):
+        try:
+            prepare_tests(tests)  # validate now; run_python prepares them again per sample
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"code_reward: row {row}: {error}") from None
+        return "tests", tests
+    if cases is not None:
+        return "io", _io_cases(row, cases)
+    return "syntax", None
+
+
+def _io_cases(row: int, cases: Any) -> list[IOCase]:
+    if isinstance(cases, str):
+        try:
+            cases = json.loads(cases)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"code_reward: row {row}: test_cases is not JSON ({error})") from None
+    if isinstance(cases, Mapping) and {"inputs", "outputs"} <= set(cases):
+        inputs, outputs = cases["inputs"], cases["outputs"]
+        if len(inputs) != len(outputs):
+            raise ValueError(
+                f"code_reward: row {row}: test_cases has {len(inputs)} inputs and "
+                f"{len(outputs)} outputs; they must pair up"
+            )
+        cases = [{"input": i, "output": o} for i, o in zip(inputs, outputs, strict=True)]
+    if not isinstance(cases, Sequence):
+        raise ValueError(
+            f"code_reward: row {row}: test_cases must be a list of {{'input', 'output'}} or "
+            f"{{'inputs': [...], 'outputs': [...]}}, got {type(cases).__name__}"
+        )
+    checked = []
+    for index, case in enumerate(cases):
+        if isinstance(case, IOCase):
+            checked.append(case)
+        elif isinstance(case, Mapping) and all(
+            isinstance(case.get(key), str) for key in ("input", "output")
+        ):
+            checked.append(IOCase(case["input"], case["output"]))
+        else:
+            raise ValueError(
+                f"code_reward: row {row}: case {index} needs string 'input' and 'output', "
+                f"got {case!r:.100}"
+            )
+    return checked
+
+
+def _score(
+    code: str | None, job: tuple[str, Any], limits: SandboxLimits, all_or_nothing: bool
+) -> float:
+    mode, payload = job
+    if mode == "syntax":
+        return syntax_reward(code)
+    if code is None:
+        return 0.0
+    result: SandboxResult
+    if mode == "tests":
+        result = run_python(code, payload, limits)
+    else:
+        result = run_python_io(code, payload, limits)
+    if all_or_nothing:
+        return 1.0 if result.passed and all(result.passed) else 0.0
+    return result.pass_fraction

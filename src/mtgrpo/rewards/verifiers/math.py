@@ -1,0 +1,287 @@
+"""Math reward: the completion's final answer checked against the gold answer by math-verify.
+
+Per completion: the final answer is extracted (styles tried in order, default ``\\boxed{}``,
+then ``<answer>``, then the last number; see :mod:`~mtgrpo.rewards.verifiers.answer`),
+capped at :data:`MAX_ANSWER_CHARS`, wrapped as ``\\boxed{...}`` (math-verify's most reliable
+entry point for both LaTeX and plain expressions) and compared with
+``math_verify.verify(parse(gold), parse(answer))``. The gold answer comes from the column
+``answer`` (or ``solution``); a gold text containing ``####`` (GSM8K) is read after the last
+``####``; gold parses are cached.
+
+Time limit. math-verify's own timeouts (``parsing_timeout``, ``timeout_seconds``) use
+``signal.alarm``: whole seconds, main thread only, and one per call rather than per sample.
+This module instead bounds the *whole* check of one sample (both parses and the
+comparison) by ``timeout_seconds`` and passes ``None`` to math-verify's own:
+
+* in the main thread: an ``ITIMER_REAL`` timer raises inside the check (the previous
+  ``SIGALRM`` handler and any armed timer are restored afterwards);
+* in any other thread (or with ``isolation="process"``): the check runs in a helper
+  process that serves one request at a time (started on first use, about a second); a
+  check that overruns kills it, and the next request starts a fresh one. The helper runs
+  under a 4 GiB address-space limit.
+
+Adversarial answers (``9^{9^{9^{9}}}``, ``100000!``, huge sums) cost at most the time limit
+and score 0. Range: {0.0, 1.0}; ``None`` where the gold answer is ``None``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mtgrpo._registry import Registry
+from mtgrpo.rewards.verifiers._batch import column, completion_texts
+from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer
+
+__all__ = ["DEFAULT_MATH_STYLES", "MATH_ISOLATION", "MAX_ANSWER_CHARS", "math_reward"]
+
+MAX_ANSWER_CHARS = 1_000
+DEFAULT_MATH_STYLES = ("boxed", "tag", "last_number")
+WORKER_MEMORY_BYTES = 4 << 30
+WORKER_STARTUP_SECONDS = 120.0
+WORKER_GRACE_SECONDS = 2.0  # on top of the per-sample limit, for the pipe round trip
+
+MATH_ISOLATION: Registry[str] = Registry("math isolation")
+MATH_ISOLATION.add("auto", "a signal timer in the main thread, the helper process elsewhere")
+MATH_ISOLATION.add("process", "always the helper process")
+
+T = TypeVar("T")
+
+
+class _Deadline(BaseException):
+    """Raised by the timer inside a check; a BaseException so math-verify and sympy's
+    ``except Exception`` clauses cannot swallow it."""
+
+
+class _NoTimerError(Exception):
+    """Signals cannot be used here (not the main thread, or a foreign SIGALRM handler)."""
+
+
+def math_reward(
+    prompts: Sequence[Any] | None,
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    *,
+    styles: str | Sequence[str] = DEFAULT_MATH_STYLES,
+    timeout_seconds: float = 2.0,
+    isolation: str = "auto",
+    **columns: Any,
+) -> list[float | None]:
+    """1.0 when the final answer equals the gold answer (math-verify), else 0.0.
+
+    ``styles``: answer styles tried in order (names of
+    :data:`~mtgrpo.rewards.verifiers.answer.ANSWER_STYLES`). ``timeout_seconds``: limit of
+    one sample's check. ``isolation``: ``"auto"`` or ``"process"`` (module docstring).
+    Range: {0.0, 1.0}; ``None`` where the gold answer is ``None``.
+
+    >>> math_reward(None, [r"so \\boxed{\\frac{1}{2}}", "<answer>0.5</answer>", "it is 3"],
+    ...             answer=["0.5", "1/2", "4"])
+    [1.0, 1.0, 0.0]
+    """
+    texts = completion_texts("math_reward", completions)
+    golds = column("math_reward", columns, ("answer", "solution"), len(texts))
+    order = (styles,) if isinstance(styles, str) else tuple(styles)
+    for name in order:
+        ANSWER_STYLES.canonical(name)
+    mode = MATH_ISOLATION.canonical(isolation)
+    if not (isinstance(timeout_seconds, (int, float)) and 0 < timeout_seconds < 3600):
+        raise ValueError(
+            f"math_reward: timeout_seconds must be a number in (0, 3600), got {timeout_seconds!r}"
+        )
+    rewards: list[float | None] = []
+    for text, gold in zip(texts, golds, strict=True):
+        if gold is None:
+            rewards.append(None)
+            continue
+        answer = extract_answer(text, order)
+        if answer is None or len(answer) > MAX_ANSWER_CHARS:
+            rewards.append(0.0)
+            continue
+        ok = check_math_answer(_gold_text(gold), answer, timeout_seconds, mode)
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
+
+
+def check_math_answer(gold: str, answer: str, timeout_seconds: float, isolation: str) -> bool:
+    """math-verify's verdict on ``answer`` against ``gold`` within ``timeout_seconds``."""
+    if isolation == "auto":
+        try:
+            return _with_deadline(lambda: _verify(gold, answer), timeout_seconds)
+        except _Deadline:
+            return False
+        except _NoTimerError:
+            pass
+    return _WORKER.check(gold, answer, timeout_seconds)
+
+
+def _gold_text(gold: Any) -> str:
+    text = gold if isinstance(gold, str) else str(gold)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    return text.strip()
+
+
+def _latex(text: str) -> str:
+    return text if ("\\boxed" in text or "$" in text) else f"\\boxed{{{text}}}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> tuple[Any, ...]:
+    from math_verify import parse
+
+    return tuple(parse(_latex(gold), parsing_timeout=None))
+
+
+def _verify(gold: str, answer: str) -> bool:
+    """math-verify without its own timeouts (the caller bounds the time)."""
+    from math_verify import parse, verify
+
+    _quiet_math_verify()
+    gold_parsed = _parse_gold(gold)
+    if not gold_parsed:  # math-verify cannot read the gold: fall back to exact text
+        return answer.strip() == gold.strip()
+    answer_parsed = parse(_latex(answer), parsing_timeout=None)
+    return bool(verify(list(gold_parsed), answer_parsed, timeout_seconds=None))
+
+
+@functools.cache
+def _quiet_math_verify() -> None:
+    """Drop math-verify's "timeout is disabled" warning: the timeout is enforced here."""
+
+    class _TimeoutDisabled(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "Timeout is disabled" not in record.getMessage()
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_TimeoutDisabled())
+
+
+def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
+    """``fn()`` interrupted by :class:`_Deadline` after ``seconds`` (main thread only).
+
+    The previous SIGALRM handler and ``ITIMER_REAL`` timer are restored (a timer that came
+    due meanwhile fires right after). The handler raises only while armed, so an alarm that
+    lands after ``fn`` returned cannot escape into the caller.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise _NoTimerError
+    previous = signal.getsignal(signal.SIGALRM)
+    if previous is None:  # installed from C: it could not be put back
+        raise _NoTimerError
+    armed = [True]
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise _Deadline
+
+    try:
+        signal.signal(signal.SIGALRM, on_alarm)
+    except ValueError as error:  # main thread of a sub-interpreter
+        raise _NoTimerError from error
+    started = time.monotonic()
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if old_delay > 0:
+            left = max(old_delay - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, old_interval)
+
+
+class _MathWorker:
+    """A helper process that runs checks in its own main thread, one at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
+        self._buffer = b""
+
+    def check(self, gold: str, answer: str, timeout_seconds: float) -> bool:
+        with self._lock:
+            process = self._ensure()
+            if process is None:
+                return False
+            assert process.stdin is not None
+            request = {"gold": gold, "answer": answer, "timeout": timeout_seconds}
+            try:
+                process.stdin.write(json.dumps(request).encode() + b"\n")
+                process.stdin.flush()
+            except OSError:
+                self._stop()
+                return False
+            reply = self._read_line(time.monotonic() + timeout_seconds + WORKER_GRACE_SECONDS)
+            if reply is None:
+                self._stop()
+                return False
+            return reply.strip() == b"1"
+
+    def _ensure(self) -> subprocess.Popen[bytes] | None:
+        if self._owner != os.getpid():  # forked: the handle belongs to the parent process
+            self._process, self._owner, self._buffer = None, os.getpid(), b""
+        if self._process is not None and self._process.poll() is None:
+            return self._process
+        package_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self._buffer = b""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "mtgrpo.rewards.verifiers._math_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        if self._read_line(time.monotonic() + WORKER_STARTUP_SECONDS) != b"ready\n":
+            self._stop()
+            return None
+        return self._process
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        assert self._process is not None
+        assert self._process.stdout is not None
+        fd = self._process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line + b"\n"
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            for stream in (self._process.stdin, self._process.stdout):
+                if stream is not None:
+                    stream.close()
+        self._process, self._buffer = None, b""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner == os.getpid():
+                self._stop()
+
+
+_WORKER = _MathWorker()
+atexit.register(_WORKER.close)
