@@ -563,7 +563,7 @@ class TaskSuite:
             raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
         self.sizes = {"train": train_size, "eval": eval_size}
         for split, size in self.sizes.items():
-            _check_size(split, size, max_retries)
+            _check_size(f"{split}_size", size, max_retries)
         self.seeds = {split: split_seed(seed, split) for split in SPLITS}
         self.seed = seed
         self.render = RenderOptions(prompt_format, answer_format, think_prefix, system_prompt)
@@ -669,12 +669,12 @@ class TaskSuite:
         self.close()
 
 
-def _check_size(split: str, size: int, max_retries: int) -> None:
+def _check_size(name: str, size: int, max_retries: int) -> None:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"{split}_size must be a positive integer (items per task), got {size!r}")
+        raise ValueError(f"{name} must be a positive integer (items per task), got {size!r}")
     if (max_retries + 1) * size > SPLIT_SEED_STRIDE:
         raise ValueError(
-            f"{split}_size={size} with max_retries={max_retries} needs {(max_retries + 1) * size} "
+            f"{name}={size} with max_retries={max_retries} needs {(max_retries + 1) * size} "
             f"source indices, more than the {SPLIT_SEED_STRIDE} between split seeds; "
             "use a smaller size"
         )
