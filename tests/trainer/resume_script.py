@@ -1,0 +1,49 @@
+"""Run a short training in a subprocess; optionally SIGKILL itself at the start of a step.
+
+Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--resume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+import trainer_helpers
+
+from mtgrpo import GRPOTrainer
+
+
+class KillingTrainer(GRPOTrainer):
+    kill_at: int | None = None
+
+    def training_step(self):
+        if self.kill_at is not None and self.step + 1 == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no cleanup, no final save
+        return super().training_step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("output_dir")
+    parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--resume", action="store_true")
+    options = parser.parse_args()
+    args = trainer_helpers.args(
+        options.output_dir, max_steps=6, save_steps=2, save_total_limit=None,
+        task_weighting="mt_grpo", task_weighting_params={"lam": 0.5, "optimizer": "adam"},
+        batch_construction="ratio_preserving",
+        batch_construction_params={"max_resample_rounds": 2},
+        resume_from_checkpoint=True if options.resume else None,
+    )
+    KillingTrainer.kill_at = options.kill_at
+    trainer = KillingTrainer(
+        options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
+        train_dataset=trainer_helpers.rows(), peft_config={"r": 4},
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Small datasets, reward functions and configs shared by the trainer tests (and the scripts
+they run in subprocesses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mtgrpo import GRPOConfig
+
+
+def rows(per_task: int = 8) -> list[dict[str, Any]]:
+    """Two tasks: 'alpha' with plain-text prompts, 'beta' with chat prompts."""
+    out: list[dict[str, Any]] = []
+    for i in range(per_task):
+        out.append({"prompt": f"Write letters {i}:", "task": "alpha", "target": "a"})
+        out.append({"prompt": [{"role": "user", "content": f"Count to {i}"}], "task": "beta",
+                    "target": "b"})
+    return out
+
+
+def _text(completion: Any) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def alpha_reward(prompts, completions, task, **kwargs):
+    """1 when the completion has more vowels than 'x', on alpha rows only (None elsewhere)."""
+    return [float(sum(ch in "aeiou" for ch in _text(c)) > 2) if t == "alpha" else None
+            for c, t in zip(completions, task, strict=True)]
+
+
+def beta_reward(prompts, completions, task, **kwargs):
+    """Even completion length scores 1, on beta rows only (None elsewhere)."""
+    return [float(len(_text(c)) % 2 == 0) if t == "beta" else None
+            for c, t in zip(completions, task, strict=True)]
+
+
+def alpha_reward_routed(prompts, completions, **kwargs):
+    return [float(sum(ch in "aeiou" for ch in _text(c)) > 2) for c in completions]
+
+
+def beta_reward_routed(prompts, completions, **kwargs):
+    return [float(len(_text(c)) % 2 == 0) for c in completions]
+
+
+def length_bonus(prompts, completions, **kwargs):
+    """A second channel on every row: shorter is better (0..1)."""
+    return [1.0 - min(len(_text(c)), 40) / 40 for c in completions]
+
+
+def args(output_dir, **overrides: Any) -> GRPOConfig:
+    options: dict[str, Any] = {
+        "output_dir": str(output_dir), "max_steps": 2, "num_generations": 4,
+        "prompts_per_step": 4, "max_completion_length": 12, "learning_rate": 5e-3,
+        "save_steps": 0, "logging_steps": 1, "seed": 0, "lr_scheduler_type": "constant",
+    }
+    options.update(overrides)
+    return GRPOConfig(**options)
