@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +17,7 @@ import reasoning_gym
 
 from mtgrpo.tasks.cache import CACHE_ENV, CHUNK_SIZE
 from mtgrpo.tasks.families import TaskFamily, TaskSpec, resolve_task
-from mtgrpo.tasks.generation import PoolClosedError
+from mtgrpo.tasks.generation import GenerationPool, PoolClosedError
 from mtgrpo.tasks.prompts import AnswerFormat
 from mtgrpo.tasks.suite import (
     SPLIT_SEED_STRIDE,
@@ -43,6 +47,8 @@ def toy_item(dataset: str, config: Mapping[str, Any], seed: int, size: int, inde
     if index in config.get("fail", ()):
         raise ValueError(f"no item at {index}")
     time.sleep(config.get("delay", 0.0))
+    if config.get("chatty"):
+        print(f"generating item {index}")  # must not corrupt the worker protocol
     value = seed + index
     residue = value % config.get("mod", 10**12)
     return {"question": f"v{value}", "answer": str(value), "metadata": {"residue": residue}}
@@ -150,6 +156,33 @@ def test_same_seed_same_items_in_process_and_in_worker_processes() -> None:
         assert other.train.rows()[0] != expected[0]
 
 
+def rows_digest() -> str:
+    tasks = ["countdown:medium", "zebra_puzzles:easy", "arc_1d:hard"]
+    with TaskSuite(tasks, seed=3, train_size=3, eval_size=2, workers=0, use_cache=False) as suite:
+        rows = suite.train.rows() + suite.eval.rows()
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def test_same_items_under_another_hash_seed() -> None:
+    # String hashing is randomised per process; generation must not depend on it.
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "import test_tasks_suite; print(test_tasks_suite.rows_digest())"
+    )
+    environment = {**os.environ, "PYTHONHASHSEED": "12345"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == rows_digest()
+
+
+def test_unpicklable_generator_is_a_type_error() -> None:
+    with GenerationPool(1) as pool:
+        error = pool.submit(lambda: 1).exception(timeout=60)
+    assert isinstance(error, TypeError)
+    assert "module-level functions" in str(error)
+
+
 # ------------------------------------------------------------------------------ cache
 
 
@@ -224,7 +257,7 @@ def test_lazy_split_serves_items_before_the_rest_is_generated() -> None:
 
 
 def test_timed_out_and_failing_items_are_replaced_deterministically() -> None:
-    spec = toy(hang=[3], fail=[5])
+    spec = toy(hang=[3], fail=[5], chatty=True)
     with TaskSuite([spec], train_size=8, eval_size=1, workers=2, item_timeout_s=1.5) as suite:
         rows = suite.train.rows()
         skipped = suite.train.task("toy").stats.skipped

@@ -25,6 +25,7 @@ importable module (the worker receives the caller's ``sys.path``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -33,6 +34,7 @@ import queue
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -177,6 +179,17 @@ class _Worker:
                 stream.close()
 
 
+# Workers are separate programs: a pool left open must not leave them running after exit
+# (an idle worker would notice the closed pipe, one inside a long item would not).
+_OPEN_POOLS: weakref.WeakSet[GenerationPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    for pool in list(_OPEN_POOLS):
+        pool.close()
+
+
 class GenerationPool:
     """A priority queue of generation jobs served by supervised worker processes.
 
@@ -211,6 +224,7 @@ class GenerationPool:
         self._live: set[_Worker] = set()
         self._closed = False
         self.timeouts = 0
+        _OPEN_POOLS.add(self)
 
     # ------------------------------------------------------------------ public API
 
