@@ -15,6 +15,8 @@ from mtgrpo.rewards import (
     RewardScores,
     RewardSuite,
     conditioned,
+    countdown_reward,
+    format_reward,
     per_completion,
 )
 
@@ -365,3 +367,21 @@ def test_as_lists_and_unscorable():
             else:
                 assert value is None
         assert scores.unscorable[i].item() == all(v is None for v in row)
+
+
+def test_built_in_verifiers_route_through_a_suite():
+    done = "8 * 2 = 16, minus 1.</think>\n<answer>8 * 2 - 1</answer>"
+    suite = RewardSuite.from_user(
+        {"countdown": [countdown_reward], "*": [conditioned(format_reward, on="countdown_reward")]}
+    )
+    scores = suite.score(
+        prompts=["q1", "q2", "q3"],
+        completions=[done, done, "no tags"],
+        completion_ids=None,
+        columns={"target": [15, 16, None], "nums": [[8, 2, 1], [8, 2, 1], None]},
+        tasks=["countdown", "countdown", "chat"],
+    )
+    # Row 0 is correct, row 1 has the wrong target, row 2 is not a Countdown row (not routed).
+    nan = math.nan
+    assert_same_matrix(scores.values, torch.tensor([[1.0, 1.0], [0.0, 1.0], [nan, 0.0]]))
+    assert [(gate.channel, gate.on) for gate in suite.gates] == [(1, 0)]

@@ -47,6 +47,13 @@ task) would train on nothing. By default that is an error naming the row, its ta
 functions (``on_unscorable="raise"``); ``on_unscorable="zero_advantage"`` keeps TRL's behaviour
 (the completion gets advantage 0 and is left out of the statistics).
 
+Built-in verifiers
+------------------
+Rule-based reward functions that are safe on hostile model output live in
+:mod:`mtgrpo.rewards.verifiers` (format, Countdown, math, code sandbox, length, reasoning-gym
+scorers); the reward functions and their main checks are re-exported here, and
+:data:`VERIFIERS` names them for configuration files.
+
 Errors
 ------
 Every broken contract is a :class:`RewardError` (a ``ValueError``) raised at the first scoring
@@ -68,9 +75,22 @@ from mtgrpo.rewards.core import (
     callable_name,
 )
 from mtgrpo.rewards.suite import UNSCORABLE_POLICIES, RewardScores, RewardSuite
+from mtgrpo.rewards.verifiers import (
+    VERIFIERS,
+    code_reward,
+    completion_text,
+    countdown_check,
+    countdown_reward,
+    extract_answer,
+    format_reward,
+    length_reward,
+    math_reward,
+    reasoning_gym_reward,
+)
 
 __all__ = [
     "UNSCORABLE_POLICIES",
+    "VERIFIERS",
     "GateSpec",
     "RewardCallable",
     "RewardError",
@@ -79,7 +99,16 @@ __all__ = [
     "RewardSuite",
     "as_reward_function",
     "callable_name",
+    "code_reward",
+    "completion_text",
     "conditioned",
+    "countdown_check",
+    "countdown_reward",
+    "extract_answer",
+    "format_reward",
+    "length_reward",
+    "math_reward",
     "per_completion",
+    "reasoning_gym_reward",
     "reward_channels",
 ]
