@@ -201,6 +201,11 @@ class GRPOConfig:
     def _merge_aliases(self) -> None:
         from mtgrpo.advantages import resolve_aggregation, resolve_scale_rewards
 
+        default = "sum_then_normalize"
+        if self.reward_aggregation_method is not None and (
+            self.multi_objective_aggregation == default
+        ):  # the alias given alone: it overrides the field's default
+            self.multi_objective_aggregation = self.reward_aggregation_method
         self.multi_objective_aggregation = resolve_aggregation(
             multi_objective_aggregation=self.multi_objective_aggregation,
             reward_aggregation_method=self.reward_aggregation_method,
@@ -472,6 +477,8 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         if not isinstance(loaded, dict):
             raise ValueError(f"{file}: a run config must be a mapping of options")
         raw = loaded
+    if isinstance(raw.get("model"), str):
+        raw["model"] = {"name_or_path": raw["model"]}
     return run_config_from_dict(apply_overrides(raw, overrides))
 
 

@@ -1,0 +1,111 @@
+"""Trainer options: routing vs None, reward weights, reward models, strategies and samplers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import trainer_helpers as common
+
+from mtgrpo import GRPOTrainer
+from mtgrpo.advantages import compute_advantages
+from mtgrpo.reporting import read_metrics
+
+
+def _rollouts(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_none_pattern_and_routing_table_give_the_same_advantages(tiny_model_dir, tmp_path):
+    """Seed 000: functions returning None off-task == a routing table calling each on its task."""
+    runs = {
+        "none": [common.alpha_reward, common.beta_reward],
+        "routed": {"alpha": [common.alpha_reward_routed], "beta": [common.beta_reward_routed]},
+    }
+    results = {}
+    for name, rewards in runs.items():
+        out = tmp_path / name
+        trainer = GRPOTrainer(str(tiny_model_dir), rewards, train_dataset=common.rows(),
+                              args=common.args(out, max_steps=2, save_rollouts=True))
+        trainer.train()
+        results[name] = _rollouts(out)
+    assert len(results["none"]) == len(results["routed"]) > 0
+    for a, b in zip(results["none"], results["routed"], strict=True):
+        assert a["prompt_id"] == b["prompt_id"]
+        assert a["rewards"] == b["rewards"]
+        assert a["advantages"] == pytest.approx(b["advantages"], abs=1e-7)
+
+
+def test_reward_weights_enter_the_advantages(tiny_model_dir, tmp_path):
+    weights = [1.0, 1.0, 3.0]
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [common.alpha_reward, common.beta_reward, common.length_bonus],
+        args=common.args(tmp_path, max_steps=1, save_rollouts=True, reward_weights=weights),
+        train_dataset=common.rows(),
+    )
+    trainer.train()
+    groups = _rollouts(tmp_path)
+    rewards = torch.tensor([[math.nan if v is None else v for v in row]
+                            for g in groups for row in g["rewards"]], dtype=torch.float64)
+    logged = torch.tensor([a for g in groups for a in g["advantages"]], dtype=torch.float64)
+    weighted = compute_advantages(rewards, 4, reward_weights=weights).advantages
+    unweighted = compute_advantages(rewards, 4).advantages
+    torch.testing.assert_close(logged, weighted, atol=1e-12, rtol=0)
+    assert not torch.allclose(logged, unweighted, atol=1e-3)
+
+
+def test_reward_model_mixed_with_a_rule(tiny_model_dir, tmp_path):
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+
+    config = AutoConfig.from_pretrained(tiny_model_dir, num_labels=1)
+    torch.manual_seed(0)
+    reward_model_dir = tmp_path / "rm"
+    LlamaForSequenceClassification(config).save_pretrained(reward_model_dir)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(reward_model_dir)
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [common.length_bonus, str(reward_model_dir)],
+        args=common.args(tmp_path / "run", max_steps=1), train_dataset=common.rows(),
+    )
+    trainer.train()
+    record = read_metrics(tmp_path / "run", split="train")[0]
+    assert math.isfinite(record["rewards/rm/mean"])
+    assert record["rewards/rm/std"] > 0  # the model scores different completions differently
+
+
+STRATEGIES = [
+    ("uniform", {}, "iid", {}),
+    ("fixed", {"weights": [0.7, 0.3]}, "dynamic", {"max_resample_rounds": 1}),
+    ("worst_case", {"step_size": 1.0}, "ratio_preserving", {"max_resample_rounds": 1}),
+    ("regularized", {"damping": 1e-2}, "iid", {}),
+    ("mt_grpo", {"lam": 0.5}, "ratio_preserving", {"acceptance_aware": False}),
+    ("sec", {"alpha": 0.5, "temperature": 0.2}, "dynamic", {"oversample_factor": 2}),
+]
+
+
+@pytest.mark.parametrize(("weighting", "wparams", "sampler", "sparams"), STRATEGIES)
+def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, weighting,
+                                                      wparams, sampler, sparams):
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
+        args=common.args(tmp_path, max_steps=2, task_weighting=weighting,
+                         task_weighting_params=wparams, batch_construction=sampler,
+                         batch_construction_params=sparams),
+        train_dataset=common.rows(),
+    )
+    trainer.train()
+    records = read_metrics(tmp_path, split="train")
+    for record in records:
+        weights = [record["tasks/alpha/weight"], record["tasks/beta/weight"]]
+        assert sum(weights) == pytest.approx(1.0)
+        assert record["sampling/rounds"] >= 1
+    if weighting == "fixed":
+        assert weights == pytest.approx([0.7, 0.3])
+    if weighting == "mt_grpo":
+        assert "tasks/alpha/improvement" in records[0]
+    final = trainer.weighting.weights
+    assert final.sum() == pytest.approx(1.0)
+    if weighting in ("worst_case", "mt_grpo", "sec"):
+        assert not np.allclose(final, 0.5), "adaptive weights never moved"
