@@ -399,10 +399,29 @@ def _unknown(keys: Sequence[str], valid: Sequence[str], where: str) -> None:
         raise ValueError(f"unknown {where} option(s): {', '.join(hints)}")
 
 
+def _coerce(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Numbers written as strings (YAML reads ``1e-5`` as a string) become numbers when the
+    field is numeric; anything unparseable is left for validation to report."""
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for name, value in values.items():
+        if not isinstance(value, str) or name not in hints:
+            continue
+        kinds = set(typing.get_args(hints[name])) or {hints[name]}
+        for kind in (int, float):
+            if kind in kinds:
+                try:
+                    out[name] = kind(value)
+                    break
+                except ValueError:
+                    continue
+    return out
+
+
 def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     _unknown([k for k in values if k not in names], names, where)
-    return cls(**values)
+    return cls(**_coerce(cls, values))
 
 
 def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
@@ -421,7 +440,7 @@ def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
              and k not in _FREE_SECTIONS]
     _unknown(extra, sorted(training_names | set(_SECTIONS) | set(_FREE_SECTIONS)), "config")
     return RunConfig(
-        training=GRPOConfig(**training),
+        training=GRPOConfig(**_coerce(GRPOConfig, training)),
         model=sections["model"],
         data=sections["data"],
         **{name: raw.get(name) for name in _FREE_SECTIONS},
