@@ -211,7 +211,8 @@ def _harden(job: dict) -> None:
             if hasattr(module, name):
                 setattr(module, name, _refuse(f"{module.__name__}.{name}"))
     _imp.create_builtin = _guarded_create_builtin(_imp.create_builtin)
-    roots = tuple(path for path in sys.path if path) + tuple(job["read_paths"])
+    sys.path.extend(job["read_paths"])
+    roots = tuple(path for path in sys.path if path)
     sys.addaudithook(_make_audit_hook(job["workdir"], roots, job["max_files"]))
 
 
