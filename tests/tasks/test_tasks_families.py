@@ -164,6 +164,12 @@ def test_arc_sizes_above_40_are_refused(field: str) -> None:
     assert resolve_task({"family": "arc_1d", "config": {"min_size": 40, "max_size": 40}})
 
 
+def test_arc_sizes_are_bounded_inside_a_composite_too() -> None:
+    member = {"name": "arc_1d", "weight": 1.0, "config": {"min_size": 45, "max_size": 50}}
+    with pytest.raises(ValueError, match="arc_1d min_size=45 exceeds 40"):
+        resolve_task({"family": "composite", "config": {"datasets": [member]}, "name": "mix"})
+
+
 def test_get_family_of_reasoning_gym_dataset_is_exact_match() -> None:
     family = get_family("chain_sum")
     assert family.name == "chain_sum"

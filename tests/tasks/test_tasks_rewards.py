@@ -183,3 +183,24 @@ def test_gold_answers_of_generated_items_score_one(answer_format: str, prompt_fo
         columns = {"answer": [row["answer"]], "metadata": [row["metadata"]], "task": [row["task"]]}
         assert reward([row["prompt"]], [oracle], **columns) == [1.0], row["id"]
         assert reward([row["prompt"]], [row["answer"]], **columns) == [0.0], row["id"]
+
+
+def test_routing_table_plugs_into_the_reward_suite() -> None:
+    from mtgrpo.rewards import RewardSuite
+
+    tasks = ["countdown:easy", "countdown:medium", "zebra:easy", "arc:easy"]
+    with TaskSuite(tasks, train_size=2, eval_size=1, workers=0, use_cache=False) as suite:
+        rows = suite.train.rows()
+        rewards = RewardSuite.from_user(suite.reward_routing)
+    assert rewards.channel_names == ["countdown_reward", "zebra_puzzles_reward", "arc_1d_reward"]
+    completions = [f"<answer>{row['answer']}</answer>" for row in rows]
+    columns = {key: [row[key] for row in rows] for key in ("answer", "metadata")}
+    scores = rewards.score(
+        [row["prompt"] for row in rows], completions, None, columns, [row["task"] for row in rows]
+    )
+    # rows: 4 countdown (2 tasks x 2), 2 zebra, 2 arc; each row scored by its family only
+    expected_channel = [0, 0, 0, 0, 1, 1, 2, 2]
+    values = scores.values.tolist()
+    for row_values, channel in zip(values, expected_channel, strict=True):
+        assert row_values[channel] == 1.0
+        assert sum(v == v for v in row_values) == 1  # the other channels are NaN

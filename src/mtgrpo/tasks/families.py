@@ -396,6 +396,13 @@ def _arc_validate(config: Mapping[str, Any]) -> None:
             )
 
 
+def _composite_validate(config: Mapping[str, Any]) -> None:
+    """A composite mixing ``arc_1d`` is bounded like ``arc_1d`` itself."""
+    for member in config.get("datasets") or ():
+        if isinstance(member, Mapping) and member.get("name") == "arc_1d":
+            _arc_validate(member.get("config") or {})
+
+
 # -------------------------------------------------------------------------- registry
 
 
@@ -474,6 +481,7 @@ def get_family(name: str) -> TaskFamily:
         generate=generic_item,
         question=_generic_question,
         check=_exact_match,
+        validate=_composite_validate if name == "composite" else None,
         content_key=_question_key,
         description=f"reasoning-gym dataset {name!r}, checked by normalised exact match",
     )
