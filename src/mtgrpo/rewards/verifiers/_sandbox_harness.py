@@ -150,18 +150,22 @@ def _isolate(job: dict) -> tuple[bool, bool]:
     world-writable places, no signals to other users' processes, and ``RLIMIT_NPROC`` (which
     root ignores).
     """
+    isolated = dropped = False
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        isolated = False
-        if job["network_namespace"]:
-            isolated = libc.unshare(CLONE_NEWNET) == 0
-            if not isolated:
-                isolated = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
-        dropped = _drop_privileges(ctypes, libc, job["workdir"]) if os.geteuid() == 0 else False
-    except (OSError, AttributeError, ImportError):
-        isolated = dropped = False
+    except (OSError, ImportError):
+        return isolated, dropped
+    if job["network_namespace"]:
+        isolated = libc.unshare(CLONE_NEWNET) == 0
+        if not isolated:
+            isolated = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
+    if os.geteuid() == 0:
+        try:
+            dropped = _drop_privileges(ctypes, libc, job["workdir"])
+        except (OSError, AttributeError):
+            dropped = False
     for name in ("ctypes", "ctypes._endian", "_ctypes", "struct", "_struct"):
         sys.modules.pop(name, None)
     return isolated, dropped
