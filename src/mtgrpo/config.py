@@ -347,6 +347,9 @@ class ModelConfig:
     revision: str | None = _help("Hub revision.", default=None)
     tiny: bool = _help("Build (once, cached) the tiny local model at name_or_path.",
                        default=False)
+    tiny_options: dict[str, Any] | None = _help(
+        "Shape of the tiny model (hidden_size, num_layers, ...; see mtgrpo tiny-model).",
+        default=None)
 
 
 @dataclass

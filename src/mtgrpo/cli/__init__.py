@@ -15,6 +15,11 @@ from collections.abc import Sequence
 
 # command name -> (module, one-line help, aliases)
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "train": (
+        "mtgrpo.cli.train",
+        "multi-task GRPO from a YAML run file or a built-in recipe (default: quickstart)",
+        (),
+    ),
     "analyze": (
         "mtgrpo.cli.analyze",
         "gradient-noise ('Theorem 3') check of multi-reward advantage estimators",
@@ -57,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra  # `mtgrpo train CONFIG --field value ...`
     if args.command is None:
         parser.print_help()
         return 2

@@ -10,7 +10,12 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptSet", "is_conversational"]
+__all__ = ["PromptSet", "is_conversational", "is_lazy_split"]
+
+
+def is_lazy_split(rows: Any) -> bool:
+    """A task suite's split (``len``, ``get(i)``, ``prompt_tasks``, ``task_ids``)."""
+    return all(hasattr(rows, name) for name in ("get", "prompt_tasks", "task_ids", "__len__"))
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -33,7 +38,7 @@ class PromptSet:
 
     def __init__(
         self,
-        rows: Sequence[Mapping[str, Any]],
+        rows: Any,
         tokenizer: Any,
         *,
         prompt_column: str = "prompt",
@@ -41,20 +46,22 @@ class PromptSet:
         on_long_prompt: str = "truncate",
         task_names: Sequence[str] | None = None,
     ) -> None:
-        if not rows:
+        self.lazy = is_lazy_split(rows)
+        if not len(rows):
             raise ValueError("the dataset has no rows; give at least one prompt per task")
-        missing = [i for i, row in enumerate(rows) if prompt_column not in row]
-        if missing:
-            raise ValueError(
-                f"row {missing[0]} has no prompt column {prompt_column!r} (columns: "
-                f"{sorted(rows[missing[0]])}); rename the column or set data.prompt_column"
-            )
-        self.rows = [dict(row) for row in rows]
         self.tokenizer = tokenizer
         self.prompt_column = prompt_column
         self.max_prompt_length = max_prompt_length
         self.on_long_prompt = on_long_prompt
-        found = sorted({str(row["task"]) for row in self.rows})
+        if self.lazy:  # a task suite's split: rows are generated on demand
+            self._rows = rows
+            labels = [rows.task_ids[t] for t in rows.prompt_tasks]
+        else:
+            self._rows = [dict(row) for row in rows]
+            for i, row in enumerate(self._rows):
+                self._check_row(i, row)
+            labels = [str(row["task"]) for row in self._rows]
+        found = sorted(set(labels))
         self.task_names = list(task_names) if task_names is not None else found
         unknown = sorted(set(found) - set(self.task_names))
         if unknown:
@@ -63,31 +70,49 @@ class PromptSet:
                 f"{self.task_names}"
             )
         self.task_index = {name: k for k, name in enumerate(self.task_names)}
-        self.prompt_tasks = np.array(
-            [self.task_index[str(row["task"])] for row in self.rows], dtype=np.int64
-        )  # [num_prompts]
+        self.prompt_tasks = np.array([self.task_index[t] for t in labels],
+                                     dtype=np.int64)  # [num_prompts]
+        self._labels = labels
         self._tokens: dict[int, list[int]] = {}
         self._warned_truncation = False
 
+    def _check_row(self, index: int, row: Mapping[str, Any]) -> None:
+        if self.prompt_column not in row:
+            raise ValueError(
+                f"row {index} has no prompt column {self.prompt_column!r} (columns: "
+                f"{sorted(row)}); rename the column or set data.prompt_column"
+            )
+
+    def row(self, index: int) -> dict[str, Any]:
+        if not self.lazy:
+            return self._rows[index]
+        row = self._rows.get(index)
+        self._check_row(index, row)
+        return row
+
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._rows)
 
     @property
     def num_tasks(self) -> int:
         return len(self.task_names)
 
     def prompt(self, index: int) -> Any:
-        return self.rows[index][self.prompt_column]
+        return self.row(index)[self.prompt_column]
 
     def task(self, index: int) -> str:
-        return str(self.rows[index]["task"])
+        return self._labels[index]
 
     def render(self, index: int) -> str:
         """The prompt as the text the model sees."""
         prompt = self.prompt(index)
         if is_conversational(prompt):
+            # A final assistant message is a prefix to continue (e.g. "<think>"), not a turn
+            # to answer: render it open, without a new generation prompt.
+            open_turn = prompt[-1].get("role") == "assistant"
             return self.tokenizer.apply_chat_template(
-                list(prompt), add_generation_prompt=True, tokenize=False
+                list(prompt), tokenize=False, add_generation_prompt=not open_turn,
+                continue_final_message=open_turn,
             )
         if not isinstance(prompt, str):
             raise TypeError(
@@ -104,8 +129,12 @@ class PromptSet:
         return cached
 
     def tokenize_all(self) -> None:
-        """Render and tokenize every prompt now, so a bad prompt fails before training."""
-        missing = [i for i in range(len(self.rows)) if i not in self._tokens]
+        """Render and tokenize every prompt now, so a bad prompt fails before training.
+
+        A lazy split is left alone: its rows are generated (and checked) on first use."""
+        if self.lazy:
+            return
+        missing = [i for i in range(len(self._rows)) if i not in self._tokens]
         if not missing:
             return
         texts = [self.render(i) for i in missing]
@@ -135,8 +164,6 @@ class PromptSet:
 
     def columns(self, indices: Sequence[int], repeat: int) -> dict[str, list[Any]]:
         """Every column but the prompt, one value per completion (each row ``repeat`` times)."""
-        keys = list(dict.fromkeys(k for i in indices for k in self.rows[i]))
-        keys = [k for k in keys if k != self.prompt_column]
-        return {
-            key: [self.rows[i].get(key) for i in indices for _ in range(repeat)] for key in keys
-        }
+        rows = [self.row(i) for i in indices]
+        keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k != self.prompt_column]
+        return {key: [row.get(key) for row in rows for _ in range(repeat)] for key in keys}

@@ -17,10 +17,18 @@ __all__ = ["build_backend", "build_reward_suite", "load_policy", "training_rows"
 def training_rows(train: Any, evaluation: Any, task_column: str):
     """Train and eval rows as lists of dicts with a ``task`` key; test data refused for training."""
     from mtgrpo.tasks import ensure_trainable, load_rows
+    from mtgrpo.trainer.data import is_lazy_split
 
-    train_rows = load_rows(train, task_column=task_column)
-    ensure_trainable(train_rows)
-    eval_rows = None if evaluation is None else load_rows(evaluation, task_column=task_column)
+    def rows_of(source: Any) -> Any:
+        return source if is_lazy_split(source) else load_rows(source, task_column=task_column)
+
+    train_rows = rows_of(train)
+    if is_lazy_split(train_rows):
+        if getattr(train_rows, "name", None) == "test":
+            raise ValueError("a test split cannot be used for training; pass it as eval data")
+    else:
+        ensure_trainable(train_rows)
+    eval_rows = None if evaluation is None else rows_of(evaluation)
     return train_rows, eval_rows
 
 

@@ -37,7 +37,7 @@ from mtgrpo.rewards.accuracy import accuracy_channel_index
 from mtgrpo.rollout import SamplingParams
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.trainer import checkpoint as ckpt
-from mtgrpo.trainer.data import PromptSet
+from mtgrpo.trainer.data import PromptSet, is_lazy_split
 from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
 from mtgrpo.trainer.rollouts import GroupPayload, RolloutWorker, Shard
 from mtgrpo.trainer.setup import (
@@ -52,6 +52,12 @@ from mtgrpo.weighting import TaskStats, improvement_by_task, make_weighting
 logger = logging.getLogger(__name__)
 
 __all__ = ["GRPOTrainer"]
+
+
+def _task_names(rows: Any) -> list[str]:
+    if is_lazy_split(rows):
+        return sorted(rows.task_ids)
+    return sorted({str(row["task"]) for row in rows})
 
 
 def _seed_everything(seed: int) -> None:
@@ -103,10 +109,10 @@ class GRPOTrainer:
         check_trackers_available(args.report_to)
         train_rows, eval_rows = training_rows(train_dataset, eval_dataset, args.task_column)
         self.rewards = build_reward_suite(reward_funcs, args)
-        task_names = sorted({str(row["task"]) for row in train_rows})
+        task_names = _task_names(train_rows)
         self.rewards.validate_tasks(task_names)
         if eval_rows is not None:
-            self.rewards.validate_tasks(sorted({str(r["task"]) for r in eval_rows}))
+            self.rewards.validate_tasks(_task_names(eval_rows))
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.accuracy_reward)
         self.run_config = dict(run_config) if run_config is not None else None

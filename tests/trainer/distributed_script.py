@@ -1,0 +1,34 @@
+"""One training step under `accelerate launch`; the main process writes what it saw."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import trainer_helpers
+
+from mtgrpo import GRPOTrainer
+
+
+def main() -> None:
+    model, out = sys.argv[1], sys.argv[2]
+    args = trainer_helpers.args(out, max_steps=1, prompts_per_step=6, save_rollouts=True,
+                                task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},
+                                batch_construction="ratio_preserving",
+                                batch_construction_params={"max_resample_rounds": 1})
+    trainer = GRPOTrainer(model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward],
+                          args=args, train_dataset=trainer_helpers.rows(),
+                          generation_backend="scripted_backend:ScriptedBackend")
+    trainer.train()
+    if trainer.is_main_process:
+        digest = sum(float(p.detach().double().sum()) for p in trainer.unwrapped.parameters())
+        result = {"weights": trainer.weighting.weights.tolist(), "world": trainer.world,
+                  "param_sum": digest}
+        with open(f"{out}/result.json", "w") as handle:
+            json.dump(result, handle)
+    torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+
+
+if __name__ == "__main__":
+    main()
