@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EvaluationResult", "TaskResult", "delta_m", "evaluate_prompts"]
+__all__ = ["EvaluationResult", "TaskResult", "delta_m", "evaluate_prompts", "run_evaluation"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,45 @@ def evaluate_prompts(
             mean_length=float(np.mean(lengths)),
         )
     return EvaluationResult(results, seconds=time.perf_counter() - begin)
+
+
+def run_evaluation(
+    model: Any,
+    rows: Any,
+    rewards: Any,
+    *,
+    num_samples: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int = 512,
+    top_p: float = 1.0,
+    backend: str = "auto",
+    max_prompt_length: int | None = None,
+    tokenizer: Any = None,
+    accuracy_threshold: float = 1.0,
+) -> EvaluationResult:
+    """Load ``model`` (name, path, adapter directory or loaded model) and evaluate it on
+    ``rows`` (a list of task rows or a task suite split) scored by ``rewards`` (anything
+    :class:`~mtgrpo.rewards.RewardSuite.from_user` takes, names and reward models included)."""
+    from mtgrpo.config import GRPOConfig
+    from mtgrpo.models import load_model, load_tokenizer
+    from mtgrpo.rollout import SamplingParams
+    from mtgrpo.trainer.data import PromptSet
+    from mtgrpo.trainer.setup import build_backend, build_reward_suite
+
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples} must be >= 1")
+    suite = build_reward_suite(rewards, GRPOConfig(num_generations=2))
+    loaded = load_model(model, for_training=False)
+    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (
+        model if isinstance(model, str | Path) else loaded))
+    prompts = PromptSet(rows, tokenizer, max_prompt_length=max_prompt_length)
+    suite.validate_tasks(prompts.task_names)
+    generation = build_backend(backend, loaded, tokenizer, GRPOConfig(num_generations=2))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p if temperature > 0 else 1.0)
+    result = evaluate_prompts(prompts, generation, suite, params, num_samples, tokenizer,
+                              accuracy_threshold=accuracy_threshold)
+    result.extra.update({"model": str(model) if isinstance(model, str | Path) else
+                         type(loaded).__name__, "num_samples": num_samples,
+                         "temperature": temperature, "max_new_tokens": max_new_tokens})
+    return result

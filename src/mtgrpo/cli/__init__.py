@@ -20,6 +20,11 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "multi-task GRPO from a YAML run file or a built-in recipe (default: quickstart)",
         (),
     ),
+    "eval": (
+        "mtgrpo.cli.eval",
+        "per-task accuracy, worst task, average and Δm% of a model on task suites or files",
+        (),
+    ),
     "analyze": (
         "mtgrpo.cli.analyze",
         "gradient-noise ('Theorem 3') check of multi-reward advantage estimators",

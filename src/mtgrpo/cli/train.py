@@ -57,9 +57,8 @@ def _configure_logging() -> None:
 def _print_summary(run_dir: str) -> None:
     from rich.console import Console
 
-    from mtgrpo.reporting.compare import load_run, run_report, summarize_run
+    from mtgrpo.reporting.compare import load_run, run_report, summarize_run, summarize_tasks
 
     history = load_run(run_dir)
-    summary = summarize_run(history)
-    Console().print(run_report(summary, history.tasks))
+    Console().print(run_report(summarize_run(history), summarize_tasks(history)))
     print(f"run directory: {run_dir}  (metrics.jsonl, checkpoints, report/)")

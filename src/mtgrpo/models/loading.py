@@ -137,6 +137,29 @@ def _gguf_names(directory: Path) -> str:
     return ", ".join(sorted(p.name for p in directory.glob("*.gguf")))
 
 
+def _is_adapter_dir(path: Path) -> bool:
+    """A saved peft adapter (``adapter_config.json`` without a full model)."""
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTrainedModel:
+    """Base model named in ``adapter_config.json`` plus the saved adapter on top."""
+    import json
+
+    from peft import PeftModel
+
+    base_name = json.loads((path / "adapter_config.json").read_text()).get(
+        "base_model_name_or_path"
+    )
+    if not base_name:
+        raise ValueError(
+            f"{path}/adapter_config.json names no base_model_name_or_path; load the base model "
+            "and the adapter yourself (peft.PeftModel.from_pretrained)"
+        )
+    base = load_model(base_name, for_training=for_training, **base_options)
+    return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
+
+
 def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelSource:
     text = str(spec)
     path = Path(text).expanduser()
@@ -149,7 +172,7 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
         _require_gguf()
         return ModelSource(str(path.parent), path.name, is_local=True)
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not _is_adapter_dir(path):
             found = _gguf_names(path)
             hint = f"; it holds GGUF files ({found}): pass one of them" if found else ""
             raise ValueError(
@@ -280,6 +303,12 @@ def load_model(
     """
     if _is_loaded_model(spec):
         return _prepare_loaded_model(spec, dtype, device)
+    if isinstance(spec, str | PathLike) and _is_adapter_dir(Path(spec).expanduser()):
+        return _load_adapter(
+            Path(spec).expanduser(), for_training, dtype=dtype, device=device,
+            trust_remote_code=trust_remote_code, revision=revision,
+            attn_implementation=attn_implementation,
+        )
     from transformers import AutoModelForCausalLM
 
     torch_dtype = _resolve_dtype(dtype, for_training)

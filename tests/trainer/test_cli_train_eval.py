@@ -1,0 +1,64 @@
+"""`mtgrpo train CONFIG --field value` and `mtgrpo eval` end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from mtgrpo.cli import main
+from mtgrpo.reporting import read_metrics
+
+
+def _config(tmp_path, tiny_model_dir) -> str:
+    config = {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "tasks": {"tasks": ["countdown:easy", "arc_1d:easy"], "train_size": 8, "eval_size": 2,
+                  "workers": 0, "cache_dir": str(tmp_path / "cache")},
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
+        "max_completion_length": 8, "max_prompt_length": 1024, "save_steps": 0,
+        "task_weighting": "mt_grpo", "batch_construction": "ratio_preserving",
+        "zero_gradient_filter": "none",
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_train_from_yaml_with_overrides(tmp_path, tiny_model_dir, capsys):
+    config = _config(tmp_path, tiny_model_dir)
+    assert main(["train", config, "--learning_rate", "1e-4", "--eval_steps", "1"]) == 0
+    run = tmp_path / "run"
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["learning_rate"] == 1e-4
+    assert resolved["tasks"]["tasks"] == ["countdown:easy", "arc_1d:easy"]
+    train = read_metrics(run, split="train")
+    assert "tasks/countdown:easy/accuracy" in train[0]
+    assert read_metrics(run, split="eval")
+    assert (run / "checkpoint-1" / "trainer_state.json").is_file()
+    assert "run directory" in capsys.readouterr().out
+
+
+def test_train_print_config_and_bad_option(tmp_path, tiny_model_dir, capsys):
+    config = _config(tmp_path, tiny_model_dir)
+    assert main(["train", config, "--print-config", "--beta", "0.04"]) == 0
+    assert "beta: 0.04" in capsys.readouterr().out
+    assert main(["train", config, "--learning_rat", "1"]) == 2
+    assert "did you mean 'learning_rate'" in capsys.readouterr().err
+    assert main(["train", "no-such-recipe"]) == 2
+
+
+def test_eval_writes_results_and_delta_m(tmp_path, tiny_model_dir, capsys):
+    common = ["eval", "--model", str(tiny_model_dir), "--tasks", "countdown:easy,arc_1d:easy",
+              "--eval-size", "2", "--num-samples", "2", "--max-new-tokens", "8"]
+    assert main([*common, "--out", str(tmp_path / "base")]) == 0
+    results = json.loads((tmp_path / "base" / "results.json").read_text())
+    assert set(results["tasks"]) == {"countdown:easy", "arc_1d:easy"}
+    assert results["tasks"]["arc_1d:easy"]["prompts"] == 2
+    assert 0 <= results["worst_accuracy"] <= results["average_accuracy"] <= 1
+    baseline = str(tmp_path / "base" / "results.json")
+    assert main([*common, "--out", str(tmp_path / "new"), "--baseline", baseline]) == 0
+    assert "delta_m" in json.loads((tmp_path / "new" / "results.json").read_text())
+    assert main(["eval", "--model", str(tiny_model_dir)]) == 2
+    assert "give --tasks" in capsys.readouterr().err
