@@ -353,6 +353,16 @@ def test_the_result_channel_cannot_be_forged(sandbox_root: Path, code: str) -> N
     assert result.passed == (False, False)
 
 
+def test_patched_builtins_do_not_change_the_strict_equality(sandbox_root: Path) -> None:
+    code = (
+        "import builtins\nclass Never:\n    def __eq__(self, other):\n        return False\n"
+        "builtins.bool = lambda value: True\nbuiltins.BaseException = int\n"
+        "builtins.isinstance = lambda value, kind: False\n"
+        "def solve():\n    return Never()\n"
+    )
+    assert run_python(code, ["assert solve() == Never()"], LIMITS).passed == (False,)
+
+
 def test_an_always_equal_object_does_not_pass(sandbox_root: Path) -> None:
     code = (
         "class Liar:\n    def __eq__(self, other):\n        return True\n"
@@ -380,6 +390,13 @@ def test_an_always_equal_object_does_not_pass(sandbox_root: Path) -> None:
         "import _imp\nclass S:\n    name = '_signal'\n_imp.create_builtin(S())",
         "import ctypes",
         "(lambda: 0).__code__.replace(co_consts=(1,))",
+        "import _imp\nclass Name(str):\n    __hash__ = lambda self: 0\n"
+        "    __eq__ = lambda self, other: False\n"
+        "class S:\n    name = Name('_signal')\n_imp.create_builtin(S())",
+        "import __main__\nfor name in ('DENIED_EVENTS', 'FRAME_EVENTS', 'BLOCKED_MODULES'):\n"
+        "    setattr(__main__, name, frozenset())\nimport sys\nsys._getframe(1)",
+        "import builtins\nbuiltins.any = lambda items: False\nbuiltins.isinstance = None\n"
+        "import os\nos.fork()",
     ],
     ids=[
         "getframe",
@@ -393,6 +410,9 @@ def test_an_always_equal_object_does_not_pass(sandbox_root: Path) -> None:
         "create_builtin",
         "ctypes",
         "code.replace",
+        "lying-module-name",
+        "patched-constants",
+        "patched-builtins",
     ],
 )
 def test_the_harness_secrets_are_out_of_reach(sandbox_root: Path, code: str) -> None:

@@ -4,6 +4,8 @@ in the main thread and off it (helper process), and restoration of the caller's 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -102,6 +104,39 @@ def test_a_timer_due_during_the_check_fires_right_after() -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_swallowed_deadline_is_raised_again() -> None:
+    # A check that swallows the first interruption (as a bare except in library code, or
+    # an exception raised inside a garbage-collector callback, would) still ends: the timer
+    # repeats every DEADLINE_REPEAT_SECONDS until the check is over.
+    def stubborn() -> None:
+        try:
+            while True:
+                pass
+        except BaseException:
+            pass
+        while True:
+            pass
+
+    started = time.monotonic()
+    with pytest.raises(math_module._Deadline):
+        math_module._with_deadline(stubborn, 0.2)
+    assert time.monotonic() - started < 0.2 + 3 * math_module.DEADLINE_REPEAT_SECONDS
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_first_verdict_of_a_fresh_process_is_not_a_timeout() -> None:
+    # math-verify's first parse takes about a second (imports, grammar set-up); it happens
+    # before the first sample's limit starts, so even a short limit gives the right verdict.
+    script = math_module.light_imports_source() + (
+        "from mtgrpo.rewards.verifiers.math import math_reward\n"
+        "print(math_reward(None, [r'\\boxed{\\frac{1}{2}}'], answer=['0.5'], timeout_seconds=0.2))"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert output.stdout.strip() == "[1.0]"
 
 
 def test_off_the_main_thread_the_helper_process_checks() -> None:

@@ -16,13 +16,14 @@ from mtgrpo.rewards.verifiers.math import (
     WORKER_MEMORY_BYTES,
     _Deadline,
     _verify,
+    _warm_up,
     _with_deadline,
 )
 
 
 def serve() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
-    _verify("1", "1")  # import and warm math-verify before announcing readiness
+    _warm_up()  # import math-verify and build its parsers before announcing readiness
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:

@@ -232,17 +232,19 @@ def _guarded_create_builtin(original):
         def __init__(self, name: str) -> None:
             self.name = name
 
+    str_, guarded, import_error, base_exception = str, GUARDED_BUILTINS, ImportError, BaseException
+
     def serve():
         outcome = None
         while True:
             spec = yield outcome
             try:
-                name = str.__str__(spec.name)
-                if name in GUARDED_BUILTINS:
-                    outcome = (False, ImportError(f"sandbox: module {name!r} is not available"))
+                name = str_.__str__(spec.name)  # an exact str: no lying __eq__ or __hash__
+                if name in guarded:
+                    outcome = (False, import_error(f"sandbox: module {name!r} is not available"))
                 else:
                     outcome = (True, original(Spec(name)))
-            except BaseException as error:  # handed back to the caller unchanged
+            except base_exception as error:  # handed back to the caller unchanged
                 outcome = (False, error)
 
     server = serve()
@@ -258,19 +260,18 @@ def _guarded_create_builtin(original):
     return create_builtin
 
 
-def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
-    """The audit hook: refuses the events listed above and confines file access.
+def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int):
+    """(check_open, check_paths, check_listing): the audit hook's file-system rules.
 
-    Every name it uses is bound here, before the program can patch a module; paths are
-    normalised by string operations on exact ``str`` objects (``os.path`` is Python code the
-    program could replace). Writes are allowed only strictly inside ``workdir``, reads inside
-    ``workdir``, the interpreter's own library directories (``read_roots``) and a few
-    devices; at most ``max_files`` opens for writing and directory creations in total.
+    Writes are allowed only strictly inside ``workdir``; reads inside ``workdir``, the
+    interpreter's library directories (``read_roots``) and a few devices; at most
+    ``max_files`` opens for writing and directory creations in total. Paths are normalised
+    by string operations on exact ``str`` objects: ``os.path`` is Python code the program
+    could replace, and a path object could answer differently when the call re-reads it.
+    Every name used is bound here, before the program runs (see :func:`_make_audit_hook`).
     """
-    str_, bytes_, int_, isinstance_ = str, bytes, int, isinstance
-    permission_error, value_error, attribute_error, import_error = (
-        PermissionError, ValueError, AttributeError, ImportError
-    )  # fmt: skip
+    str_, bytes_, int_, isinstance_, any_, repr_ = str, bytes, int, isinstance, any, repr
+    permission_error = PermissionError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     inside_work = workdir + "/"
     read_prefixes = (*(root.rstrip("/") + "/" for root in read_roots), inside_work)
@@ -283,7 +284,7 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
         elif isinstance_(path, bytes_):
             text = bytes_.decode(path, "utf-8", "surrogateescape")
         else:
-            return None  # a path object could answer differently when the call re-reads it
+            return None
         if "\x00" in text:
             return None
         parts: list[str] = []
@@ -294,6 +295,9 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
             elif part and part != ".":
                 parts.append(part)
         return "/" + "/".join(parts)
+
+    def shown(path: object) -> str:
+        return repr_(path) if isinstance_(path, (str_, bytes_)) else "a path object"
 
     def readable(path: str | None) -> bool:
         return path is not None and (path in read_exact or path.startswith(read_prefixes))
@@ -309,12 +313,12 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
             return
         if mode is None and not (isinstance_(path, (str_, bytes_)) and path[:1] in ("/", b"/")):
             raise permission_error("sandbox: os.open needs an absolute path")
-        wants_write = (isinstance_(mode, str_) and any(c in mode for c in "wax+")) or (
+        wants_write = (isinstance_(mode, str_) and any_(c in mode for c in "wax+")) or (
             isinstance_(flags, int_) and flags & write_flags
         )
         target = absolute(path)
         if not (writable(target) if wants_write else readable(target)):
-            raise permission_error(f"sandbox: no access to {path!r}")
+            raise permission_error(f"sandbox: no access to {shown(path)}")
 
     def check_paths(event: str, args: tuple) -> None:
         if event == "os.rename":
@@ -323,40 +327,58 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
             return
         else:
             paths, dir_fds = args[:1], args[-1:] if event != "os.truncate" else ()
-        if any(fd is not None and fd != -1 for fd in dir_fds):
+        if any_(fd is not None and fd != -1 for fd in dir_fds):
             raise permission_error(f"sandbox: {event} with dir_fd is not allowed")
         for path in paths:
+            target = absolute(path)
             if event == "os.mkdir":
-                ok = writable(absolute(path))
+                ok = writable(target)
             else:
-                target = absolute(path)
                 ok = target is not None and target.startswith(inside_work)
             if not ok:
                 raise permission_error(f"sandbox: {event} outside the working directory")
+
+    def check_listing(path: object) -> None:
+        if not (path is None or isinstance_(path, int_) or readable(absolute(path))):
+            raise permission_error(f"sandbox: cannot list {shown(path)}")
+
+    return check_open, check_paths, check_listing
+
+
+def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
+    """The audit hook: refuses the events listed above and confines file access.
+
+    Everything it uses after the program starts is bound in this closure: the module's
+    constants and the builtins are reachable by the program (``import __main__``,
+    ``import builtins``) and could be rebound, the closure cannot.
+    """
+    check_open, check_paths, check_listing = _make_path_checks(workdir, read_roots, max_files)
+    str_, isinstance_ = str, isinstance
+    permission_error, value_error, attribute_error, import_error = (
+        PermissionError, ValueError, AttributeError, ImportError
+    )  # fmt: skip
+    blocked, frame_attributes, frame_events = BLOCKED_MODULES, FRAME_ATTRIBUTES, FRAME_EVENTS
+    path_events, denied, denied_prefixes = PATH_EVENTS, DENIED_EVENTS, DENIED_PREFIXES
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             check_open(*args[:3])
         elif event == "import":
             name = args[0]
-            if isinstance_(name, str_) and (
-                name in BLOCKED_MODULES or name.partition(".")[0] in BLOCKED_MODULES
-            ):
+            if isinstance_(name, str_) and (name in blocked or name.partition(".")[0] in blocked):
                 raise import_error(f"sandbox: module {name!r} is not available")
         elif event == "object.__getattr__":
-            if args[1] in FRAME_ATTRIBUTES:
+            if args[1] in frame_attributes:
                 raise attribute_error("sandbox: frame objects are not available")
         elif event in ("os.listdir", "os.scandir"):
-            path = args[0]
-            if not (path is None or isinstance_(path, int_) or readable(absolute(path))):
-                raise permission_error(f"sandbox: cannot list {path!r}")
-        elif event in PATH_EVENTS:
+            check_listing(args[0])
+        elif event in path_events:
             check_paths(event, args)
-        elif event in FRAME_EVENTS:
+        elif event in frame_events:
             # ValueError is what ``sys._getframe`` raises for a too-deep frame, so library
             # code that asks for its caller's module name (namedtuple, enum, typing) copes.
             raise value_error("sandbox: the call stack is not available")
-        elif event in DENIED_EVENTS or event.startswith(DENIED_PREFIXES):
+        elif event in denied or event.startswith(denied_prefixes):
             raise permission_error(f"sandbox: {event} is not allowed")
 
     return hook
@@ -375,8 +397,8 @@ def _make_strict_eq():
     scalars += ((complex, complex.__complex__), (str, str.__str__), (bytes, bytes.__bytes__))
     containers = ((list, list.__iter__, list), (tuple, tuple.__iter__, tuple))
     containers += ((frozenset, frozenset.__iter__, frozenset), (set, set.__iter__, set))
-    dict_items, isinstance_, type_ = dict.items, isinstance, type
-    not_plain, budget_error = object(), RecursionError
+    dict_, dict_items, isinstance_, type_, bool_ = dict, dict.items, isinstance, type, bool
+    not_plain, budget_error, base_exception = object(), RecursionError, BaseException
 
     def plain(value: object, depth: int, budget: list[int]) -> object:
         budget[0] -= 1
@@ -391,7 +413,7 @@ def _make_strict_eq():
         for base, iterate, build in containers:
             if isinstance_(value, base):
                 return build(plain(item, depth + 1, budget) for item in iterate(value))
-        if isinstance_(value, dict):
+        if isinstance_(value, dict_):
             return {
                 plain(key, depth + 1, budget): plain(item, depth + 1, budget)
                 for key, item in dict_items(value)
@@ -401,13 +423,13 @@ def _make_strict_eq():
     def canonical(value: object) -> object:
         try:
             return plain(value, 0, [1_000_000])
-        except BaseException:  # cycles, size, or a hostile object: not plain data
+        except base_exception:  # cycles, size, or a hostile object: not plain data
             return not_plain
 
     def strict_eq(left: object, right: object) -> bool:
         left_plain, right_plain = canonical(left), canonical(right)
         if left_plain is not_plain and right_plain is not_plain:
-            return bool(left == right)
+            return bool_(left == right)
         if left_plain is not_plain or right_plain is not_plain:
             return False
         return left_plain == right_plain
