@@ -1,0 +1,191 @@
+"""``SFTConfig``: the options of a supervised warm start, with TRL's ``SFTConfig`` names.
+
+Defaults follow TRL 1.16's ``SFTConfig`` where TRL has the option (``learning_rate=2e-5``,
+``num_train_epochs=3``, ``per_device_train_batch_size=8``, ``max_length=1024``,
+``logging_steps=10``, ``lr_scheduler_type="linear"``, ``completion_only_loss=True`` for
+prompt-completion data), except ``bf16`` (False: the CPU quickstart) and ``max_steps`` (``None``
+rather than TRL's ``-1``: "train for ``num_train_epochs``"). Every field carries its help text
+once, in ``metadata["help"]``; ``mtgrpo sft`` derives its flags from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ON_LONG_EXAMPLE", "SFTConfig"]
+
+# What to do with an example longer than max_length (prompt + completion + EOS).
+ON_LONG_EXAMPLE = ("truncate", "drop", "error")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass
+class SFTConfig:
+    """Options of :func:`mtgrpo.sft.sft_train` (see the module docstring for the defaults)."""
+
+    output_dir: str = field(
+        default="runs/sft",
+        metadata={"help": "Run directory: metrics.jsonl, model/ (and adapter/ when merged)."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace an earlier SFT run in output_dir instead of refusing."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate."})
+    num_train_epochs: float = field(
+        default=3.0, metadata={"help": "Passes over the training examples (may be fractional)."})
+    max_steps: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps; overrides num_train_epochs when given."})
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"help": "Examples per micro-batch (one forward and backward)."})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches per optimizer step."})
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={"help": "Pack each optimizer step's examples into micro-batches by this "
+                          "padded-token budget (length-sorted) instead of by row count."})
+    max_length: int | None = field(
+        default=1024,
+        metadata={"help": "Longest example in tokens (prompt + completion + EOS); None: no "
+                          "limit."})
+    on_long_example: str = field(
+        default="truncate",
+        metadata={"help": "An example over max_length: truncate (keep its first max_length "
+                          "tokens, TRL's keep_start), drop, or error."})
+    lr_scheduler_type: str = field(
+        default="linear", metadata={"help": "constant, linear or cosine (after warm-up)."})
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "Linear warm-up as a fraction of the optimizer steps."})
+    weight_decay: float = field(
+        default=0.0, metadata={"help": "AdamW weight decay (not applied to biases and norms)."})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "Gradient clipping norm (0: no clipping)."})
+    seed: int = field(
+        default=42, metadata={"help": "Seed of the data order, the eval split and LoRA init."})
+    logging_steps: int = field(
+        default=10, metadata={"help": "Write a metrics.jsonl record every N optimizer steps."})
+    bf16: bool = field(
+        default=False, metadata={"help": "bfloat16 autocast for the forward passes."})
+    completion_only_loss: bool = field(
+        default=True,
+        metadata={"help": "Loss on completion tokens (+EOS) only; false: on the prompt too."})
+    eval_fraction: float = field(
+        default=0.0,
+        metadata={"help": "Fraction of the examples held out to measure the eval loss (0: none)."})
+    eval_steps: int = field(
+        default=0,
+        metadata={"help": "Eval-loss every N optimizer steps (0: at the end only)."})
+    merge_lora: bool = field(
+        default=False,
+        metadata={"help": "With LoRA: save the base model with the adapter merged into model/ "
+                          "(what GRPO loads) and the adapter into adapter/."})
+
+    def __post_init__(self) -> None:
+        self._check_integers()
+        self._check_ranges()
+        from mtgrpo.policy.optim import SCHEDULERS  # torch: imported on use, not with the CLI
+
+        self.lr_scheduler_type = SCHEDULERS.canonical(self.lr_scheduler_type)
+        if self.on_long_example not in ON_LONG_EXAMPLE:
+            raise ValueError(
+                f"on_long_example={self.on_long_example!r} is not one of: "
+                f"{', '.join(ON_LONG_EXAMPLE)}"
+            )
+        if not isinstance(self.output_dir, str) or not self.output_dir.strip():
+            raise ValueError(f"output_dir must be a non-empty path, got {self.output_dir!r}")
+
+    def _check_integers(self) -> None:
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                     "logging_steps"):
+            value = getattr(self, name)
+            if not _positive_int(value):
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        for name in ("max_steps", "max_length", "max_tokens_per_microbatch"):
+            value = getattr(self, name)
+            if value is not None and not _positive_int(value):
+                raise ValueError(
+                    f"{name}={value!r} must be a positive integer or None (no limit)"
+                )
+        if isinstance(self.eval_steps, bool) or not isinstance(self.eval_steps, int) \
+                or self.eval_steps < 0:
+            raise ValueError(f"eval_steps={self.eval_steps!r} must be an integer >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} must be an integer")
+
+    def _check_ranges(self) -> None:
+        checks = {
+            "learning_rate": (self.learning_rate > 0, "> 0"),
+            "num_train_epochs": (self.num_train_epochs > 0, "> 0 (or set max_steps)"),
+            "warmup_ratio": (0 <= self.warmup_ratio <= 1, "in [0, 1]"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            "max_grad_norm": (self.max_grad_norm >= 0, ">= 0 (0: no clipping)"),
+            "eval_fraction": (0 <= self.eval_fraction < 1, "in [0, 1)"),
+        }
+        for name, (ok, rule) in checks.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or not ok:
+                raise ValueError(f"{name}={value!r} must be a finite number {rule}")
+
+    @property
+    def examples_per_step(self) -> int:
+        """Training examples per optimizer step (batch size x accumulation)."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def total_steps(self, num_train_examples: int) -> int:
+        """Optimizer steps of the run: ``max_steps``, else ``ceil(epochs x steps per epoch)``.
+
+        An epoch is ``ceil(num_train_examples / examples_per_step)`` steps (its last step
+        takes the remainder, as the HF ``Trainer``'s data loader does without ``drop_last``).
+        """
+        if self.max_steps is not None:
+            return self.max_steps
+        steps_per_epoch = math.ceil(num_train_examples / self.examples_per_step)
+        return max(1, math.ceil(self.num_train_epochs * steps_per_epoch))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SFTConfig:
+        """Build from a mapping (e.g. a run file's ``sft`` section); unknown keys are refused
+        with the closest valid name, and numbers written as strings (YAML's ``1e-5``) are read
+        as numbers."""
+        if not isinstance(values, Mapping):
+            raise ValueError(
+                f"an SFT config must be a mapping of options, got {type(values).__name__}"
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [key for key in values if key not in names]
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(f"unknown sft option(s): {', '.join(hints)}")
+        return cls(**_numbers_from_strings(cls, values))
+
+
+def _numbers_from_strings(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for name, value in values.items():
+        if not isinstance(value, str):
+            continue
+        kinds = set(typing.get_args(hints[name])) or {hints[name]}
+        for kind in (int, float):
+            if kind in kinds:
+                try:
+                    out[name] = kind(value)
+                    break
+                except ValueError:
+                    continue
+    return out
