@@ -264,6 +264,13 @@ def test_file_size_and_count_limits(sandbox_root: Path) -> None:
         "import os\nprint(os.listdir('/'))",
         "import pwd\nprint(pwd.getpwall())",
         "import _imp\nclass S:\n    name = 'pwd'\nprint(_imp.create_builtin(S()).getpwall())",
+        # a directory fd the program may open, then a path relative to it the hook cannot see
+        "import os\nlib = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+        "print(os.read(os.open('../../../../etc/passwd', os.O_RDONLY, dir_fd=lib), 99))",
+        "import os\nclass Lying(str):\n    def __getitem__(self, index):\n        return '/'\n"
+        "    def startswith(self, *args):\n        return True\n"
+        "lib = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+        "os.open(Lying('../../../../etc/passwd'), os.O_RDONLY, dir_fd=lib)",
     ],
     ids=[
         "passwd",
@@ -275,6 +282,8 @@ def test_file_size_and_count_limits(sandbox_root: Path) -> None:
         "listdir",
         "pwd",
         "create_builtin",
+        "dir_fd",
+        "lying-path",
     ],
 )
 def test_no_reads_outside_the_allowed_paths(sandbox_root: Path, code: str) -> None:

@@ -8,8 +8,9 @@ pipe. The parent side, the protocol and the threat model are in ``sandbox.py`` a
 Order of work (everything before step 5 runs before any untrusted code):
 
 1. Read the job (``marshal``: length-prefixed dict) from stdin with ``os.read``.
-2. Resource limits (``RLIMIT_AS/CPU/FSIZE/NOFILE/NPROC/CORE``), a new network namespace
-   when the kernel allows one, SIGXFSZ ignored so oversized writes fail with ``EFBIG``.
+2. A new network namespace when the kernel allows one; when root, the switch to
+   ``nobody``; resource limits (``RLIMIT_AS/CPU/FSIZE/NOFILE/NPROC/CORE``); SIGXFSZ
+   ignored so oversized writes fail with ``EFBIG``.
 3. Compile the program and the tests (a syntax error is reported before anything runs).
 4. Harden: bind every function the harness will call to a local, replace dangerous
    functions of loaded modules with refusals, guard ``_imp.create_builtin`` so fresh copies
@@ -277,24 +278,12 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
     read_prefixes = (*(root.rstrip("/") + "/" for root in read_roots), inside_work)
     read_exact = frozenset(root.rstrip("/") for root in read_roots) | READ_DEVICES | {workdir}
     writes = [0]
+    absolute = _make_normaliser(inside_work)
 
-    def absolute(path: object) -> str | None:
+    def is_absolute(path: str | bytes) -> bool:
         if isinstance_(path, str_):
-            text = str_.__str__(path)
-        elif isinstance_(path, bytes_):
-            text = bytes_.decode(path, "utf-8", "surrogateescape")
-        else:
-            return None
-        if "\x00" in text:
-            return None
-        parts: list[str] = []
-        for part in (text if text.startswith("/") else inside_work + text).split("/"):
-            if part == "..":
-                if parts:
-                    parts.pop()
-            elif part and part != ".":
-                parts.append(part)
-        return "/" + "/".join(parts)
+            return str_.startswith(path, "/")
+        return bytes_.startswith(path, b"/")
 
     def shown(path: object) -> str:
         return repr_(path) if isinstance_(path, (str_, bytes_)) else "a path object"
@@ -311,12 +300,14 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
     def check_open(path: object, mode: object, flags: object) -> None:
         if isinstance_(path, int_):
             return
-        if mode is None and not (isinstance_(path, (str_, bytes_)) and path[:1] in ("/", b"/")):
+        target = absolute(path)
+        # ``os.open`` (mode None) may carry a dir_fd the event does not show: the path must
+        # be absolute. Checked on the exact text, not through the path's own methods.
+        if mode is None and not (isinstance_(path, (str_, bytes_)) and is_absolute(path)):
             raise permission_error("sandbox: os.open needs an absolute path")
         wants_write = (isinstance_(mode, str_) and any_(c in mode for c in "wax+")) or (
             isinstance_(flags, int_) and flags & write_flags
         )
-        target = absolute(path)
         if not (writable(target) if wants_write else readable(target)):
             raise permission_error(f"sandbox: no access to {shown(path)}")
 
@@ -343,6 +334,34 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
             raise permission_error(f"sandbox: cannot list {shown(path)}")
 
     return check_open, check_paths, check_listing
+
+
+def _make_normaliser(inside_work: str):
+    """``absolute(path)``: the normalised absolute path of a ``str``/``bytes`` path (relative
+    ones from the working directory, ``..`` resolved lexically; the program cannot create
+    symlinks), or ``None`` for anything else: a path object could answer differently when
+    the call re-reads it."""
+    str_, bytes_, isinstance_ = str, bytes, isinstance
+
+    def absolute(path: object) -> str | None:
+        if isinstance_(path, str_):
+            text = str_.__str__(path)
+        elif isinstance_(path, bytes_):
+            text = bytes_.decode(path, "utf-8", "surrogateescape")
+        else:
+            return None
+        if "\x00" in text:
+            return None
+        parts: list[str] = []
+        for part in (text if text.startswith("/") else inside_work + text).split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    return absolute
 
 
 def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
@@ -441,19 +460,62 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
     """Run the program, then each test; write a passing test's token to the result pipe.
 
     Every name used once the program has started is a local bound on the first lines (a
-    module global or builtin could have been replaced by the program). The program and each
-    test run under the per-test timer, which raises ``TestTimeout`` (a ``BaseException``).
-    Setup statements run in the program's namespace; each test runs in a copy of it with
-    pristine builtins and the strict equality, so a program cannot rebind what a test sees.
+    module global or builtin could have been replaced by the program). Setup statements run
+    in the program's namespace; each test runs in a copy of it with pristine builtins and
+    the strict equality, so a program cannot rebind what a test sees.
     """
+    run = _make_timed_runner(job["test_seconds"], install_handler)
+    describe = _make_describer()
+    write, exit_, copy, base_exception = os.write, os._exit, dict, BaseException
+    result_fd, tokens, code_token, eq_name = (
+        job["result_fd"],
+        job["tokens"],
+        job["code_token"],
+        STRICT_EQ,
+    )
+    flushes = (sys.stdout.flush, sys.stderr.flush)
+    pristine_builtins = dict(builtins.__dict__)
+    namespace = {"__name__": "__solution__", "__builtins__": builtins}
+    failure = run(program, namespace)
+    if failure is not None:
+        describe("program", failure)
+        tests = ()
+    try:
+        if failure is None:
+            write(result_fd, b"C" + code_token + b"\n")
+        test_index = 0
+        for kind, code in tests:
+            if kind != "test":
+                failure = run(code, namespace)
+                if failure is not None:
+                    describe("setup", failure)
+                continue
+            scope = copy(namespace)
+            scope["__builtins__"], scope[eq_name] = pristine_builtins, strict_eq
+            failure = run(code, scope)
+            if failure is None:
+                write(result_fd, b"T" + tokens[test_index] + b"\n")
+            else:
+                describe(f"test {test_index}", failure)
+            test_index += 1
+    except base_exception:  # the program closed or replaced the result pipe
+        exit_(0)
+    for flush in flushes:
+        try:  # noqa: SIM105  # contextlib is Python code the program could have patched
+            flush()
+        except base_exception:
+            pass
+    exit_(0)
+
+
+def _make_timed_runner(budget: float, install_handler):
+    """``run(code, scope)``: ``exec`` under a ``budget``-second timer; returns ``None`` when
+    the code ran to the end, else the exception that stopped it (``TestTimeout`` when the
+    timer fired). The SIGALRM handler is installed now, before the program runs."""
     import _signal
 
-    exec_, write, exit_, copy, type_ = exec, os.write, os._exit, dict, type
-    base_exception, result_fd, eq_name = BaseException, job["result_fd"], STRICT_EQ
-    tokens, code_token = job["tokens"], job["code_token"]
-    flushes = (sys.stdout.flush, sys.stderr.flush)
-    setitimer, timer, budget = _signal.setitimer, _signal.ITIMER_REAL, job["test_seconds"]
-    pristine_builtins = dict(builtins.__dict__)
+    exec_, base_exception = exec, BaseException
+    setitimer, timer = _signal.setitimer, _signal.ITIMER_REAL
     armed = [False]
 
     class TestTimeout(BaseException):
@@ -465,7 +527,6 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
             raise TestTimeout
 
     def run(code, scope):
-        """None when ``code`` ran to the end, else the exception that stopped it."""
         try:
             armed[0] = True
             setitimer(timer, budget)
@@ -478,8 +539,15 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
             setitimer(timer, 0)
             return error
 
+    install_handler(_signal.SIGALRM, on_alarm)
+    return run
+
+
+def _make_describer():
+    """``describe(where, error)``: a diagnostic line on stderr (free text, never a result)."""
+    write, type_, base_exception = os.write, type, BaseException
+
     def describe(where: str, error: BaseException) -> None:
-        """A diagnostic line on stderr (free text: never read as a result)."""
         try:
             text = f"{where}: {type_(error).__name__}: {error}"
         except base_exception:
@@ -489,37 +557,7 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
         except base_exception:
             pass
 
-    install_handler(_signal.SIGALRM, on_alarm)
-    namespace = {"__name__": "__solution__", "__builtins__": builtins}
-    failure = run(program, namespace)
-    if failure is not None:
-        describe("program", failure)
-    else:
-        write(result_fd, b"C" + code_token + b"\n")
-        test_index = 0
-        for kind, code in tests:
-            if kind != "test":
-                failure = run(code, namespace)
-                if failure is not None:
-                    describe("setup", failure)
-                continue
-            scope = copy(namespace)
-            scope["__builtins__"], scope[eq_name] = pristine_builtins, strict_eq
-            failure = run(code, scope)
-            if failure is None:
-                try:
-                    write(result_fd, b"T" + tokens[test_index] + b"\n")
-                except base_exception:
-                    exit_(0)
-            else:
-                describe(f"test {test_index}", failure)
-            test_index += 1
-    for flush in flushes:
-        try:  # noqa: SIM105  # contextlib is Python code the program could have patched
-            flush()
-        except base_exception:
-            pass
-    exit_(0)
+    return describe
 
 
 def _run_io(program) -> None:
