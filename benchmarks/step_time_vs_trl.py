@@ -1,0 +1,877 @@
+"""Step time of mtgrpo's ``GRPOTrainer`` against TRL 1.16's ``GRPOTrainer`` on one workload.
+
+    python benchmarks/step_time_vs_trl.py --workload cpu-tiny
+    python benchmarks/step_time_vs_trl.py --workload cpu-tiny --max-new-tokens 64 --trl-defaults
+    python benchmarks/step_time_vs_trl.py --workload gpu-qwen0.5b --out results.md
+
+One process runs both trainers alternately, ``--block`` steps each (ours, then TRL, then ours,
+...), so that load from other processes and thermal drift fall on both alike. Each reports the
+median over its steps 2..N (the first step is warm-up: lazy imports, allocator growth, the
+optimizer's state). TRL is driven by its own ``train()`` loop (``max_steps``); a
+``TrainerCallback`` times ``on_step_begin`` -> ``on_step_end`` and, every ``--block`` steps, runs
+our trainer's next block from inside ``on_step_end``.
+
+The workload is the same for both:
+
+* one model built in memory (``TINY_ARCHITECTURES`` config, ``torch.manual_seed``), deep-copied
+  into each trainer, so both start from the same weights; one tokenizer object
+  (:func:`mtgrpo.models.build_tiny_tokenizer`, a byte-level BPE: one token per ASCII byte),
+  passed to both, never saved and reloaded (transformers 5 would re-derive it);
+* the same rows (plain-text prompts of exactly ``--prompt-tokens`` tokens, one task), ``B``
+  prompts and ``G`` completions per step, the same ``max_completion_length``;
+* sampling from ``softmax(logits / 1.0)``: ``top_p = 1``, ``top_k = 0`` (transformers'
+  ``generate`` would otherwise apply top-k 50), no ``min_p``, no repetition penalty, no minimum
+  length, the same stop ids (both read the model's ``generation_config.eos_token_id``);
+  :func:`check_same_workload` compares both trainers' resolved settings before anything runs;
+* loss ``dapo``, ``beta = 0`` (no reference model), ``epsilon = 0.2``, one optimizer step per
+  generation batch (TRL: ``steps_per_generation = gradient_accumulation_steps``, so no
+  old-log-prob pass; ours: ``steps_per_generation = 1``, ``num_iterations = 1``), AdamW with the
+  same learning rate and linear schedule, the same micro-batch (``--micro-batch`` completions per
+  forward/backward);
+* one cheap reward (:func:`parity_reward`, a sum over token ids) so scoring does not dominate.
+
+Settings per trainer: ours runs at its defaults (``bf16`` only on the GPU workload, whose weights
+are bf16); TRL at its best transformers-``generate`` setting (no gradient checkpointing; bf16
+autocast only on the GPU workload, fp32 on CPU); vLLM is not installed and TRL's continuous
+batching is not used. ``--trl-defaults`` adds a third row: TRL with its own defaults for the
+speed knobs (``gradient_checkpointing=True``, ``bf16=True``) and the workload fields above
+unchanged. ``accelerate`` keeps one mixed-precision setting per process, so that row runs after
+the alternating phase, alone, once the other two trainers are gone.
+
+Completion lengths are not forced (neither trainer offers a fixed length): a randomly
+initialised model stops when it samples an EOS id (2 of 259 tokens for the tiny tokenizer, 2 of
+151,936 for the Qwen shape), so the mean completion length of each trainer is reported beside its
+time. ``generate`` runs until the longest row of the batch stops, so with 64 rows the generation
+cost is almost always that of ``max_new_tokens``.
+
+Columns: *step* is the trainer's step (ours: ``training_step()``; TRL: ``on_step_begin`` ->
+``on_step_end``, which holds generation, scoring, the loss passes and the optimizer step, but
+neither the prompt fetch nor ``Trainer.log``); *step + loop* adds, for TRL, the time its
+``train()`` loop spends between steps (logging, the next prompt batch). Phases: ours reports
+``time/generate`` (``generate`` + decode), ``time/score`` and ``time/update`` (advantages, batch
+padding, forward/backward passes, optimizer step); TRL's are timed around
+``_generate_single_turn`` (generate), ``_calculate_rewards`` (score), and ``update`` is the step
+minus ``_generate_and_score_completions``. *other* is the step minus the three phases (bookkeeping:
+tokenising, advantages, metrics). Memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the
+step minus the memory allocated at its start (activations, KV cache, logits, gradients); on CPU,
+the peak resident set size during the step (``VmHWM``, reset at the step's start through
+``/proc/self/clear_refs``) minus the resident size at its start. RSS counts pages, not tensors:
+memory the allocator freed and kept from an earlier step is reused without raising it, so the CPU
+figure is a lower bound on the step's working memory. *resident* is the trainer's parameters plus
+optimizer state (exact tensor bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import importlib.util
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from transformers import TrainerCallback
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "WORKLOADS",
+    "BenchConfig",
+    "BenchReport",
+    "MemoryProbe",
+    "StepSample",
+    "TrainerResult",
+    "Workload",
+    "build_model",
+    "check_same_workload",
+    "main",
+    "make_rows",
+    "markdown_report",
+    "parity_reward",
+    "run_benchmark",
+]
+
+TASK = "bench"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model shape and the batch both trainers train on.
+
+    ``vocab_size=None`` means the tokenizer's (259 tokens); a larger vocabulary keeps the
+    embedding and logits cost of a real model (ids the tokenizer lacks decode to nothing).
+    ``bf16`` builds bf16 weights and turns on both trainers' ``bf16`` flag.
+    """
+
+    name: str
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    vocab_size: int | None
+    tie_word_embeddings: bool
+    bf16: bool
+    needs_cuda: bool
+    max_new_tokens: int
+    micro_batch: int
+    num_prompts: int = 8
+    group_size: int = 8
+    prompt_tokens: int = 48
+
+    @property
+    def completions(self) -> int:
+        """``N = B*G`` completions per step."""
+        return self.num_prompts * self.group_size
+
+
+WORKLOADS: Registry[Workload] = Registry("benchmark workload")
+# The project's tiny Llama (hidden 64, 2 layers) is so small that a step is all Python overhead;
+# this one (about 3.2 M parameters) keeps the byte tokenizer and the tiny model's code path but
+# makes the forward and backward passes a real share of the step. --hidden-size 64
+# --num-layers 2 --num-heads 4 --num-kv-heads 2 --intermediate-size 128 gives the default shape.
+WORKLOADS.add("cpu-tiny", Workload(
+    name="cpu-tiny", arch="llama", hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+    intermediate_size=688, max_position_embeddings=1024, vocab_size=None,
+    tie_word_embeddings=False, bf16=False, needs_cuda=False, max_new_tokens=128, micro_batch=64,
+))
+# Qwen2.5-0.5B's shape (vocabulary, width, depth, heads, tied embeddings), randomly initialised.
+WORKLOADS.add("gpu-qwen0.5b", Workload(
+    name="gpu-qwen0.5b", arch="qwen2", hidden_size=896, num_layers=24, num_heads=14,
+    num_kv_heads=2, intermediate_size=4864, max_position_embeddings=32768, vocab_size=151_936,
+    tie_word_embeddings=True, bf16=True, needs_cuda=True, max_new_tokens=256, micro_batch=16,
+))
+
+_SHAPE_OPTIONS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                  "vocab_size", "num_prompts", "group_size", "prompt_tokens", "max_new_tokens",
+                  "micro_batch")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one benchmark run does; validated before any model is built."""
+
+    workload: Workload
+    steps: int = 10
+    block: int = 2
+    ours_backend: str = "auto"
+    trl_defaults: bool = False
+    learning_rate: float = 1e-6
+    seed: int = 0
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        w = self.workload
+        if self.steps < 2:
+            raise ValueError(f"--steps {self.steps}: step 1 is warm-up, so at least 2 steps are "
+                             "needed for one measured step; use --steps >= 2")
+        if self.block < 1:
+            raise ValueError(f"--block {self.block} must be >= 1 (steps per turn)")
+        for name in _SHAPE_OPTIONS:
+            value = getattr(w, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} must be a positive integer")
+        if w.group_size < 2:
+            raise ValueError(f"group_size={w.group_size}: GRPO needs at least 2 completions "
+                             "per prompt; use --group-size >= 2")
+        if w.completions % w.micro_batch:
+            raise ValueError(
+                f"--micro-batch {w.micro_batch} does not divide the {w.completions} completions "
+                f"of a step ({w.num_prompts} prompts x {w.group_size}); pick a divisor of "
+                f"{w.completions}"
+            )
+        if w.needs_cuda and not torch.cuda.is_available():
+            raise ValueError(f"workload {w.name!r} needs a CUDA device and none is visible; "
+                             "use --workload cpu-tiny")
+        if not self.learning_rate > 0:
+            raise ValueError(f"--learning-rate {self.learning_rate} must be > 0")
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.workload.completions // self.workload.micro_batch
+
+
+@dataclass
+class StepSample:
+    """One training step of one trainer (seconds, MiB, tokens; ``begin`` on the
+    ``time.perf_counter`` clock, which orders the steps of both trainers)."""
+
+    begin: float
+    seconds: float
+    loop_seconds: float
+    generate: float
+    score: float
+    update: float
+    peak_mib: float
+    mean_completion_length: float
+
+    @property
+    def other(self) -> float:
+        return self.seconds - self.generate - self.score - self.update
+
+
+@dataclass
+class TrainerResult:
+    """Every step of one trainer; statistics skip ``warmup`` leading steps."""
+
+    trainer: str
+    settings: str
+    samples: list[StepSample] = field(default_factory=list)
+    resident_mib: float = math.nan
+    warmup: int = 1
+
+    @property
+    def measured(self) -> list[StepSample]:
+        return self.samples[self.warmup:]
+
+    def median(self, attribute: str) -> float:
+        values = [getattr(s, attribute) for s in self.measured]
+        return statistics.median(values) if values else math.nan
+
+    def quartiles(self, attribute: str = "seconds") -> tuple[float, float]:
+        """25th and 75th percentiles (linear interpolation, as ``numpy.percentile``)."""
+        values = sorted(getattr(s, attribute) for s in self.measured)
+        if not values:
+            return math.nan, math.nan
+        return _percentile(values, 0.25), _percentile(values, 0.75)
+
+    def peak_mib(self) -> float:
+        return max((s.peak_mib for s in self.measured), default=math.nan)
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class BenchReport:
+    """The results of one run and what they were measured on."""
+
+    config: BenchConfig
+    results: list[TrainerResult]
+    environment: dict[str, str]
+    backend: str
+    parameters: int
+
+
+# ---------------------------------------------------------------------------------- workload
+def parity_reward(prompts: list[Any], completions: list[Any],
+                  completion_ids: list[list[int]] | None = None, **columns: Any) -> list[float]:
+    """Fraction of odd token ids in each completion (TRL's reward signature).
+
+    Cheap (one pass over the ids) and different between completions of a group, so no group is
+    constant and the advantages are not all zero. Both trainers pass ``completion_ids``.
+    """
+    if completion_ids is None:
+        raise ValueError("parity_reward needs completion_ids; both trainers pass them")
+    return [sum(t & 1 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+_WORDS = ("alpha", "delta", "gamma", "sigma", "omega", "count", "solve", "prime", "grid",
+          "puzzle", "answer", "number", "letter", "reason", "step", "value")
+
+
+def make_rows(tokenizer: Any, count: int, prompt_tokens: int, seed: int) -> list[dict[str, str]]:
+    """``count`` distinct plain-text prompts of exactly ``prompt_tokens`` tokens each.
+
+    The text is cut to ``prompt_tokens`` characters, which is that many tokens for the byte
+    tokenizer; the token count is checked both ways the trainers tokenize (ours without special
+    tokens, TRL with the tokenizer's defaults), so any other tokenizer fails here, not silently.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        words = [f"#{index}"]
+        while len(" ".join(words)) < prompt_tokens:
+            words.append(rng.choice(_WORDS))
+        text = " ".join(words)[:prompt_tokens]
+        plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+        default = tokenizer(text)["input_ids"]
+        if len(plain) != prompt_tokens or plain != default:
+            raise ValueError(
+                f"prompt {text!r} tokenizes to {len(plain)} tokens ({len(default)} with special "
+                f"tokens), not {prompt_tokens}; the benchmark needs a tokenizer that maps one "
+                "ASCII character to one token and adds no special tokens"
+            )
+        rows.append({"prompt": text, "task": TASK})
+    return rows
+
+
+def build_model(workload: Workload, tokenizer: Any, seed: int) -> torch.nn.Module:
+    """The workload's causal LM, randomly initialised under ``seed``, on the CPU.
+
+    Built from the project's :data:`mtgrpo.models.tiny.TINY_ARCHITECTURES` config factories, with
+    the tiny model's token ids: EOS = ``<|im_end|>`` and ``<|endoftext|>``, pad =
+    ``<|endoftext|>``.
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from mtgrpo.models.tiny import EOS_TOKEN, PAD_TOKEN, TINY_ARCHITECTURES, TinyModelShape
+
+    shape = TinyModelShape(workload.hidden_size, workload.num_layers, workload.num_heads,
+                           workload.num_kv_heads, workload.intermediate_size,
+                           workload.max_position_embeddings)
+    pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, EOS_TOKEN])
+    token_ids = {"bos_token_id": None, "eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id}
+    vocab = workload.vocab_size or len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ValueError(f"vocab_size={vocab} is smaller than the tokenizer ({len(tokenizer)})")
+    config = TINY_ARCHITECTURES.get(workload.arch)(shape, vocab, token_ids)
+    config.tie_word_embeddings = workload.tie_word_embeddings
+    dtype = torch.bfloat16 if workload.bf16 else torch.float32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config = GenerationConfig(**token_ids)
+    return model
+
+
+# ---------------------------------------------------------------------------------- memory
+def _proc_status_kib(key: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as handle:
+        match = re.search(rf"^{key}:\s+(\d+) kB", handle.read(), re.MULTILINE)
+    if match is None:
+        raise OSError(f"/proc/self/status has no {key}")
+    return int(match.group(1))
+
+
+def _can_reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        _proc_status_kib("VmHWM")
+    except OSError:
+        return False
+    return True
+
+
+class MemoryProbe:
+    """Peak memory of one step above the memory in use at its start, in MiB (module docstring).
+
+    CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: ``VmHWM`` after
+    resetting it through ``/proc/self/clear_refs`` (Linux >= 4.0); where that is not possible,
+    ``stop`` returns NaN rather than a process-lifetime peak that belongs to no step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.rss_resettable = not self.cuda and _can_reset_peak_rss()
+        self._base = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated() / 2**20
+        elif self.rss_resettable:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+                handle.write("5")
+            self._base = _proc_status_kib("VmRSS") / 1024
+
+    def stop(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 2**20 - self._base
+        if self.rss_resettable:
+            return _proc_status_kib("VmHWM") / 1024 - self._base
+        return math.nan
+
+    @property
+    def description(self) -> str:
+        if self.cuda:
+            return "CUDA max_memory_allocated during the step minus allocated at its start"
+        if self.rss_resettable:
+            return "peak RSS (VmHWM, reset per step) minus RSS at the step's start"
+        return "not measured (/proc/self/clear_refs is not writable)"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def resident_mib(model: torch.nn.Module, optimizer: Any) -> float:
+    """Parameters plus optimizer state, in MiB (exact tensor bytes)."""
+    tensors = list(model.parameters())
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
+    for state in inner.state.values():
+        tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+# ---------------------------------------------------------------------------------- trainers
+def _resolve_backend(name: str) -> str:
+    """Check ``--ours-backend`` before any model is built; ``auto`` is left to the trainer."""
+    from mtgrpo.rollout import BACKENDS
+
+    if importlib.util.find_spec("mtgrpo.rollout.static") is not None:
+        importlib.import_module("mtgrpo.rollout.static")  # registers "static" when it exists
+    if name == "auto":
+        return name
+    try:
+        return BACKENDS.canonical(name)
+    except ValueError as error:
+        raise ValueError(f"--ours-backend {name!r}: {error}; use auto or one of those") from error
+
+
+def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
+               config: BenchConfig, output_dir: Path) -> Any:
+    """Our ``GRPOTrainer`` on the workload, at our defaults for everything else."""
+    from mtgrpo import GRPOConfig, GRPOTrainer
+
+    w = config.workload
+    args = GRPOConfig(
+        output_dir=str(output_dir), max_steps=config.steps, save_steps=0, seed=config.seed,
+        learning_rate=config.learning_rate, num_generations=w.group_size,
+        prompts_per_step=w.num_prompts, per_device_train_batch_size=w.micro_batch,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        steps_per_generation=1, num_iterations=1, max_prompt_length=w.prompt_tokens,
+        max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group", bf16=w.bf16,
+        generation_backend=config.ours_backend,
+    )
+    return GRPOTrainer(model, parity_reward, args=args, train_dataset=rows,
+                       processing_class=tokenizer)
+
+
+def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
+              config: BenchConfig, output_dir: Path, *, defaults: bool,
+              timer: TRLStepTimer) -> Any:
+    """TRL's ``GRPOTrainer`` on the workload.
+
+    ``defaults=False``: TRL's best transformers-``generate`` setting (no gradient
+    checkpointing; bf16 autocast only when the weights are bf16). ``defaults=True``: TRL's own
+    defaults for those two knobs (``gradient_checkpointing=True``, ``bf16=True``).
+    """
+    from datasets import Dataset
+    from transformers import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    w = config.workload
+    speed = {} if defaults else {"gradient_checkpointing": False, "bf16": w.bf16}
+    args = GRPOConfig(
+        output_dir=str(output_dir), max_steps=config.steps, seed=config.seed,
+        learning_rate=config.learning_rate, num_generations=w.group_size,
+        per_device_train_batch_size=w.micro_batch,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_iterations=1,
+        max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        min_p=None, repetition_penalty=1.0, loss_type="dapo", beta=0.0, epsilon=0.2,
+        scale_rewards="group", report_to="none", save_strategy="no", logging_steps=1,
+        disable_tqdm=True, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+        **speed,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=parity_reward, args=args,
+                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                          callbacks=[timer])
+    # The printer writes every step's log dict to stdout; the benchmark prints its own table.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    timer.attach(trainer)
+    return trainer
+
+
+def ours_settings(trainer: Any) -> dict[str, Any]:
+    """The workload fields of our trainer, as :func:`check_same_workload` compares them."""
+    args, params = trainer.args, trainer.sampling_params
+    eos = getattr(trainer.backend, "eos_token_ids", None)
+    return {
+        "num_generations": args.num_generations, "prompts_per_step": trainer.prompts_per_step,
+        "micro_batch": args.per_device_train_batch_size,
+        "optimizer_steps_per_generation": args.steps_per_generation * args.num_iterations,
+        "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+        "top_p": params.top_p, "top_k": params.top_k, "min_p": None,
+        "repetition_penalty": 1.0, "min_new_tokens": 0,
+        "stop_ids": None if eos is None else sorted(eos),
+        "loss_type": args.loss_type, "beta": args.beta, "epsilon_low": args.epsilon,
+        "epsilon_high": args.resolved_epsilon_high, "scale_rewards": args.scale_rewards,
+        "learning_rate": args.learning_rate, "lr_scheduler": args.lr_scheduler_type,
+        "max_grad_norm": args.max_grad_norm,
+    }
+
+
+def trl_settings(trainer: Any) -> dict[str, Any]:
+    """The same fields read from a TRL trainer (sampling: the ``GenerationConfig`` it passes)."""
+    args, gen = trainer.args, trainer.generation_config
+    eos = gen.eos_token_id
+    return {
+        "num_generations": trainer.num_generations,
+        "prompts_per_step": args.generation_batch_size // trainer.num_generations,
+        "micro_batch": args.per_device_train_batch_size,
+        # TRL counts micro-batches: generation batches are split into steps_per_generation
+        # slices and the optimizer steps every gradient_accumulation_steps slices.
+        "optimizer_steps_per_generation": args.steps_per_generation * trainer.num_iterations
+        // args.gradient_accumulation_steps,
+        "max_new_tokens": gen.max_new_tokens,
+        "temperature": gen.temperature if gen.do_sample else 0.0,
+        "top_p": gen.top_p, "top_k": gen.top_k or 0, "min_p": gen.min_p,
+        "repetition_penalty": gen.repetition_penalty,
+        "min_new_tokens": max(gen.min_new_tokens or 0, gen.min_length or 0),
+        "stop_ids": sorted([eos] if isinstance(eos, int) else eos),
+        "loss_type": trainer.loss_type, "beta": trainer.beta, "epsilon_low": trainer.epsilon_low,
+        "epsilon_high": trainer.epsilon_high, "scale_rewards": trainer.scale_rewards,
+        "learning_rate": args.learning_rate, "lr_scheduler": str(args.lr_scheduler_type.value),
+        "max_grad_norm": args.max_grad_norm,
+    }
+
+
+def _differs(key: str, ours: Any, trl: Any) -> bool:
+    if key == "stop_ids" and (ours is None or trl is None):
+        return False
+    return ours != trl
+
+
+def check_same_workload(ours: dict[str, Any], trl: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming every field where the two trainers would train differently.
+
+    A field that one side cannot report (``None`` for ``stop_ids`` from an engine that keeps
+    its stop ids private) is not compared.
+    """
+    if ours.keys() != trl.keys():
+        raise ValueError(f"settings name different fields: {sorted(ours.keys() ^ trl.keys())}")
+    differ = [f"{key}: ours {ours[key]!r}, TRL {trl[key]!r}" for key in ours
+              if _differs(key, ours[key], trl[key])]
+    if differ:
+        raise ValueError("the trainers would not run the same workload: " + "; ".join(differ))
+
+
+# ---------------------------------------------------------------------------------- timing
+class OursRunner:
+    """Runs our trainer's steps in blocks and records each one."""
+
+    def __init__(self, trainer: Any, result: TrainerResult, probe: MemoryProbe,
+                 device: torch.device, total_steps: int) -> None:
+        self.trainer = trainer
+        self.result = result
+        self.probe = probe
+        self.device = device
+        self.remaining = total_steps
+
+    def run_block(self, block: int) -> None:
+        for _ in range(min(block, self.remaining)):
+            self.probe.start()
+            begin = time.perf_counter()
+            metrics = self.trainer.training_step()
+            _sync(self.device)
+            seconds = time.perf_counter() - begin
+            self.result.samples.append(StepSample(
+                begin=begin, seconds=seconds, loop_seconds=seconds,
+                generate=metrics["time/generate"], score=metrics["time/score"],
+                update=metrics["time/update"], peak_mib=self.probe.stop(),
+                mean_completion_length=metrics["completions/mean_length"],
+            ))
+            self.remaining -= 1
+
+
+class TRLStepTimer(TrainerCallback):
+    """A ``TrainerCallback`` that times TRL's steps and phases (see the module docstring).
+
+    ``interlude`` (if set) runs after every ``block`` TRL steps, inside ``on_step_end``; the
+    time it takes is kept out of both TRL measures.
+    """
+
+    _PHASES: ClassVar[dict[str, str]] = {
+        "_generate_single_turn": "generate",
+        "_calculate_rewards": "score",
+        "_generate_and_score_completions": "prepare",
+    }
+
+    def __init__(self, result: TrainerResult, probe: MemoryProbe, device: torch.device,
+                 block: int, interlude: Callable[[], None] | None = None) -> None:
+        self.result = result
+        self.probe = probe
+        self.device = device
+        self.block = block
+        self.interlude = interlude
+        self.trainer: Any = None
+        self.phases = dict.fromkeys(self._PHASES.values(), 0.0)
+        self._begin = 0.0
+        self._resumed: float | None = None
+        self._gap = 0.0
+
+    def attach(self, trainer: Any) -> None:
+        """Wrap the trainer's phase methods (instance attributes, measurement only)."""
+        self.trainer = trainer
+        for method, phase in self._PHASES.items():
+            setattr(trainer, method, self._timed(getattr(trainer, method), phase))
+
+    def _timed(self, method: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                _sync(self.device)
+                self.phases[phase] += time.perf_counter() - begin
+
+        return timed
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self._gap = 0.0 if self._resumed is None else now - self._resumed
+        self.phases = dict.fromkeys(self.phases, 0.0)
+        self.probe.start()
+        self._begin = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _sync(self.device)
+        seconds = time.perf_counter() - self._begin
+        lengths = self.trainer._metrics["train"]["completions/mean_length"]
+        self.result.samples.append(StepSample(
+            begin=self._begin, seconds=seconds, loop_seconds=seconds + self._gap,
+            generate=self.phases["generate"], score=self.phases["score"],
+            update=seconds - self.phases["prepare"], peak_mib=self.probe.stop(),
+            mean_completion_length=float(lengths[-1]) if lengths else math.nan,
+        ))
+        if self.interlude is not None and state.global_step % self.block == 0:
+            self.interlude()
+        self._resumed = time.perf_counter()
+
+
+# ---------------------------------------------------------------------------------- the run
+def environment(device: torch.device) -> dict[str, str]:
+    """Versions, device and load, for the record."""
+    import transformers
+    import trl
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as handle:
+        match = re.search(r"^model name\s*:\s*(.+)$", handle.read(), re.MULTILINE)
+        cpu = match.group(1) if match else cpu
+    if device.type == "cuda":
+        cpu = f"{torch.cuda.get_device_name()} (host: {cpu})"
+    return {
+        "device": f"{device.type}: {cpu}", "torch threads": str(torch.get_num_threads()),
+        "cores": str(os.cpu_count()), "load before": _load(), "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "trl": trl.__version__,
+    }
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _reset_accelerate() -> None:
+    # accelerate allows one mixed-precision setting per process (a shared-state singleton); TRL
+    # at its defaults asks for bf16, so its phase starts from a fresh state once the other
+    # trainers are gone, and clears it again when done, so that a later Accelerator in the
+    # same process (a test session) can choose its own. A private API, fine in a benchmark.
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _settings_label(bf16_weights: bool, bf16_autocast: bool, checkpointing: bool) -> str:
+    weights = "bf16 weights" if bf16_weights else "fp32 weights"
+    autocast = "bf16 autocast" if bf16_autocast else "no autocast"
+    ckpt = "grad ckpt" if checkpointing else "no grad ckpt"
+    return f"{weights}, {autocast}, {ckpt}"
+
+
+def _alternate(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
+               rows: list[dict[str, str]], probe: MemoryProbe, device: torch.device,
+               tmp: Path) -> tuple[list[TrainerResult], str]:
+    """Ours and TRL (best setting), ``--block`` steps each in turn; ours goes first."""
+    w = config.workload
+    ours = build_ours(copy.deepcopy(base), tokenizer, rows, config, tmp / "ours")
+    backend = _backend_name(ours.backend)
+    ours_result = TrainerResult(f"mtgrpo ({backend})",
+                                _settings_label(w.bf16, w.bf16, ours.args.gradient_checkpointing))
+    runner = OursRunner(ours, ours_result, probe, device, config.steps)
+    trl_result = TrainerResult(f"trl {_trl_version()} (best)",
+                               _settings_label(w.bf16, w.bf16, False))
+    timer = TRLStepTimer(trl_result, probe, device, config.block,
+                         interlude=lambda: runner.run_block(config.block))
+    trl = build_trl(copy.deepcopy(base), tokenizer, rows, config, tmp / "trl",
+                    defaults=False, timer=timer)
+    check_same_workload(ours_settings(ours), trl_settings(trl))
+    runner.run_block(config.block)
+    trl.train()
+    runner.run_block(runner.remaining)  # only if TRL stopped early
+    ours_result.resident_mib = resident_mib(ours.unwrapped, ours.optimizer)
+    trl_result.resident_mib = resident_mib(trl.model, trl.optimizer)
+    return [ours_result, trl_result], backend
+
+
+def _trl_alone(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
+               rows: list[dict[str, str]], probe: MemoryProbe, device: torch.device,
+               tmp: Path) -> TrainerResult:
+    """TRL with its default speed knobs, run on its own after a fresh accelerate state."""
+    _reset_accelerate()
+    result = TrainerResult(f"trl {_trl_version()} (defaults)",
+                           _settings_label(config.workload.bf16, True, True))
+    timer = TRLStepTimer(result, probe, device, config.block)
+    trl = build_trl(copy.deepcopy(base), tokenizer, rows, config, tmp / "trl-defaults",
+                    defaults=True, timer=timer)
+    try:
+        trl.train()
+    finally:
+        _reset_accelerate()
+    result.resident_mib = resident_mib(trl.model, trl.optimizer)
+    return result
+
+
+def _backend_name(backend: Any) -> str:
+    """The registered name of a backend object (its class name when it is not registered)."""
+    from mtgrpo.rollout import BACKENDS
+
+    names = [name for name in BACKENDS.names() if BACKENDS.get(name) is type(backend)]
+    return names[0] if names else type(backend).__name__
+
+
+def _trl_version() -> str:
+    import trl
+
+    return trl.__version__
+
+
+def run_benchmark(config: BenchConfig) -> BenchReport:
+    """Build the workload, run the trainers (module docstring) and return their results."""
+    from mtgrpo.models import build_tiny_tokenizer
+
+    _resolve_backend(config.ours_backend)
+    w = config.workload
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(device)
+    tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
+    rows = make_rows(tokenizer, 4 * w.num_prompts, w.prompt_tokens, config.seed)
+    base = build_model(w, tokenizer, config.seed)
+    parameters = sum(p.numel() for p in base.parameters())
+    probe = MemoryProbe(device)
+    env["memory"] = probe.description
+    with tempfile.TemporaryDirectory(prefix="bench-step-time-") as tmp:
+        results, backend = _alternate(config, base, tokenizer, rows, probe, device, Path(tmp))
+        _free_memory(device)
+        if config.trl_defaults:
+            results.append(_trl_alone(config, base, tokenizer, rows, probe, device, Path(tmp)))
+    env["load after"] = _load()
+    return BenchReport(config, results, env, backend, parameters)
+
+
+# ---------------------------------------------------------------------------------- output
+_COLUMNS = ("workload", "trainer", "settings", "median step s", "step p25-p75 s",
+            "step + loop s", "generate s", "score s", "update s", "other s", "peak step MiB",
+            "resident MiB", "completion tokens", "TRL / ours")
+
+
+def _row(workload: str, result: TrainerResult, ours_median: float) -> list[str]:
+    median = result.median("seconds")
+    low, high = result.quartiles()
+    ratio = "-" if result.trainer.startswith("mtgrpo") else f"{median / ours_median:.2f}"
+    return [
+        workload, result.trainer, result.settings, f"{median:.3f}", f"{low:.3f}-{high:.3f}",
+        f"{result.median('loop_seconds'):.3f}", f"{result.median('generate'):.3f}",
+        f"{result.median('score'):.4f}", f"{result.median('update'):.3f}",
+        f"{result.median('other'):.3f}", f"{result.peak_mib():.0f}",
+        f"{result.resident_mib:.1f}", f"{result.median('mean_completion_length'):.1f}", ratio,
+    ]
+
+
+def markdown_report(report: BenchReport) -> str:
+    """The results as Markdown: command, environment, workload, then one table row per trainer."""
+    config, w = report.config, report.config.workload
+    ours_median = report.results[0].median("seconds")
+    lines = [
+        f"### {w.name}: median step time over steps 2..{config.steps}", "",
+        f"Command: `{config.command}`", "",
+        "Environment: " + "; ".join(f"{k}: {v}" for k, v in report.environment.items()), "",
+        f"Workload: {w.arch} shape hidden {w.hidden_size}, {w.num_layers} layers, "
+        f"{w.num_heads} heads / {w.num_kv_heads} KV heads, intermediate {w.intermediate_size}, "
+        f"vocab {w.vocab_size or 'tokenizer (259)'}, {report.parameters / 1e6:.2f} M parameters, "
+        f"{'bf16' if w.bf16 else 'fp32'} weights; {w.num_prompts} prompts x {w.group_size} "
+        f"completions, {w.prompt_tokens}-token prompts, up to {w.max_new_tokens} new tokens, "
+        f"micro-batch {w.micro_batch}; loss dapo, beta 0, epsilon 0.2, lr "
+        f"{config.learning_rate:g}; alternating blocks of {config.block} step(s); our backend: "
+        f"{report.backend}.", "",
+        "| " + " | ".join(_COLUMNS) + " |",
+        "|" + "|".join("---" for _ in _COLUMNS) + "|",
+    ]
+    for result in report.results:
+        lines.append("| " + " | ".join(_row(w.name, result, ours_median)) + " |")
+    lines.append("")
+    lines.append("Per-step seconds: " + "; ".join(
+        f"{r.trainer}: " + ", ".join(f"{s.seconds:.2f}" for s in r.samples)
+        for r in report.results))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------- command line
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Median training-step time of mtgrpo vs TRL on the same workload.")
+    parser.add_argument("--workload", default="cpu-tiny",
+                        help=f"one of: {', '.join(WORKLOADS.names())}")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="steps per trainer, the first of which is warm-up")
+    parser.add_argument("--block", type=int, default=2, help="steps per turn when alternating")
+    parser.add_argument("--ours-backend", default="auto",
+                        help="our generation backend: auto, hf, static (when registered)")
+    parser.add_argument("--trl-defaults", action="store_true",
+                        help="also run TRL with its default gradient checkpointing and bf16")
+    parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="append the Markdown report to this file")
+    for name in _SHAPE_OPTIONS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                            help="override the workload's value")
+    return parser
+
+
+def config_from_args(argv: Sequence[str]) -> tuple[BenchConfig, Path | None]:
+    """The validated :class:`BenchConfig` of a command line, and its ``--out`` path."""
+    options = _parser().parse_args(list(argv))
+    workload = WORKLOADS.get(options.workload)
+    overrides = {n: getattr(options, n) for n in _SHAPE_OPTIONS if getattr(options, n) is not None}
+    return BenchConfig(
+        workload=replace(workload, **overrides), steps=options.steps, block=options.block,
+        ours_backend=options.ours_backend, trl_defaults=options.trl_defaults,
+        learning_rate=options.learning_rate, seed=options.seed,
+        command=shlex.join(["python", "benchmarks/step_time_vs_trl.py", *argv]),
+    ), options.out
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """Run the benchmark, print the Markdown report (and append it to ``--out``); return it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config, out = config_from_args(argv)
+    # transformers' deprecation notices for options TRL itself passes (gradient_checkpointing).
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    text = markdown_report(run_benchmark(config))
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    main()

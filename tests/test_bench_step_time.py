@@ -1,0 +1,206 @@
+"""The step-time benchmark against TRL (``benchmarks/step_time_vs_trl.py``): its statistics,
+fairness checks and memory probe on hand-built inputs, and its CPU path end to end with tiny
+settings. TRL is a benchmark-only extra, so the module skips without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl")
+# transformers' deprecation notices for the gradient_checkpointing options TRL itself uses.
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_time_vs_trl.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("step_time_vs_trl", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_script()
+
+# Tiny settings: the project's default tiny shape, 2 prompts x 2 completions, 4 new tokens.
+TINY_ARGS = [
+    "--workload", "cpu-tiny", "--steps", "2", "--block", "1", "--num-prompts", "2",
+    "--group-size", "2", "--max-new-tokens", "4", "--prompt-tokens", "8", "--micro-batch", "2",
+    "--hidden-size", "64", "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2",
+    "--intermediate-size", "128",
+]
+
+
+def _sample(seconds: float, begin: float = 0.0, **phases: float) -> object:
+    values = {"generate": 0.0, "score": 0.0, "update": 0.0, **phases}
+    return bench.StepSample(begin=begin, seconds=seconds, loop_seconds=seconds, peak_mib=1.0,
+                            mean_completion_length=4.0, **values)
+
+
+# ---------------------------------------------------------------------------------- pure parts
+def test_parity_reward_is_the_fraction_of_odd_ids():
+    # [1, 2, 3]: two odd ids of three; [2, 4]: none; []: defined as 0 (no division by zero).
+    rewards = bench.parity_reward(["p"] * 3, ["a", "b", ""], completion_ids=[[1, 2, 3], [2, 4], []])
+    assert rewards == pytest.approx([2 / 3, 0.0, 0.0], abs=1e-12)
+    with pytest.raises(ValueError, match="needs completion_ids"):
+        bench.parity_reward(["p"], ["a"])
+
+
+def test_median_and_quartiles_skip_the_warmup_step():
+    # Steps 2..5 are [1, 3, 2, 4] (the 100 s first step is warm-up): median (2 + 3) / 2 = 2.5;
+    # sorted [1, 2, 3, 4], p25 at position 0.75 -> 1.75, p75 at position 2.25 -> 3.25.
+    result = bench.TrainerResult("t", "s", [_sample(s) for s in (100.0, 1.0, 3.0, 2.0, 4.0)])
+    assert result.median("seconds") == pytest.approx(2.5, abs=1e-12)
+    assert result.quartiles() == pytest.approx((1.75, 3.25), abs=1e-12)
+    assert math.isnan(bench.TrainerResult("t", "s", [_sample(5.0)]).median("seconds"))
+
+
+def test_quartiles_match_numpy_on_random_samples():
+    rng = np.random.default_rng(0)
+    for size in (2, 3, 7, 20):
+        values = rng.exponential(size=size)
+        result = bench.TrainerResult("t", "s", [_sample(float(v)) for v in values])
+        expected = np.percentile(values[1:], [25, 75])
+        assert result.quartiles() == pytest.approx(tuple(expected), abs=1e-12)
+        assert result.median("seconds") == pytest.approx(float(np.median(values[1:])), abs=1e-12)
+
+
+def test_other_is_the_step_minus_its_phases():
+    sample = _sample(10.0, generate=6.0, score=0.5, update=3.0)
+    assert sample.other == pytest.approx(0.5, abs=1e-12)
+
+
+class _AddsBos:
+    """A tokenizer stub: one id per character, plus a BOS id unless told not to."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        ids = [ord(c) for c in text]
+        return {"input_ids": ([1] if add_special_tokens else []) + ids}
+
+
+def test_rows_have_exactly_the_requested_prompt_length():
+    from mtgrpo.models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    rows = bench.make_rows(tokenizer, 12, 48, seed=3)
+    assert len({r["prompt"] for r in rows}) == 12
+    assert all(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) == 48
+               for r in rows)
+    assert rows == bench.make_rows(tokenizer, 12, 48, seed=3)
+    with pytest.raises(ValueError, match="adds no special tokens"):
+        bench.make_rows(_AddsBos(), 2, 16, seed=0)
+
+
+def _settings(**changes: object) -> dict[str, object]:
+    base = {"top_k": 0, "temperature": 1.0, "stop_ids": [256, 258], "min_p": None}
+    return {**base, **changes}
+
+
+def test_check_same_workload_names_every_difference():
+    bench.check_same_workload(_settings(), _settings())
+    with pytest.raises(ValueError, match=r"top_k: ours 0, TRL 50; min_p: ours None, TRL 0.05"):
+        bench.check_same_workload(_settings(), _settings(top_k=50, min_p=0.05))
+    # An engine that keeps its stop ids private reports None: not compared.
+    bench.check_same_workload(_settings(stop_ids=None), _settings())
+    with pytest.raises(ValueError, match="stop_ids"):
+        bench.check_same_workload(_settings(stop_ids=[258]), _settings())
+    with pytest.raises(ValueError, match="different fields"):
+        bench.check_same_workload(_settings(), {**_settings(), "beta": 0.0})
+
+
+def test_config_errors_say_the_rule_and_the_fix():
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        bench.config_from_args([*TINY_ARGS, "--steps", "1"])
+    with pytest.raises(ValueError, match="does not divide the 4 completions"):
+        bench.config_from_args([*TINY_ARGS, "--micro-batch", "3"])
+    with pytest.raises(ValueError, match="at least 2 completions"):
+        bench.config_from_args([*TINY_ARGS, "--group-size", "1"])
+    with pytest.raises(ValueError, match="unknown benchmark workload 'cpu'; valid names"):
+        bench.config_from_args(["--workload", "cpu"])
+    with pytest.raises(ValueError, match=r"--ours-backend 'nope'.*valid names: .*hf"):
+        bench.run_benchmark(bench.config_from_args([*TINY_ARGS, "--ours-backend", "nope"])[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
+def test_gpu_workload_refused_without_cuda():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        bench.config_from_args(["--workload", "gpu-qwen0.5b"])
+
+
+def test_memory_probe_sees_a_step_allocation():
+    probe = bench.MemoryProbe(torch.device("cpu"))
+    if not probe.rss_resettable:
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    probe.start()
+    block = torch.ones(16 * 2**20)  # 64 MiB of float32, every page written
+    del block
+    # The peak RSS rose by the 64 MiB block even though it is freed before stop().
+    assert probe.stop() >= 60
+
+
+def test_resident_counts_parameters_and_optimizer_state():
+    # 10x10 weight + 10 bias = 110 floats; after one AdamW step, exp_avg and exp_avg_sq add 220
+    # floats and a scalar step per parameter (2 tensors).
+    layer = torch.nn.Linear(10, 10)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    layer(torch.ones(1, 10)).sum().backward()
+    optimizer.step()
+    step_bytes = sum(s["step"].numel() * s["step"].element_size()
+                     for s in optimizer.state.values())
+    expected = (330 * 4 + step_bytes) / 2**20
+    assert bench.resident_mib(layer, optimizer) == pytest.approx(expected, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def tiny_report():
+    config, _ = bench.config_from_args([*TINY_ARGS, "--trl-defaults"])
+    return bench.run_benchmark(config)
+
+
+def test_both_trainers_run_alternately_and_report_every_step(tiny_report):
+    ours, trl, trl_defaults = tiny_report.results
+    assert ours.trainer.startswith("mtgrpo (")
+    assert "(best)" in trl.trainer
+    assert "(defaults)" in trl_defaults.trainer
+    assert "grad ckpt" in trl_defaults.settings
+    for result in tiny_report.results:
+        assert len(result.samples) == 2
+        for sample in result.samples:
+            assert min(sample.seconds, sample.generate, sample.update) > 0
+            assert sample.generate + sample.score + sample.update <= sample.seconds + 1e-6
+            assert sample.loop_seconds >= sample.seconds
+            assert 1 <= sample.mean_completion_length <= 4
+        assert result.resident_mib > 0
+    # Blocks of one step, ours first: ours 1, TRL 1, ours 2, TRL 2; TRL defaults after both.
+    order = [ours.samples[0], trl.samples[0], ours.samples[1], trl.samples[1],
+             *trl_defaults.samples]
+    assert [s.begin for s in order] == sorted(s.begin for s in order)
+
+
+def test_report_table_has_one_row_per_trainer_and_the_ratio(tiny_report):
+    text = bench.markdown_report(tiny_report)
+    rows = [line for line in text.splitlines() if line.startswith("| cpu-tiny |")]
+    assert len(rows) == 3
+    ours, trl = tiny_report.results[:2]
+    ratio = float(rows[1].split("|")[-2])
+    assert ratio == pytest.approx(trl.median("seconds") / ours.median("seconds"), abs=0.006)
+    assert rows[0].split("|")[-2].strip() == "-"
+    assert "Command: `python benchmarks/step_time_vs_trl.py --workload cpu-tiny" in text
+
+
+def test_main_prints_and_appends_the_report(tiny_report, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_benchmark", lambda config: tiny_report)
+    out = tmp_path / "results" / "bench.md"
+    first = bench.main([*TINY_ARGS, "--out", str(out)])
+    bench.main([*TINY_ARGS, "--out", str(out)])
+    assert first in capsys.readouterr().out
+    assert out.read_text() == (first + "\n") * 2
