@@ -129,7 +129,7 @@ def test_a_swallowed_deadline_is_raised_again() -> None:
 def test_the_first_verdict_of_a_fresh_process_is_not_a_timeout() -> None:
     # math-verify's first parse takes about a second (imports, grammar set-up); it happens
     # before the first sample's limit starts, so even a short limit gives the right verdict.
-    script = math_module.light_imports_source() + (
+    script = math_module._light_imports_source() + (
         "from mtgrpo.rewards.verifiers.math import math_reward\n"
         "print(math_reward(None, [r'\\boxed{\\frac{1}{2}}'], answer=['0.5'], timeout_seconds=0.2))"
     )

@@ -31,7 +31,7 @@ def serve() -> None:
             request = json.loads(line)
             gold, answer = str(request["gold"]), str(request["answer"])
             ok = _with_deadline(lambda: _verify(gold, answer), float(request["timeout"]))  # noqa: B023
-        except (_Deadline, MemoryError, RecursionError, ValueError, TypeError, KeyError):
+        except (_Deadline, Exception):  # a check that cannot complete is a wrong answer
             ok = False
         sys.stdout.write("1\n" if ok else "0\n")
         sys.stdout.flush()

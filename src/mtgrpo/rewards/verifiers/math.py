@@ -45,7 +45,13 @@ from mtgrpo._registry import Registry
 from mtgrpo.rewards.verifiers._batch import column, completion_texts
 from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer
 
-__all__ = ["DEFAULT_MATH_STYLES", "MATH_ISOLATION", "MAX_ANSWER_CHARS", "math_reward"]
+__all__ = [
+    "DEFAULT_MATH_STYLES",
+    "MATH_ISOLATION",
+    "MAX_ANSWER_CHARS",
+    "check_math_answer",
+    "math_reward",
+]
 
 MAX_ANSWER_CHARS = 1_000
 DEFAULT_MATH_STYLES = ("boxed", "tag", "last_number")
@@ -115,16 +121,25 @@ def math_reward(
     return rewards
 
 
-def check_math_answer(gold: str, answer: str, timeout_seconds: float, isolation: str) -> bool:
-    """math-verify's verdict on ``answer`` against ``gold`` within ``timeout_seconds``."""
-    if isolation == "auto":
+def check_math_answer(
+    gold: str, answer: str, timeout_seconds: float = 2.0, isolation: str = "auto"
+) -> bool:
+    """math-verify's verdict on ``answer`` against ``gold``, bounded by ``timeout_seconds``.
+
+    A check that runs out of time, or that math-verify or sympy cannot complete (any
+    exception on the model's answer), is ``False``: never an error.
+
+    >>> check_math_answer(r"\\frac{1}{2}", "0.5")
+    True
+    """
+    if MATH_ISOLATION.canonical(isolation) == "auto":
         _warm_up()
         try:
             return _with_deadline(lambda: _verify(gold, answer), timeout_seconds)
-        except _Deadline:
-            return False
         except _NoTimerError:
             pass
+        except (_Deadline, Exception):
+            return False
     return _WORKER.check(gold, answer, timeout_seconds)
 
 
@@ -294,14 +309,14 @@ class _MathWorker:
 
 
 def _worker_bootstrap() -> str:
-    """Source run by the helper process: :func:`light_imports_source`, then ``serve()``."""
+    """Source run by the helper process: :func:`_light_imports_source`, then ``serve()``."""
     return (
-        light_imports_source()
+        _light_imports_source()
         + "from mtgrpo.rewards.verifiers._math_worker import serve\nserve()\n"
     )
 
 
-def light_imports_source() -> str:
+def _light_imports_source() -> str:
     """Python source that makes the verifier modules importable without the package inits.
 
     The packages ``mtgrpo``, ``mtgrpo.rewards`` and ``mtgrpo.rewards.verifiers`` are entered
