@@ -348,13 +348,13 @@ def sft_train(
     pairs = prompt_completion_pairs(rows, prompt_column=prompt_column,
                                     completion_column=completion_column,
                                     messages_column=messages_column)
-    out = _prepare_output_dir(config)
-    model, tokenizer = _prepare_model(model, tokenizer, peft_config, config.seed)
-    if config.merge_lora and not _is_peft(model):
+    if config.merge_lora and peft_config is None and not _is_peft(model):
         raise ValueError(
             "merge_lora=True but the model has no LoRA adapter; pass peft_config (--lora) or "
             "drop merge_lora"
         )
+    out = _prepare_output_dir(config)
+    model, tokenizer = _prepare_model(model, tokenizer, peft_config, config.seed)
     encoded = encode_examples(pairs, tokenizer, max_length=config.max_length,
                               on_long_example=config.on_long_example)
     train, held_out = _hold_out(encoded.examples, config.eval_fraction, config.seed)
