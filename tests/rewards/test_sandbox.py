@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import tempfile
 import time
 import uuid
@@ -119,7 +120,7 @@ def test_infinite_loop_at_top_level(sandbox_root: Path) -> None:
     assert result.status == "error"
     assert result.passed == (False,)
     assert "TestTimeout" in result.stderr
-    assert time.perf_counter() - started < LIMITS.test_timeout_seconds + 0.5
+    assert time.perf_counter() - started < LIMITS.test_timeout_seconds + 1.5
 
 
 def test_infinite_loop_in_one_test_costs_that_test_only(sandbox_root: Path) -> None:
@@ -138,7 +139,7 @@ def test_a_loop_that_swallows_the_timer_is_killed_at_the_deadline(sandbox_root: 
     result = run_python(code, ["assert spin()", "assert True"], limits)
     assert result.status == "timeout"
     assert result.passed == (False, False)
-    assert time.perf_counter() - started < 1.5
+    assert time.perf_counter() - started < 2.5
 
 
 def test_cpu_limit_kills_a_busy_program(sandbox_root: Path) -> None:
@@ -146,10 +147,10 @@ def test_cpu_limit_kills_a_busy_program(sandbox_root: Path) -> None:
         "while True:\n    try:\n        while True:\n            pass\n"
         "    except BaseException:\n        pass\n"
     )
-    limits = SandboxLimits(timeout_seconds=5.0, test_timeout_seconds=0.2, cpu_seconds=1)
-    started = time.perf_counter()
-    assert run_python(code, ["assert True"], limits).status == "timeout"
-    assert time.perf_counter() - started < 3.0
+    limits = SandboxLimits(timeout_seconds=8.0, test_timeout_seconds=0.2, cpu_seconds=1)
+    result = run_python(code, ["assert True"], limits)
+    assert result.status == "timeout"
+    assert result.returncode == -signal.SIGXCPU  # the CPU limit, not the wall clock
 
 
 # ------------------------------------------------------------------------ processes
@@ -201,17 +202,23 @@ def test_killing_the_parent_is_refused(sandbox_root: Path) -> None:
 
 @pytest.mark.parametrize(
     "code",
-    [
-        "x = bytearray(10**10)",
-        "x = [0] * 10**9",
-        "x = ' ' * 2**31",
-        "x = [bytearray(2**20) for _ in range(10**4)]",
-    ],
+    ["x = bytearray(10**10)", "x = [0] * 10**9", "x = ' ' * 2**31"],
 )
 def test_memory_bombs(sandbox_root: Path, code: str) -> None:
     result = run_python(code, ["assert True"], LIMITS)
     assert result.passed == (False,)
     assert "MemoryError" in result.stderr
+
+
+def test_growing_memory_stops_at_the_limit(sandbox_root: Path) -> None:
+    # Each chunk is written (zero-filled), so this really takes memory, up to the 64 MiB
+    # address-space limit, then fails. A generous per-test budget keeps a loaded machine
+    # from turning it into a timeout.
+    limits = SandboxLimits(memory_bytes=64 << 20, test_timeout_seconds=3.0, timeout_seconds=5.0)
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))"
+    result = run_python(code, ["assert True"], limits)
+    assert result.passed == (False,)
+    assert "program: MemoryError" in result.stderr
 
 
 # ---------------------------------------------------------------------- file system

@@ -69,7 +69,7 @@ def test_hostile_answers_are_bounded_by_the_time_limit(completion: str) -> None:
     rewards = math_reward(None, [completion], answer=["5"], timeout_seconds=0.5)
     elapsed = time.perf_counter() - started
     assert rewards == [0.0]
-    assert elapsed < 0.5 + 0.3, f"{elapsed:.2f} s"
+    assert elapsed < 0.5 + 0.5, f"{elapsed:.2f} s"
 
 
 def test_previous_alarm_handler_and_timer_are_restored() -> None:
@@ -86,7 +86,7 @@ def test_previous_alarm_handler_and_timer_are_restored() -> None:
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         elapsed = time.monotonic() - started
         assert signal.getsignal(signal.SIGALRM) is handler
-        assert left == pytest.approx(5.0 - elapsed, abs=0.05)
+        assert left == pytest.approx(5.0 - elapsed, abs=0.1)
         assert fired == []
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
