@@ -1,0 +1,600 @@
+"""The fast generation backend: a static KV cache, a decode loop of our own, sampling on the
+device, and (on CUDA) the decode step captured once as a CUDA graph. Registered as ``"static"``.
+
+Notation: ``N`` rows requested (``B`` prompts x ``G`` samples), ``n`` rows decoded together (a
+sub-batch, padded up to a bucket), ``P`` prompt width of a sub-batch (left-padded), ``L``
+``max_new_tokens``, ``C`` cache length (``>= P + L``, rounded up to a bucket), ``V`` vocabulary.
+
+One call, read top to bottom (:meth:`StaticCacheBackend.generate`):
+
+1. Rows are sorted by prompt length (stable) and cut into sub-batches of at most
+   ``max_batch_size`` rows, so a sub-batch holds prompts of similar length and pads little;
+   results are put back in input order (rows ``i*G .. i*G+G-1`` are prompt ``i``'s samples).
+2. Per sub-batch, a slot keyed by ``(n, C)`` is taken from a small LRU: a transformers
+   ``StaticCache`` (``[n, kv_heads, C, head_dim]`` per layer) plus the step's buffers. On a GPU
+   the slot also keeps the captured graphs, so a shape seen before costs no allocation and no
+   capture.
+3. Prefill: one forward over the left-padded prompts with their 2-D mask and position ids
+   ``cumsum(mask) - 1`` (``generate``'s rule: left padding does not shift positions); it fills
+   cache columns ``0..P-1``; the first token is sampled from its last logits.
+4. Decode: one step per token for all ``n`` rows. A step feeds each row's last token at column
+   ``P + t`` with an additive mask ``[n, 1, 1, C]`` (0 on the row's prompt tokens and generated
+   columns so far, ``finfo.min`` on padding and future columns), samples the next token on the
+   device (:mod:`mtgrpo.rollout.static_sampling`), writes it (or pad, for a row already done) to
+   an output buffer, and updates a ``done`` mask with the stop ids. Nothing is read on the host
+   during a step; "are all rows done?" is read every ``sync_every`` steps (16 on accelerators,
+   every step on the CPU, where reading a flag costs nothing). On CUDA the step is one graph
+   replay (:mod:`mtgrpo.rollout.static_graph`).
+5. The outputs come back to the host once, as lists.
+
+Departures from the "hf" backend, all deliberate:
+
+1. Sampling draws with the Gumbel-max trick instead of ``torch.multinomial``: the same
+   distribution (:mod:`mtgrpo.rollout.static_sampling`), a different random stream. With
+   ``seed`` set the result depends on the seed, the prompts, the parameters and the
+   sub-batching (``max_batch_size``, buckets), exactly as with "hf".
+2. Finished rows keep occupying their slot until the whole sub-batch is done or cut (static
+   shapes are what make the step capturable); their outputs are pad and are dropped.
+3. Every row is prefilled, also the ``G`` copies of one prompt (prefill is one forward;
+   decoding dominates).
+
+When to use it: GRPO rollouts of a transformers decoder-only model with full causal attention
+in every layer (Llama, Qwen2/2.5/3, Mistral without sliding window, SmolLM, ...) under the
+``"sdpa"`` or ``"eager"`` attention implementation, full or LoRA. Refused with a clear error
+(use ``"hf"``): sliding-window / chunked / recurrent attention, encoder-decoders, flash or flex
+attention, prompt-learning peft. See ``docs/fast_generation.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from mtgrpo.rollout.base import (
+    BACKENDS,
+    GenerationOutput,
+    SamplingParams,
+    check_num_samples,
+    check_prompt_ids,
+)
+from mtgrpo.rollout.hf_generate import _as_id_list, _eval_mode, _generation_owner, _seeded
+from mtgrpo.rollout.static_decoders import (
+    DECODERS,
+    StaticDecoder,
+    model_dtype,
+    resolve_decoder,
+    unwrap_causal_lm,
+)
+from mtgrpo.rollout.static_graph import CapturedStep, capture_step
+from mtgrpo.rollout.static_sampling import SamplingRule
+
+__all__ = ["StaticCacheBackend"]
+
+logger = logging.getLogger(__name__)
+
+UseCudaGraph = bool | Literal["auto"]
+
+# Device types on which the decode step is captured as a graph (tests widen it to run the
+# capture bookkeeping on the CPU with a stand-in capture function).
+_GRAPH_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+# Buckets when graphs are on: few distinct (rows, columns) shapes means few captures.
+_GRAPH_ROW_BUCKET = 8
+_GRAPH_LENGTH_BUCKET = 64
+_ACCELERATOR_SYNC_EVERY = 16
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Completions of one sub-batch, in its own row order."""
+
+    completion_ids: list[list[int]]
+    finished: list[bool]
+    logprobs: list[list[float]] | None
+
+
+@dataclass
+class _DecodeBuffers:
+    """The tensors one decode step reads and writes in place (their addresses are what a
+    captured graph replays on)."""
+
+    tokens: Tensor  # [n, 1] int64: the token fed to the next step
+    positions: Tensor  # [n, 1] int64: its position id
+    column: Tensor  # [1] int64: the cache column it is written to
+    step: Tensor  # [1] int64: completion index of the next sampled token
+    visible: Tensor  # [n, C] model dtype: additive mask, 0 = attend, finfo.min = masked
+    done: Tensor  # [n] bool: the row has emitted a stop token (or is bucket padding)
+    lengths: Tensor  # [n] int64: completion tokens kept so far (stop token included)
+    out_tokens: Tensor  # [n, C] int64: sampled tokens (pad after a stop)
+    out_logprobs: Tensor  # [n, C] float32: their log-probabilities (0 after a stop)
+
+    @classmethod
+    def allocate(
+        cls, rows: int, columns: int, dtype: torch.dtype, device: torch.device
+    ) -> _DecodeBuffers:
+        def ints(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        return cls(
+            tokens=ints(rows, 1),
+            positions=ints(rows, 1),
+            column=ints(1),
+            step=ints(1),
+            visible=torch.zeros((rows, columns), dtype=dtype, device=device),
+            done=torch.zeros(rows, dtype=torch.bool, device=device),
+            lengths=ints(rows),
+            out_tokens=ints(rows, columns),
+            out_logprobs=torch.zeros((rows, columns), dtype=torch.float32, device=device),
+        )
+
+    @property
+    def mask(self) -> Tensor:
+        return self.visible[:, None, None, :]  # [n, 1, 1, C]
+
+    def state(self) -> list[Tensor]:
+        """The tensors that carry state from one step to the next (outputs excluded)."""
+        skip = {"out_tokens", "out_logprobs"}
+        return [getattr(self, f.name) for f in fields(self) if f.name not in skip]
+
+
+@dataclass
+class _StepProgram:
+    """A sampling rule and stop ids bound to one slot, with its captured graph if any."""
+
+    rule: SamplingRule
+    stop_ids: Tensor  # [S] int64
+    graph: CapturedStep | None = None
+    capture_failed: bool = False
+
+
+@dataclass
+class _Slot:
+    """A static cache, the step buffers for its shape, and the programs recorded on them."""
+
+    cache: Any  # transformers.StaticCache
+    buffers: _DecodeBuffers
+    programs: dict[tuple[SamplingRule, tuple[int, ...]], _StepProgram] = field(default_factory=dict)
+
+    def program(self, rule: SamplingRule, stop_ids: tuple[int, ...]) -> _StepProgram:
+        key = (rule, stop_ids)
+        if key not in self.programs:
+            device = self.buffers.tokens.device
+            stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+            self.programs[key] = _StepProgram(rule, stops)
+        return self.programs[key]
+
+    def start(self, attention_mask: Tensor, real_rows: int) -> None:
+        """Reset for a new sub-batch whose prompts fill columns ``0..P-1`` (``attention_mask:
+        [n, P]``); rows from ``real_rows`` on are bucket padding, done from the start."""
+        self.cache.reset()
+        buffers, width = self.buffers, attention_mask.shape[1]
+        buffers.visible.fill_(torch.finfo(buffers.visible.dtype).min)
+        buffers.visible[:, :width].masked_fill_(attention_mask.bool(), 0.0)
+        # The first generated token sits right after the row's last prompt token.
+        buffers.positions.copy_(attention_mask.sum(-1, keepdim=True))
+        buffers.column.fill_(width)
+        buffers.step.zero_()
+        buffers.lengths.zero_()
+        buffers.done.zero_()
+        buffers.done[real_rows:] = True
+
+    def snapshot(self) -> list[tuple[Tensor, Tensor]]:
+        """Copies of every tensor a step changes, except outputs and cache contents (a step
+        writes those at the current column and step, which a restore rewinds)."""
+        counters = [layer.cumulative_length for layer in self.cache.layers]
+        return [(t, t.clone()) for t in [*self.buffers.state(), *counters]]
+
+    @staticmethod
+    def restore(snapshot: list[tuple[Tensor, Tensor]]) -> None:
+        for tensor, saved in snapshot:
+            tensor.copy_(saved)
+
+
+def emit(buffers: _DecodeBuffers, program: _StepProgram, logits: Tensor, pad_token_id: int) -> None:
+    """Sample the next token of every row from ``logits: [n, V]`` and record it, in place.
+
+    A row already done gets ``pad_token_id`` (log-prob 0) and keeps its length; a row whose
+    new token is a stop id becomes done with that token counted (``finished`` rows end with
+    their stop token, as in the contract).
+    """
+    sampled = program.rule(logits)
+    active = ~buffers.done  # [n]
+    tokens = torch.where(active, sampled.tokens, pad_token_id)  # [n]
+    logprobs = torch.where(active, sampled.logprobs, 0.0)  # [n]
+    buffers.out_tokens.index_copy_(1, buffers.step, tokens[:, None])
+    buffers.out_logprobs.index_copy_(1, buffers.step, logprobs[:, None])
+    buffers.lengths.add_(active)
+    buffers.done.logical_or_((tokens[:, None] == program.stop_ids).any(-1))
+    buffers.tokens.copy_(tokens[:, None])
+    buffers.step.add_(1)
+
+
+def decode_step(
+    decoder: StaticDecoder, slot: _Slot, program: _StepProgram, pad_token_id: int
+) -> None:
+    """One token for every row of ``slot``: feed, forward, sample, record; all in place and
+    without reading anything on the host (this is the function a CUDA graph records)."""
+    buffers = slot.buffers
+    buffers.visible.index_fill_(1, buffers.column, 0.0)  # the fed token's column is visible
+    logits = decoder.decode(
+        slot.cache, buffers.tokens, buffers.positions, buffers.mask, buffers.column
+    )
+    emit(buffers, program, logits, pad_token_id)
+    buffers.positions.add_(1)
+    buffers.column.add_(1)
+
+
+class StaticCacheBackend:
+    """A :class:`~mtgrpo.rollout.base.GenerationBackend` with a static KV cache and its own
+    decode loop (see the module docstring).
+
+    ``model``: a transformers causal LM or a peft (LoRA) model wrapping one; shared, never
+    copied. ``tokenizer``: used only for its pad and EOS ids. ``max_batch_size``: most rows
+    decoded together (``None``: all rows). ``use_cuda_graph``: ``"auto"`` (capture on CUDA,
+    eager elsewhere), ``True`` (require CUDA) or ``False``. ``decode_path``: ``"auto"``,
+    ``"llama_modules"`` or ``"model_forward"`` (:mod:`mtgrpo.rollout.static_decoders`).
+    ``eos_token_ids``: override the EOS ids read from the model and tokenizer. ``sync_every``:
+    decode steps between host reads of the ``done`` mask (``None``: 16 on an accelerator, 1 on
+    the CPU). ``row_bucket`` / ``length_bucket``: rows and cache length are rounded up to
+    multiples of these (``None``: 8 and 64 when graphs are captured, else 1 and 1).
+    ``max_cached_shapes``: slots (cache + buffers + graphs) kept for reuse, least recently
+    used dropped first. ``graph_warmup_steps``: eager steps run before a capture.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        max_batch_size: int | None = None,
+        use_cuda_graph: UseCudaGraph = "auto",
+        decode_path: str = "auto",
+        eos_token_ids: Sequence[int] | None = None,
+        sync_every: int | None = None,
+        row_bucket: int | None = None,
+        length_bucket: int | None = None,
+        max_cached_shapes: int = 8,
+        graph_warmup_steps: int = 3,
+    ) -> None:
+        _check_optional_positive("max_batch_size", max_batch_size)
+        for name, value in (("sync_every", sync_every), ("row_bucket", row_bucket),
+                            ("length_bucket", length_bucket)):  # fmt: skip
+            _check_optional_positive(name, value)
+        _check_optional_positive("max_cached_shapes", max_cached_shapes, allow_none=False)
+        _check_optional_positive("graph_warmup_steps", graph_warmup_steps, allow_none=False)
+        if use_cuda_graph not in (True, False, "auto"):
+            raise ValueError(
+                f"use_cuda_graph must be True, False or 'auto', got {use_cuda_graph!r}"
+            )
+        if decode_path != "auto" and decode_path not in DECODERS:
+            raise ValueError(
+                f"unknown decode_path {decode_path!r}; valid: 'auto', "
+                f"{', '.join(repr(n) for n in DECODERS.names())}"
+            )
+        self.max_batch_size = max_batch_size
+        self.use_cuda_graph = use_cuda_graph
+        self.decode_path = decode_path
+        self.sync_every = sync_every
+        self.row_bucket = row_bucket
+        self.length_bucket = length_bucket
+        self.max_cached_shapes = max_cached_shapes
+        self.graph_warmup_steps = graph_warmup_steps
+        self.weights_version: int | None = None
+        self._attach(model)
+        self.eos_token_ids, self.pad_token_id = _special_ids(model, tokenizer, eos_token_ids)
+        self._graphs_enabled(self._device)  # refuse use_cuda_graph=True on a CPU model now
+
+    def _attach(self, model: nn.Module) -> None:
+        """Serve ``model``: check it, pick the decoder, forget slots built for another model."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module causal LM, got {type(model).__name__}"
+            )
+        lm = unwrap_causal_lm(model)
+        self._decoder: StaticDecoder = resolve_decoder(lm, self.decode_path)
+        self.model = model
+        self._lm = lm
+        self._slots: OrderedDict[tuple[Any, ...], _Slot] = OrderedDict()
+        self._fingerprint: tuple[Any, ...] | None = None
+
+    @property
+    def decoder_name(self) -> str:
+        """The decode path in use (``"llama_modules"`` or ``"model_forward"``)."""
+        return self._decoder.name
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self._lm.parameters()).device
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        num_samples: int = 1,
+    ) -> GenerationOutput:
+        """Sample ``num_samples`` completions per prompt; rows grouped by prompt."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        embeddings = self._lm.get_input_embeddings()
+        prompts = check_prompt_ids(prompt_ids, getattr(embeddings, "num_embeddings", None))
+        group_size = check_num_samples(num_samples)
+        rows = [list(prompt) for prompt in prompts for _ in range(group_size)]  # [N]
+        stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
+        rule = SamplingRule.from_params(params)
+        device = self._device
+        graphs = self._graphs_enabled(device)
+        completions: list[list[int]] = [[] for _ in rows]
+        finished = [False] * len(rows)
+        logprobs: list[list[float]] | None = [[] for _ in rows] if rule.with_logprobs else None
+        with (
+            _eval_mode(self.model),
+            torch.inference_mode(),
+            _seeded(params.seed, device),
+        ):
+            if graphs:
+                self._forget_stale_graphs()
+            for sub_batch in length_buckets([len(r) for r in rows], self.max_batch_size):
+                chunk = self._generate_chunk(
+                    [rows[i] for i in sub_batch], params.max_new_tokens, rule, stop_ids, graphs
+                )
+                for position, row in enumerate(sub_batch):  # back to the input order
+                    completions[row] = chunk.completion_ids[position]
+                    finished[row] = chunk.finished[position]
+                    if logprobs is not None and chunk.logprobs is not None:
+                        logprobs[row] = chunk.logprobs[position]
+        return GenerationOutput(
+            prompt_ids=rows,
+            completion_ids=completions,
+            finished=finished,
+            logprobs=logprobs,
+            weights_version=self.weights_version,
+        )
+
+    def _generate_chunk(
+        self,
+        batch: list[list[int]],
+        max_new_tokens: int,
+        rule: SamplingRule,
+        stop_ids: tuple[int, ...],
+        graphs: bool,
+    ) -> _Chunk:
+        """Prefill, first token, decode loop and read-back for one sub-batch."""
+        width = max(len(prompt) for prompt in batch)  # P
+        rows = _round_up(len(batch), self.row_bucket or (_GRAPH_ROW_BUCKET if graphs else 1))
+        columns = _round_up(
+            width + max_new_tokens, self.length_bucket or (_GRAPH_LENGTH_BUCKET if graphs else 1)
+        )
+        slot = self._slot(rows, columns)
+        input_ids, attention_mask = self._left_pad(batch, rows, width)  # [n, P], [n, P]
+        slot.start(attention_mask, real_rows=len(batch))
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min_(0)  # [n, P]
+        logits = self._decoder.prefill(slot.cache, input_ids, attention_mask, position_ids)
+        program = slot.program(rule, stop_ids)
+        emit(slot.buffers, program, logits, self.pad_token_id)
+        step = self._step_function(slot, program, graphs, room=columns - width)
+        emitted = self._decode_loop(step, slot.buffers.done, max_new_tokens)
+        return _read_back(slot.buffers, len(batch), emitted, rule.with_logprobs)
+
+    def _step_function(
+        self, slot: _Slot, program: _StepProgram, graphs: bool, room: int
+    ) -> Callable[[], None]:
+        """The captured graph of this slot and program, capturing it now if needed, or the
+        eager step. ``room``: free cache columns after the prompt (warm-up steps write there)."""
+        eager = partial(decode_step, self._decoder, slot, program, self.pad_token_id)
+        if not graphs:
+            return eager
+        if program.graph is None and not program.capture_failed and room > self.graph_warmup_steps:
+            program.graph = self._capture(slot, program, eager)
+        return program.graph or eager
+
+    def _capture(
+        self, slot: _Slot, program: _StepProgram, eager: Callable[[], None]
+    ) -> CapturedStep | None:
+        """Record ``eager`` as a CUDA graph; the slot's state and the RNG are left as found
+        (the warm-up steps really run). On any failure: warn once, decode eagerly."""
+        saved = slot.snapshot()
+        try:
+            with _preserved_rng(self._device):
+                return capture_step(eager, warmup_steps=self.graph_warmup_steps)
+        except Exception as error:  # capture is an optimisation; eager decoding is correct
+            program.capture_failed = True
+            logger.warning(
+                "CUDA graph capture of the decode step failed (%s: %s); decoding this shape "
+                "(%d rows, %d cache columns) eagerly. Models whose forward reads values on "
+                "the host (e.g. dynamic RoPE scaling) cannot be captured; pass "
+                "use_cuda_graph=False to silence this.",
+                type(error).__name__, error, *slot.buffers.visible.shape,
+            )  # fmt: skip
+            return None
+        finally:
+            _Slot.restore(saved)
+
+    def _decode_loop(self, step: Callable[[], None], done: Tensor, max_new_tokens: int) -> int:
+        """Run decode steps until ``max_new_tokens`` tokens exist or every row is done, reading
+        ``done`` on the host once per ``sync_every`` steps. Returns the tokens emitted."""
+        on_cpu = done.device.type == "cpu"
+        sync_every = self.sync_every or (1 if on_cpu else _ACCELERATOR_SYNC_EVERY)
+        emitted = 1  # the prefill's token
+        while emitted < max_new_tokens and not bool(done.all()):
+            burst = min(sync_every, max_new_tokens - emitted)
+            for _ in range(burst):
+                step()
+            emitted += burst
+        return emitted
+
+    def _slot(self, rows: int, columns: int) -> _Slot:
+        """The slot for this shape, most recently used last; builds it (and evicts) if new."""
+        from transformers import StaticCache
+
+        dtype, device = model_dtype(self._lm), self._device
+        key = (rows, columns, dtype, device)
+        if key in self._slots:
+            self._slots.move_to_end(key)
+            return self._slots[key]
+        while len(self._slots) >= self.max_cached_shapes:
+            self._slots.popitem(last=False)
+        cache = StaticCache(config=self._lm.config, max_cache_len=columns)
+        slot = _Slot(cache, _DecodeBuffers.allocate(rows, columns, dtype, device))
+        self._slots[key] = slot
+        return slot
+
+    def _left_pad(self, batch: list[list[int]], rows: int, width: int) -> tuple[Tensor, Tensor]:
+        """Left-padded ids and mask ``[n, P]``; bucket-padding rows get one pad token."""
+        prompts = batch + [[self.pad_token_id]] * (rows - len(batch))
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        return input_ids.to(self._device), attention_mask.to(self._device)
+
+    def _graphs_enabled(self, device: torch.device) -> bool:
+        if self.use_cuda_graph is False:
+            return False
+        if device.type in _GRAPH_DEVICE_TYPES:
+            return True
+        if self.use_cuda_graph is True:
+            raise ValueError(
+                f"use_cuda_graph=True needs the model on a CUDA device, but it is on "
+                f"{device.type!r}; pass use_cuda_graph='auto' (graphs where possible) or False"
+            )
+        return False
+
+    def _forget_stale_graphs(self) -> None:
+        """Drop every captured graph when parameter addresses or adapter state changed."""
+        fingerprint = _weights_fingerprint(self._lm)
+        if fingerprint != self._fingerprint:
+            for slot in self._slots.values():
+                slot.programs.clear()
+            self._fingerprint = fingerprint
+
+    def update_weights(self, model_or_state: Any, version: int) -> None:
+        """Point the backend at new policy weights and record their version.
+
+        ``model_or_state``: the model object it already serves (the trainer's usual call: only
+        the version is recorded; captured graphs stay valid because optimizer steps update
+        parameters in place), another model (served from now on; slots and graphs are
+        rebuilt), or a state dict copied into the current model in place (a partial one, e.g.
+        adapter weights only, is allowed; unknown keys are an error). Re-assigning parameters
+        (``module.weight = ...``, ``load_state_dict(..., assign=True)``, moving the model) or
+        merging / switching adapters changes what a graph recorded: the next ``generate``
+        notices (parameter addresses, adapter state) and captures again.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        if isinstance(model_or_state, nn.Module):
+            if model_or_state is not self.model:
+                self._attach(model_or_state)
+        elif isinstance(model_or_state, Mapping):
+            result = self.model.load_state_dict(dict(model_or_state), strict=False)
+            if result.unexpected_keys:
+                raise ValueError(
+                    f"state dict has {len(result.unexpected_keys)} key(s) the generation model "
+                    f"lacks, e.g. {result.unexpected_keys[:3]}; pass the state dict of the same "
+                    "model (peft models: get_peft_model_state_dict is not the full state dict)"
+                )
+        else:
+            raise TypeError(
+                f"update_weights takes a model or a state dict, got {type(model_or_state).__name__}"
+            )
+        self.weights_version = version
+
+
+def length_buckets(lengths: Sequence[int], max_batch_size: int | None) -> list[list[int]]:
+    """Row indices cut into sub-batches of similar prompt length.
+
+    Rows are sorted by length (stable, so a prompt's ``G`` samples stay together and in
+    order) and cut every ``max_batch_size`` rows (``None``: one sub-batch).
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    size = max_batch_size or max(len(order), 1)
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def _read_back(
+    buffers: _DecodeBuffers, real_rows: int, emitted: int, with_logprobs: bool
+) -> _Chunk:
+    """Outputs of the first ``real_rows`` rows, cut to each row's length (one host copy)."""
+    tokens = buffers.out_tokens[:real_rows, :emitted].tolist()
+    lengths = buffers.lengths[:real_rows].tolist()
+    finished = buffers.done[:real_rows].tolist()
+    completions = [row[:length] for row, length in zip(tokens, lengths, strict=True)]
+    logprobs = None
+    if with_logprobs:
+        values = buffers.out_logprobs[:real_rows, :emitted].tolist()
+        logprobs = [row[:length] for row, length in zip(values, lengths, strict=True)]
+    return _Chunk(completions, finished, logprobs)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _check_optional_positive(name: str, value: object, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an int or None" if allow_none else "an int"
+        raise TypeError(f"{name} must be {kind}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _special_ids(
+    model: nn.Module, tokenizer: Any, eos_token_ids: Sequence[int] | None
+) -> tuple[tuple[int, ...], int]:
+    """EOS ids (generation config, then tokenizer, unless given) and the pad id, as "hf"."""
+    generation_config = getattr(_generation_owner(model), "generation_config", None)
+    if eos_token_ids is None:
+        eos = _as_id_list(getattr(generation_config, "eos_token_id", None))
+        eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
+        eos_token_ids = list(dict.fromkeys(eos))
+    if not eos_token_ids:
+        raise ValueError(
+            "no EOS token id found in the model's generation config or the tokenizer; "
+            "pass eos_token_ids=[...]"
+        )
+    eos_ids = tuple(int(t) for t in eos_token_ids)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(generation_config, "pad_token_id", None)
+    # Padding is masked out and cut from the outputs, so any id works; EOS is conventional.
+    return eos_ids, int(pad) if pad is not None else eos_ids[0]
+
+
+def _weights_fingerprint(lm: nn.Module) -> tuple[Any, ...]:
+    """What a captured graph depends on besides shapes: tensor addresses, adapter state."""
+    tensors = itertools.chain(lm.parameters(), lm.buffers())
+    pointers = tuple(tensor.data_ptr() for tensor in tensors)
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return pointers, ()
+    adapters = tuple(
+        (module.disable_adapters, module.merged, tuple(module.active_adapters))
+        for module in lm.modules()
+        if isinstance(module, BaseTunerLayer)
+    )
+    return pointers, adapters
+
+
+@contextmanager
+def _preserved_rng(device: torch.device) -> Iterator[None]:
+    """Restore the RNG of ``device`` (and the CPU's) afterwards: warm-up steps draw numbers."""
+    accelerator = device.type != "cpu"
+    with torch.random.fork_rng(
+        devices=[device.index or 0] if accelerator else [],
+        device_type=device.type if accelerator else None,
+    ):
+        yield
+
+
+BACKENDS.add("static", StaticCacheBackend, aliases=("static_cache", "fast"))

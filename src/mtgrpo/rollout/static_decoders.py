@@ -1,0 +1,324 @@
+"""The model half of the static backend's decode step: prefill and one-token decode over a
+transformers ``StaticCache``, and which models can be served that way.
+
+Notation: ``n`` rows, ``P`` prompt width (left-padded), ``C`` cache length (columns), ``V``
+vocabulary size, ``H`` hidden size.
+
+Two decoders, picked by name (:data:`DECODERS`):
+
+* ``"model_forward"``: the causal LM's own ``forward`` with ``past_key_values=StaticCache`` and
+  a prepared 4-D additive attention mask ``[n, 1, 1, C]`` (transformers returns a 4-D mask
+  unchanged, ``masking_utils._preprocess_mask_arguments``). Any causal LM whose layers all get
+  a full-attention ``StaticLayer`` works. ``StaticLayer.update`` writes the new key/value at its
+  own ``cumulative_length`` counter, which the backend keeps equal to its ``column`` tensor.
+* ``"llama_modules"``: the same computation for the Llama family (Llama, Mistral, Qwen2,
+  Qwen3), composed from the model's own submodules (embedding, rotary embedding, norms,
+  projections, MLP, LM head), its own ``apply_rotary_pos_emb`` and transformers' attention
+  function for the configured implementation, so the numbers are those of ``forward``
+  (the tests check logits bit for bit). What it skips is the per-call machinery around them:
+  output dataclasses, decorators, ``Module.__call__`` of the decoder layers and attention
+  blocks, mask preparation, the cache's ``update`` dispatch. On a CPU, where a small model's
+  decode step is all dispatch overhead, that is about a third of the step. LoRA still
+  applies: peft injects its layers into the projection modules this decoder calls.
+
+Both decoders prefill with the model's ``forward`` and a 2-D padding mask (transformers builds
+the causal mask over the cache's ``C`` columns), with position ids from the mask so that left
+padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from mtgrpo._registry import Registry
+
+__all__ = [
+    "DECODERS",
+    "LLAMA_FAMILY",
+    "LlamaModulesDecoder",
+    "ModelForwardDecoder",
+    "StaticDecoder",
+    "check_static_cache_support",
+    "resolve_decoder",
+    "unwrap_causal_lm",
+]
+
+# Attention implementations whose mask is an additive [n, 1, q, C] tensor we can prepare
+# ourselves; flash / flex kernels take other mask formats (and FA2 unpads with a host sync).
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+# Causal LM class name -> its transformers modeling module. These classes share one decoder
+# layer shape (pre-norm attention + MLP, rotary embedding, optional q/k norms) that
+# LlamaModulesDecoder re-composes; exact types are checked, so a subclass that overrides a
+# forward falls back to "model_forward".
+LLAMA_FAMILY: dict[str, str] = {
+    "LlamaForCausalLM": "transformers.models.llama.modeling_llama",
+    "MistralForCausalLM": "transformers.models.mistral.modeling_mistral",
+    "Qwen2ForCausalLM": "transformers.models.qwen2.modeling_qwen2",
+    "Qwen3ForCausalLM": "transformers.models.qwen3.modeling_qwen3",
+}
+
+
+class StaticDecoder(Protocol):
+    """Prefill and decode over a ``StaticCache``; both return next-token logits ``[n, V]``."""
+
+    name: str
+
+    def prefill(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> Tensor: ...
+
+    def decode(
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+    ) -> Tensor: ...
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers causal LM behind ``torch.compile`` and peft (LoRA-style) wrappers.
+
+    Calling the base model applies LoRA (its layers live inside the base model's modules);
+    prompt-learning peft methods add virtual tokens in the peft forward only, so they are
+    refused.
+    """
+    module = getattr(model, "_orig_mod", model)
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return module
+    if not isinstance(module, PeftModel):
+        return module
+    if module.active_peft_config.is_prompt_learning:
+        raise ValueError(
+            f"the static backend cannot serve prompt-learning peft models "
+            f"({type(module.active_peft_config).__name__}: virtual tokens are added in the peft "
+            "forward); use the 'hf' generation backend"
+        )
+    return module.get_base_model()
+
+
+def check_static_cache_support(lm: nn.Module) -> None:
+    """Raise ``ValueError`` (or ``TypeError``) unless ``lm`` can decode over a full-attention
+    ``StaticCache``.
+
+    Refused, with the reason: models without a transformers config or forward taking
+    ``past_key_values``/``position_ids``; encoder-decoders; any layer whose static cache layer
+    is not a plain ``StaticLayer`` (sliding-window or chunked attention, linear-attention /
+    recurrent state, shared or indexed caches: their masks or state updates differ from the
+    single growing causal window this backend prepares); attention implementations other than
+    ``"sdpa"`` and ``"eager"``.
+    """
+    config = getattr(lm, "config", None)
+    if config is None or not callable(getattr(config, "get_text_config", None)):
+        raise TypeError(
+            f"{type(lm).__name__} has no transformers config; the static backend serves "
+            "transformers causal LMs (use the 'hf' backend or an external engine otherwise)"
+        )
+    parameters = inspect.signature(lm.forward).parameters
+    missing = [name for name in ("past_key_values", "position_ids") if name not in parameters]
+    if missing:
+        raise TypeError(
+            f"{type(lm).__name__}.forward does not take {missing}; the static backend needs a "
+            "causal LM forward with a KV cache and position ids (use the 'hf' backend)"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(lm).__name__} is an encoder-decoder model; the static backend serves "
+            "decoder-only causal LMs (use the 'hf' backend)"
+        )
+    _check_cache_layers(config)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"the static backend prepares attention masks for attn_implementation "
+            f"{SUPPORTED_ATTENTION}, but this model uses {implementation!r}; load it with "
+            "attn_implementation='sdpa' or use the 'hf' backend"
+        )
+
+
+def _check_cache_layers(config: Any) -> None:
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    try:
+        probe = StaticCache(config=config, max_cache_len=1)  # layers allocate lazily: cheap
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise ValueError(
+            f"transformers cannot build a StaticCache for this model ({error}); use the 'hf' "
+            "backend"
+        ) from error
+    unsupported = sorted({type(layer).__name__ for layer in probe.layers} - {"StaticLayer"})
+    if unsupported or not all(type(layer) is StaticLayer for layer in probe.layers):
+        raise ValueError(
+            f"the static backend needs full causal attention in every layer, but this model's "
+            f"static cache has {unsupported} layers (sliding-window, chunked or recurrent "
+            "attention); use the 'hf' backend"
+        )
+
+
+def _logits_to_keep(lm: nn.Module) -> dict[str, int]:
+    accepts = "logits_to_keep" in inspect.signature(lm.forward).parameters
+    return {"logits_to_keep": 1} if accepts else {}
+
+
+class ModelForwardDecoder:
+    """Prefill and decode through the causal LM's own ``forward`` (any supported model)."""
+
+    name = "model_forward"
+
+    def __init__(self, lm: nn.Module) -> None:
+        self.lm = lm
+        self._keep = _logits_to_keep(lm)
+
+    def prefill(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> Tensor:
+        """Write the prompts' keys/values into columns ``0..P-1``; logits of the last column.
+
+        ``input_ids, attention_mask, position_ids: [n, P]`` -> ``[n, V]``.
+        """
+        output = self.lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **self._keep,
+        )
+        return output.logits[:, -1]
+
+    def decode(
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+    ) -> Tensor:
+        """One token per row: ``tokens, positions: [n, 1]``, ``mask: [n, 1, 1, C]`` -> ``[n, V]``.
+
+        ``column`` (``[1]``) is where the token's key/value go; here the cache's own counter
+        decides, and the backend keeps the two equal.
+        """
+        output = self.lm(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **self._keep,
+        )
+        return output.logits[:, -1]
+
+
+class LlamaModulesDecoder(ModelForwardDecoder):
+    """The decode step of a Llama-family model, composed from its modules (module docstring).
+
+    Mirrors ``<Family>DecoderLayer.forward`` and ``<Family>Attention.forward`` of transformers
+    5.23 line by line: ``x += attn(input_layernorm(x))``; ``x += mlp(post_attention_layernorm(x))``;
+    attention: project, view ``[n, 1, heads, d]``, q/k norms where the family has them,
+    transpose, rotary embedding, write key/value at ``column``, attention over all ``C``
+    columns under the additive mask, ``o_proj``.
+    """
+
+    name = "llama_modules"
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__(lm)
+        reason = llama_family_mismatch(lm)
+        if reason is not None:
+            raise ValueError(
+                f"decode path 'llama_modules' cannot serve this model: {reason}; use "
+                "decode_path='model_forward' (or 'auto')"
+            )
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        modeling = importlib.import_module(LLAMA_FAMILY[type(lm).__name__])
+        self._rotary: Callable[..., tuple[Tensor, Tensor]] = modeling.apply_rotary_pos_emb
+        self._attention: Callable[..., tuple[Tensor, Any]] = ALL_ATTENTION_FUNCTIONS.get_interface(
+            lm.config._attn_implementation, modeling.eager_attention_forward
+        )
+
+    def decode(
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+    ) -> Tensor:
+        backbone = self.lm.model
+        hidden = backbone.embed_tokens(tokens)  # [n, 1, H]
+        cos_sin = backbone.rotary_emb(hidden, positions)
+        layers = backbone.layers[: backbone.config.num_hidden_layers]
+        for layer, stored in zip(layers, cache.layers, strict=True):
+            attended = self._attend(
+                layer.self_attn, layer.input_layernorm(hidden), cos_sin, mask, stored, column
+            )
+            hidden = hidden + attended
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.lm.lm_head(backbone.norm(hidden))[:, -1]  # [n, V]
+
+    def _attend(
+        self,
+        attn: nn.Module,
+        hidden: Tensor,
+        cos_sin: tuple[Tensor, Tensor],
+        mask: Tensor,
+        stored: Any,
+        column: Tensor,
+    ) -> Tensor:
+        input_shape = hidden.shape[:-1]  # (n, 1)
+        head_shape = (*input_shape, -1, attn.head_dim)
+        query = attn.q_proj(hidden).view(head_shape)
+        key = attn.k_proj(hidden).view(head_shape)
+        q_norm = getattr(attn, "q_norm", None)
+        if q_norm is not None:  # Qwen3 normalises each head before the rotary embedding
+            query, key = q_norm(query), attn.k_norm(key)
+        query, key = query.transpose(1, 2), key.transpose(1, 2)  # [n, heads, 1, d]
+        value = attn.v_proj(hidden).view(head_shape).transpose(1, 2)
+        cos, sin = cos_sin
+        query, key = self._rotary(query, key, cos, sin)
+        stored.keys.index_copy_(2, column, key)  # [n, kv_heads, C, d]
+        stored.values.index_copy_(2, column, value)
+        output, _ = self._attention(
+            attn, query, stored.keys, stored.values, mask, dropout=0.0, scaling=attn.scaling
+        )
+        return attn.o_proj(output.reshape(*input_shape, -1).contiguous())
+
+
+def llama_family_mismatch(lm: nn.Module) -> str | None:
+    """Why :class:`LlamaModulesDecoder` cannot serve ``lm`` (None when it can).
+
+    Every class on the path must be exactly the family's transformers class (a subclass may
+    change a forward this decoder re-composes).
+    """
+    name = type(lm).__name__
+    if name not in LLAMA_FAMILY:
+        return f"{name} is not one of {sorted(LLAMA_FAMILY)}"
+    modeling = importlib.import_module(LLAMA_FAMILY[name])
+    family = name.removesuffix("ForCausalLM")
+    expected: list[tuple[object, str]] = [
+        (lm, name),
+        (getattr(lm, "model", None), f"{family}Model"),
+    ]
+    for layer in getattr(lm.model, "layers", []):
+        expected += [(layer, f"{family}DecoderLayer"), (layer.self_attn, f"{family}Attention")]
+    for module, class_name in expected:
+        if type(module) is not getattr(modeling, class_name, None):
+            return f"{type(module).__name__} found where {class_name} was expected"
+    return None
+
+
+DECODERS: Registry[Callable[[nn.Module], StaticDecoder]] = Registry("static decode path")
+DECODERS.add("model_forward", ModelForwardDecoder, aliases=("forward",))
+DECODERS.add("llama_modules", LlamaModulesDecoder, aliases=("modules",))
+
+
+def resolve_decoder(lm: nn.Module, decode_path: str = "auto") -> StaticDecoder:
+    """The decoder named ``decode_path``; ``"auto"``: ``"llama_modules"`` where it applies,
+    else ``"model_forward"``. Checks :func:`check_static_cache_support` first."""
+    check_static_cache_support(lm)
+    if decode_path == "auto":
+        decode_path = "llama_modules" if llama_family_mismatch(lm) is None else "model_forward"
+    return DECODERS.get(decode_path)(lm)
+
+
+def model_dtype(lm: nn.Module) -> torch.dtype:
+    """The dtype of the hidden states (the input embedding's), which the mask must match."""
+    return lm.get_input_embeddings().weight.dtype

@@ -1,0 +1,127 @@
+"""Next-token sampling on the device, without a host synchronisation: the sampling half of the
+static backend's decode step (:mod:`mtgrpo.rollout.static`).
+
+Notation: ``n`` rows decoded together, ``V`` vocabulary size.
+
+The distribution is the one :class:`~mtgrpo.rollout.base.SamplingParams` documents and the "hf"
+backend draws from: transformers' ``TemperatureLogitsWarper`` -> ``TopKLogitsWarper`` ->
+``TopPLogitsWarper`` chain (``transformers/generation/logits_process.py``, 5.23) applied to the
+next-token logits copied to float32, each warper present only when it changes something
+(temperature != 1, top_k > 0, top_p < 1), then ``softmax``. :func:`warp_logits` performs the
+same tensor operations in the same order, so it is equal to that chain bit for bit.
+
+One departure, on purpose: ``generate`` draws with ``torch.multinomial(softmax(scores), 1)``;
+we draw with the Gumbel-max ("exponential race") trick, ``argmax_v(log p_v - log E_v)`` with
+``E_v ~ Exp(1)`` i.i.d., which picks token ``v`` with probability exactly ``p_v`` (the minimum
+of independent ``E_v / p_v`` is attained at ``v`` with probability ``p_v / sum p``). It is made of
+plain elementwise ops and an argmax: no data-dependent control flow and no host read, so it can
+be captured in a CUDA graph; it draws from the default generator, which CUDA graphs replay
+safely (each replay advances the generator's offset). Same distribution, different random
+stream: a seed reproduces this backend's samples, not ``generate``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtgrpo.rollout.base import SamplingParams
+
+__all__ = ["SampledTokens", "SamplingRule", "draw_tokens", "warp_logits"]
+
+# The smallest Exp(1) draw we allow: exponential_ may return exactly 0 (float32 uniform
+# draws hit 0 with probability 2^-24 per element, i.e. many times per step over a 150k
+# vocabulary), and -log(0) = +inf would make the argmax pick that element even where the
+# token is filtered out (-inf + inf = NaN). Clamping changes the distribution by at most
+# the probability of such a draw.
+_MIN_EXPONENTIAL = torch.finfo(torch.float32).tiny
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    """One token per row and its log-probability under the distribution it was drawn from."""
+
+    tokens: Tensor  # [n] int64
+    logprobs: Tensor  # [n] float32 (zeros when the rule does not compute them)
+
+
+@dataclass(frozen=True)
+class SamplingRule:
+    """The part of :class:`SamplingParams` that shapes one decode step (hashable: a CUDA graph
+    is captured per rule).
+
+    ``greedy``: argmax of the float32 logits (temperature, top-k and top-p ignored, as with
+    ``generate(do_sample=False)``). ``with_logprobs``: also return the log-probability of the
+    chosen token (sampling computes it anyway; greedy decoding skips the ``[n, V]``
+    log-softmax unless asked).
+    """
+
+    greedy: bool
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    with_logprobs: bool = False
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> SamplingRule:
+        if params.is_greedy:
+            return cls(greedy=True, with_logprobs=params.return_logprobs)
+        return cls(
+            greedy=False,
+            temperature=float(params.temperature),
+            top_k=params.top_k,
+            top_p=float(params.top_p),
+            with_logprobs=params.return_logprobs,
+        )
+
+    def __call__(self, logits: Tensor) -> SampledTokens:
+        """Draw one token per row from next-token ``logits: [n, V]`` (any float dtype)."""
+        scores = logits.float()  # [n, V]: generate copies the logits to float32 first
+        if self.greedy:
+            tokens = scores.argmax(-1)  # [n]
+            if not self.with_logprobs:
+                return SampledTokens(tokens, torch.zeros_like(scores[:, 0]))
+            logprobs = torch.log_softmax(scores, dim=-1)
+            return SampledTokens(tokens, logprobs.gather(-1, tokens[:, None])[:, 0])
+        return draw_tokens(
+            warp_logits(scores, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        )
+
+
+def warp_logits(scores: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """Temperature, then top-k, then top-p, as transformers' warpers do; ``[n, V]`` -> ``[n, V]``.
+
+    ``scores / T``; with ``k = min(max(top_k, 1), V)``, tokens scoring below the k-th largest
+    score get ``-inf`` (ties with the k-th are kept); nucleus: sort ascending, drop the tokens
+    whose cumulative probability (from the least likely up) is ``<= 1 - top_p``, always keeping
+    the most likely token. ``scores`` must be float32 (the caller's copy; it is not modified).
+    """
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k > 0:
+        k = min(top_k, scores.shape[-1])
+        kth = torch.topk(scores, k)[0][..., -1, None]  # [n, 1]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if top_p < 1.0:
+        sorted_scores, sorted_index = torch.sort(scores, descending=False)  # [n, V]
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        sorted_remove = cumulative <= (1 - top_p)
+        sorted_remove[..., -1:] = False  # keep at least the most likely token
+        remove = sorted_remove.scatter(1, sorted_index, sorted_remove)
+        scores = scores.masked_fill(remove, -float("inf"))
+    return scores
+
+
+def draw_tokens(scores: Tensor) -> SampledTokens:
+    """Sample one token per row from ``softmax(scores)`` (``[n, V]`` float32, ``-inf`` = banned).
+
+    Gumbel-max: ``argmax(log_softmax(scores) - log E)``, ``E ~ Exp(1)`` from the default
+    generator (see the module docstring). Returns the tokens and their log-probabilities
+    ``log_softmax(scores)[token]``.
+    """
+    logprobs = torch.log_softmax(scores, dim=-1)  # [n, V]
+    noise = torch.empty_like(logprobs).exponential_().clamp_min_(_MIN_EXPONENTIAL)
+    tokens = (logprobs - noise.log()).argmax(-1)  # [n]
+    return SampledTokens(tokens, logprobs.gather(-1, tokens[:, None])[:, 0])
