@@ -69,7 +69,8 @@ def test_hostile_answers_are_bounded_by_the_time_limit(completion: str) -> None:
     rewards = math_reward(None, [completion], answer=["5"], timeout_seconds=0.5)
     elapsed = time.perf_counter() - started
     assert rewards == [0.0]
-    assert elapsed < 0.5 + 0.5, f"{elapsed:.2f} s"
+    # without the limit these run for minutes or forever; the slack absorbs a loaded machine
+    assert elapsed < 0.5 + 2.5, f"{elapsed:.2f} s"
 
 
 def test_previous_alarm_handler_and_timer_are_restored() -> None:
