@@ -15,7 +15,8 @@ def test_a_saved_lora_adapter_loads_with_its_base(tiny_model_dir, tmp_path):
     torch.testing.assert_close(loaded(ids).logits, expected, atol=1e-6, rtol=0)
     assert not any(p.requires_grad for p in loaded.parameters())
     trainable = load_model(str(tmp_path), for_training=True)
-    assert {n for n, p in trainable.named_parameters() if p.requires_grad} and all(
+    assert {n for n, p in trainable.named_parameters() if p.requires_grad}
+    assert all(
         "lora_" in n for n, p in trainable.named_parameters() if p.requires_grad
     )
     assert load_tokenizer(str(tmp_path)).encode("hi") == load_tokenizer(
