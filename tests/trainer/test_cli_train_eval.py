@@ -17,7 +17,7 @@ def _config(tmp_path, tiny_model_dir) -> str:
                   "workers": 0, "cache_dir": str(tmp_path / "cache")},
         "output_dir": str(tmp_path / "run"),
         "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
-        "max_completion_length": 8, "max_prompt_length": 1024, "save_steps": 0,
+        "max_completion_length": 8, "max_prompt_length": 400, "save_steps": 0,
         "task_weighting": "mt_grpo", "batch_construction": "ratio_preserving",
         "zero_gradient_filter": "none",
     }

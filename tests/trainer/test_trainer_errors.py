@@ -108,3 +108,8 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, resume_from_checkpoint=True)
     with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
         trainer.train()
+
+
+def test_lengths_beyond_the_model_context_are_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings=512"):
+        _trainer(tiny_model_dir, tmp_path, max_prompt_length=500, max_completion_length=100)

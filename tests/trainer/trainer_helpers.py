@@ -50,7 +50,8 @@ def length_bonus(prompts, completions, **kwargs):
 def args(output_dir, **overrides: Any) -> GRPOConfig:
     options: dict[str, Any] = {
         "output_dir": str(output_dir), "max_steps": 2, "num_generations": 4,
-        "prompts_per_step": 4, "max_completion_length": 12, "learning_rate": 5e-3,
+        "prompts_per_step": 4, "max_completion_length": 12, "max_prompt_length": 128,
+        "learning_rate": 5e-3,
         "save_steps": 0, "logging_steps": 1, "seed": 0, "lr_scheduler_type": "constant",
     }
     options.update(overrides)

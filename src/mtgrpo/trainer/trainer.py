@@ -60,6 +60,19 @@ def _task_names(rows: Any) -> list[str]:
     return sorted({str(row["task"]) for row in rows})
 
 
+def _check_context_length(model: Any, args: GRPOConfig) -> None:
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is None or args.max_prompt_length is None:
+        return
+    needed = args.max_prompt_length + args.max_completion_length
+    if needed > limit:
+        raise ValueError(
+            f"max_prompt_length ({args.max_prompt_length}) + max_completion_length "
+            f"({args.max_completion_length}) = {needed} tokens exceeds the model's "
+            f"max_position_embeddings={limit}; lower one of them"
+        )
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -127,6 +140,7 @@ class GRPOTrainer:
         self.model, self.tokenizer, self.is_peft = load_policy(
             model, processing_class, peft_config, args
         )
+        _check_context_length(self.model, args)
         self.train_prompts = PromptSet(
             train_rows, self.tokenizer, max_prompt_length=args.max_prompt_length,
             on_long_prompt=args.on_long_prompt, task_names=task_names,
@@ -416,6 +430,18 @@ class GRPOTrainer:
         directory = Path(directory)
         self.unwrapped.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
+
+    def push_to_hub(self, repo_id: str, *, private: bool = True,
+                    commit_message: str = "Upload model trained with mtgrpo") -> None:
+        """Upload the model (or the LoRA adapter) and tokenizer to the Hugging Face Hub.
+
+        Needs network access and a token (``huggingface-cli login`` or ``HF_TOKEN``); only the
+        main process uploads.
+        """
+        if not self.is_main_process:
+            return
+        self.unwrapped.push_to_hub(repo_id, private=private, commit_message=commit_message)
+        self.tokenizer.push_to_hub(repo_id, private=private, commit_message=commit_message)
 
     def _resume(self, target: str | bool) -> None:
         checkpoint = ckpt.latest_checkpoint(self.output_dir) if target is True else Path(target)
