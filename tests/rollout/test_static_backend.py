@@ -1,0 +1,619 @@
+"""The static-cache backend on the tiny models: token-for-token agreement with the "hf" backend,
+log-probabilities equal to the trainer's, the sampling distribution, stopping, ordering,
+seeding, weights updates, refusals, and the CUDA-graph bookkeeping (run on the CPU with a
+stand-in capture)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from scipy.stats import chisquare
+
+import mtgrpo.rollout.static as static_module
+from mtgrpo.models import apply_lora, load_model, load_model_and_tokenizer
+from mtgrpo.policy import sequence_logprobs
+from mtgrpo.rollout import (
+    BACKENDS,
+    GenerationBackend,
+    HFGenerateBackend,
+    SamplingParams,
+    make_backend,
+)
+from mtgrpo.rollout.static import StaticCacheBackend, length_buckets
+
+EOS, PAD = 258, 256  # <|im_end|>, <|endoftext|>: the tiny model's generation_config EOS ids
+# Prompts of different lengths (1 to 12 tokens), so a sub-batch needs left padding.
+PROMPTS = [[71, 100, 107, 107, 110], [257, 116, 114, 100, 113, 11, 1, 3, 9, 11, 80, 12], [42],
+           [12, 11, 12, 28]]  # fmt: skip
+ARCHS = ["tiny_model_dir", "tiny_qwen2_model_dir"]
+PATHS = ["llama_modules", "model_forward"]
+
+
+def _model(path: Path, **options: object) -> torch.nn.Module:
+    return load_model(path, for_training=False, **options)
+
+
+def _greedy(max_new_tokens: int, **options: object) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, greedy=True, **options)
+
+
+def _random_lora(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    policy = apply_lora(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:  # zero-initialised: make the adapter do something
+                param.normal_(std=0.5, generator=generator)
+    return policy
+
+
+def _chi_square_pvalue(samples: list[int], probs: torch.Tensor) -> float:
+    """Pearson's test of the sample counts against ``probs``, pooling tokens expected < 5 times."""
+    n = len(samples)
+    counts = Counter(samples)
+    expected = (probs * n).tolist()
+    big = [t for t, e in enumerate(expected) if e >= 5]
+    observed = [counts[t] for t in big] + [n - sum(counts[t] for t in big)]
+    wanted = [expected[t] for t in big] + [n - sum(expected[t] for t in big)]
+    if wanted[-1] < 1e-9:
+        observed, wanted = observed[:-1], wanted[:-1]
+    return float(chisquare(observed, wanted).pvalue)
+
+
+# -- agreement with the "hf" backend ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("decode_path", PATHS)
+def test_greedy_equals_hf_batched_and_alone(
+    arch: str, decode_path: str, request: pytest.FixtureRequest
+) -> None:
+    model = _model(request.getfixturevalue(arch))
+    params = _greedy(24)
+    expected = HFGenerateBackend(model, max_batch_size=None).generate(PROMPTS, params)
+    batched = StaticCacheBackend(model, decode_path=decode_path).generate(PROMPTS, params)
+    alone = StaticCacheBackend(model, max_batch_size=1, decode_path=decode_path).generate(
+        PROMPTS, params
+    )
+    assert batched.completion_ids == expected.completion_ids == alone.completion_ids
+    assert batched.finished == expected.finished == alone.finished
+    assert batched.prompt_ids == PROMPTS
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_equals_hf_with_lora(arch: str, request: pytest.FixtureRequest) -> None:
+    policy = _random_lora(_model(request.getfixturevalue(arch)))
+    params = _greedy(16)
+    backend = make_backend("static", policy, None)
+    assert backend.decoder_name == "llama_modules"  # LoRA layers sit inside the modules
+    got = backend.generate(PROMPTS, params).completion_ids
+    assert got == HFGenerateBackend(policy).generate(PROMPTS, params).completion_ids
+    with policy.disable_adapter():  # the adapter changed the output, so it really applied
+        assert backend.generate(PROMPTS, params).completion_ids != got
+
+
+def test_greedy_equals_hf_with_eager_attention(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir, attn_implementation="eager")
+    params = _greedy(16)
+    for decode_path in PATHS:
+        got = StaticCacheBackend(model, decode_path=decode_path).generate(PROMPTS, params)
+        expected = HFGenerateBackend(model).generate(PROMPTS, params)
+        assert got.completion_ids == expected.completion_ids
+
+
+def _tiny_config(family: str) -> transformers.PretrainedConfig:
+    common = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 128,
+              "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
+    configs = {
+        "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, **common),
+        "mistral": lambda: transformers.MistralConfig(
+            num_key_value_heads=2, sliding_window=None, **common
+        ),
+        "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, **common),
+        "gpt2": lambda: transformers.GPT2Config(
+            vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128, eos_token_id=2,
+            bos_token_id=1,
+        ),
+    }
+    return configs[family]()
+
+
+def _in_memory_model(family: str) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(_tiny_config(family)).eval()
+
+
+@pytest.mark.parametrize(
+    ("family", "decode_path"),
+    [("qwen3", "llama_modules"), ("mistral", "llama_modules"), ("phi3", "model_forward"),
+     ("gpt2", "model_forward")],
+)
+def test_other_architectures_pick_their_decode_path_and_equal_hf(
+    family: str, decode_path: str
+) -> None:
+    model = _in_memory_model(family)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    backend = StaticCacheBackend(model, eos_token_ids=[2])
+    assert backend.decoder_name == decode_path
+    expected = HFGenerateBackend(model, eos_token_ids=[2]).generate(prompts, _greedy(12))
+    assert backend.generate(prompts, _greedy(12)).completion_ids == expected.completion_ids
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_module_decode_step_equals_the_model_forward_bit_for_bit(
+    family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
+) -> None:
+    from transformers import StaticCache
+
+    from mtgrpo.rollout.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
+
+    paths = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
+    model = _model(paths[family]) if family in paths else _in_memory_model(family)
+    n, width, columns = 3, 5, 9
+    input_ids = torch.randint(3, 250, (n, width), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones((n, width), dtype=torch.long)
+    attention_mask[1, :2] = 0  # a left-padded row
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    visible = torch.full((n, columns), torch.finfo(torch.float32).min)
+    visible[:, :width].masked_fill_(attention_mask.bool(), 0.0)
+    visible[:, width] = 0.0
+    tokens, positions = torch.tensor([[7], [8], [9]]), attention_mask.sum(-1, keepdim=True)
+    column = torch.tensor([width])
+    logits = []
+    with torch.inference_mode():
+        for decoder in (ModelForwardDecoder(model), LlamaModulesDecoder(model)):
+            cache = StaticCache(config=model.config, max_cache_len=columns)
+            decoder.prefill(cache, input_ids, attention_mask, position_ids)
+            logits.append(
+                decoder.decode(cache, tokens, positions, visible[:, None, None, :], column)
+            )
+    assert logits[0].shape == (n, model.config.vocab_size)
+    assert torch.equal(logits[0], logits[1])
+
+
+# -- log-probabilities and the sampling distribution -----------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logprobs_equal_the_trainers_sequence_logprobs(
+    arch: str, request: pytest.FixtureRequest
+) -> None:
+    model = _model(request.getfixturevalue(arch))
+    temperature = 0.7
+    out = StaticCacheBackend(model, max_batch_size=3).generate(
+        PROMPTS, SamplingParams(max_new_tokens=10, temperature=temperature, seed=4,
+                                return_logprobs=True), num_samples=2,
+    )  # fmt: skip
+    assert out.logprobs is not None
+    # The trainer's layout: left-padded prompts, then right-padded completions.
+    width, length = max(map(len, out.prompt_ids)), max(out.completion_lengths)
+    input_ids = torch.full((len(out), width + length), PAD)
+    attention_mask = torch.zeros_like(input_ids)
+    pairs = zip(out.prompt_ids, out.completion_ids, strict=True)
+    for row, (prompt, completion) in enumerate(pairs):
+        span = slice(width - len(prompt), width + len(completion))
+        input_ids[row, span] = torch.tensor(prompt + completion)
+        attention_mask[row, span] = 1
+    with torch.no_grad():
+        expected = sequence_logprobs(model, input_ids, attention_mask, length,
+                                     temperature=temperature).logps  # fmt: skip
+    for row, logprobs in enumerate(out.logprobs):
+        got = torch.tensor(logprobs, dtype=torch.float32)
+        torch.testing.assert_close(got, expected[row, : len(logprobs)], rtol=0, atol=1e-5)
+
+
+def _first_token_probs(
+    model: torch.nn.Module, prompt: list[int], temperature: float
+) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].double()  # [V]
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def _restrict(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-k, then to the nucleus, renormalised (plain
+    loop over tokens, most probable first)."""
+    order = sorted(range(len(probs)), key=lambda t: -float(probs[t]))
+    kept = order[:top_k] if top_k > 0 else order
+    mass = sum(float(probs[t]) for t in kept)
+    nucleus, mass_before = [], 0.0
+    for token in kept:
+        if mass_before >= top_p:
+            break
+        nucleus.append(token)
+        mass_before += float(probs[token]) / mass
+    restricted = torch.zeros_like(probs)
+    restricted[nucleus] = probs[nucleus] / probs[nucleus].sum()
+    return restricted
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"),
+                         [(0.6, 0, 1.0), (1.0, 0, 1.0), (1.4, 6, 1.0), (0.8, 0, 0.7),
+                          (1.2, 12, 0.9)])  # fmt: skip
+def test_first_token_frequencies_match_the_restricted_softmax(
+    tiny_model_dir: Path, temperature: float, top_k: int, top_p: float
+) -> None:
+    model = _model(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)  # a peaked distribution, so temperature and top-p matter
+    expected = _restrict(_first_token_probs(model, PROMPTS[2], temperature), top_k, top_p)
+    support = torch.nonzero(expected).flatten().tolist()
+    assert 5 < len(support) <= (top_k or 259)  # the restriction leaves a real choice
+    n = 4000
+    params = SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=11, return_logprobs=True)  # fmt: skip
+    out = StaticCacheBackend(model).generate([PROMPTS[2]], params, num_samples=n)
+    samples = [c[0] for c in out.completion_ids]
+    assert set(samples) <= set(support)
+    assert _chi_square_pvalue(samples, expected) > 1e-3
+    if temperature != 1.0 and top_k == 0:  # far from T = 1 (over a few top-k tokens, T is faint)
+        unwarped = _restrict(_first_token_probs(model, PROMPTS[2], 1.0), top_k, top_p)
+        assert _chi_square_pvalue(samples, unwarped) < 1e-6
+    # the returned log-probs are those of the (restricted) distribution the token came from
+    got = torch.tensor([lp[0] for lp in out.logprobs or []], dtype=torch.float64)
+    torch.testing.assert_close(got, expected.log()[samples], rtol=0, atol=2e-5)
+
+
+def test_default_top_k_is_off(tiny_model_dir: Path) -> None:
+    # ~259 distinct first tokens in 3000 draws from a near-uniform model (see the hf test).
+    out = StaticCacheBackend(_model(tiny_model_dir)).generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=1, seed=0), num_samples=3000
+    )
+    assert len({c[0] for c in out.completion_ids}) > 200
+
+
+def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng(tiny_model_dir: Path) -> None:
+    backend = StaticCacheBackend(_model(tiny_model_dir), max_batch_size=4)
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, seed=123)
+    state = torch.random.get_rng_state()
+    first = backend.generate(PROMPTS, params, num_samples=2)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    second = backend.generate(PROMPTS, params, num_samples=2)
+    other = backend.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.9,
+                                                     top_p=0.95, seed=124), num_samples=2)
+    assert (first.completion_ids, first.finished) == (second.completion_ids, second.finished)
+    assert first.completion_ids != other.completion_ids
+
+
+def test_unseeded_sampling_follows_the_global_rng(tiny_model_dir: Path) -> None:
+    backend = StaticCacheBackend(_model(tiny_model_dir))
+    params = SamplingParams(max_new_tokens=8)
+    torch.manual_seed(5)
+    first = backend.generate(PROMPTS, params).completion_ids
+    second = backend.generate(PROMPTS, params).completion_ids
+    torch.manual_seed(5)
+    assert backend.generate(PROMPTS, params).completion_ids == first
+    assert first != second
+
+
+# -- stopping, ordering, grouping --------------------------------------------------------------
+
+
+def _force_eos_after(model: torch.nn.Module, prompt: list[int]) -> None:
+    """Make EOS's output row 3x that of the prompt's greedy first token: wherever that token's
+    logit is the (positive) maximum, EOS's is 3x larger and wins."""
+    with torch.no_grad():
+        first = int(model(torch.tensor([prompt])).logits[0, -1].argmax())
+        model.lm_head.weight[EOS] = 3 * model.lm_head.weight[first]
+
+
+@pytest.mark.parametrize("decode_path", PATHS)
+def test_rows_stop_at_their_first_stop_token(tiny_model_dir: Path, decode_path: str) -> None:
+    model = _model(tiny_model_dir)
+    _force_eos_after(model, PROMPTS[0])
+    params = _greedy(8)
+    out = StaticCacheBackend(model, decode_path=decode_path).generate(PROMPTS, params)
+    expected = HFGenerateBackend(model).generate(PROMPTS, params)
+    assert (out.completion_ids, out.finished) == (expected.completion_ids, expected.finished)
+    assert out.completion_ids[0] == [EOS]  # the forced stop, kept
+    assert out.finished[0]
+    assert False in out.finished  # and at least one row cut at max_new_tokens
+    for completion, finished in zip(out.completion_ids, out.finished, strict=True):
+        stops = [i for i, t in enumerate(completion) if t in (EOS, PAD)]
+        assert stops == ([len(completion) - 1] if finished else [])
+        assert finished or len(completion) == 8
+
+
+def test_extra_stop_token_and_one_token_completions(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    backend = StaticCacheBackend(model)
+    free = backend.generate(PROMPTS, _greedy(10)).completion_ids
+    stop = free[1][4]
+    out = backend.generate(PROMPTS, _greedy(10, stop_token_ids=(stop,)))
+    assert out.completion_ids[1] == free[1][: free[1].index(stop) + 1]
+    assert out.finished[1]
+    expected = HFGenerateBackend(model).generate(PROMPTS, _greedy(10, stop_token_ids=(stop,)))
+    assert (out.completion_ids, out.finished) == (expected.completion_ids, expected.finished)
+    single = backend.generate(PROMPTS, _greedy(1, return_logprobs=True))
+    assert single.completion_ids == [c[:1] for c in free]
+    assert single.completion_lengths == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("sync_every", [2, 4, 16])
+def test_done_is_read_every_sync_every_steps(
+    tiny_model_dir: Path, sync_every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny_model_dir)
+    free = StaticCacheBackend(model).generate(PROMPTS, _greedy(30)).completion_ids
+    # Stop every row at a token that ends each completion early (at index 2..6 of row 0).
+    stops = tuple({row[min(i + 2, len(row) - 1)] for i, row in enumerate(free)})
+    params = _greedy(30, stop_token_ids=stops)
+
+    def count_decode_steps(backend: StaticCacheBackend) -> tuple[list[list[int]], int]:
+        calls = []
+        original = backend._decoder.decode
+        monkeypatch.setattr(backend._decoder, "decode",
+                            lambda *args: calls.append(1) or original(*args))  # fmt: skip
+        return backend.generate(PROMPTS, params).completion_ids, len(calls)
+
+    every, steps_needed = count_decode_steps(StaticCacheBackend(model, sync_every=1))
+    assert steps_needed == max(map(len, every)) - 1 < 29  # stopped early, no wasted step
+    bursts, steps = count_decode_steps(StaticCacheBackend(model, sync_every=sync_every))
+    assert bursts == every
+    # whole bursts until the check after the burst that finished the last row
+    assert steps == min(math.ceil(steps_needed / sync_every) * sync_every, 29)
+
+
+def test_length_buckets_sort_stably_and_cut_by_max_batch_size() -> None:
+    lengths = [5, 12, 1, 4, 5, 1]
+    assert length_buckets(lengths, None) == [[2, 5, 3, 0, 4, 1]]
+    assert length_buckets(lengths, 4) == [[2, 5, 3, 0], [4, 1]]
+    assert length_buckets(lengths, 1) == [[2], [5], [3], [0], [4], [1]]
+
+
+def test_sub_batching_and_buckets_preserve_order_and_results(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    params = _greedy(12)
+    reference = StaticCacheBackend(model).generate(PROMPTS, params)
+    for options in ({"max_batch_size": 3}, {"max_batch_size": 2, "row_bucket": 8},
+                    {"length_bucket": 64, "row_bucket": 3}):  # fmt: skip
+        out = StaticCacheBackend(model, **options).generate(PROMPTS, params)
+        assert out.prompt_ids == PROMPTS
+        assert (out.completion_ids, out.finished) == (reference.completion_ids, reference.finished)
+
+
+def test_num_samples_rows_are_grouped_by_prompt(tiny_model_dir: Path) -> None:
+    backend = StaticCacheBackend(_model(tiny_model_dir), max_batch_size=5)
+    greedy = backend.generate(PROMPTS[:2], _greedy(6), num_samples=3)
+    alone = backend.generate(PROMPTS[:2], _greedy(6))
+    assert greedy.prompt_ids == [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
+    assert greedy.completion_ids == [alone.completion_ids[0]] * 3 + [alone.completion_ids[1]] * 3
+    sampled = backend.generate(PROMPTS, SamplingParams(max_new_tokens=6, seed=1), num_samples=4)
+    assert sampled.prompt_ids == [p for p in PROMPTS for _ in range(4)]
+    assert len(sampled) == 16
+    # rows sharing a prompt were sampled independently
+    assert len({tuple(c) for c in sampled.completion_ids[:4]}) > 1
+
+
+def test_slots_are_reused_and_evicted(tiny_model_dir: Path) -> None:
+    backend = StaticCacheBackend(_model(tiny_model_dir), max_cached_shapes=1)
+    params = _greedy(6)
+    first = backend.generate(PROMPTS, params).completion_ids
+    backend.generate(PROMPTS[:2], params)  # another shape evicts the first slot
+    assert len(backend._slots) == 1
+    again = backend.generate(PROMPTS, params).completion_ids
+    assert again == first
+    assert backend.generate(PROMPTS, params).completion_ids == first  # reused slot, reset cache
+
+
+# -- CUDA-graph bookkeeping on the CPU ---------------------------------------------------------
+
+
+class _StandInCapture:
+    """Replaces ``capture_step``: runs the warm-up steps for real (as the CUDA path does) and
+    returns the eager step as the "graph"."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+
+    def __call__(self, step: Callable[[], None], *, warmup_steps: int) -> Callable[[], None]:
+        self.calls += 1
+        for _ in range(warmup_steps):
+            step()
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return step  # "replaying" the recorded step is running it again
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch: pytest.MonkeyPatch) -> _StandInCapture:
+    capture = _StandInCapture()
+    monkeypatch.setattr(static_module, "_GRAPH_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(static_module, "capture_step", capture)
+    return capture
+
+
+def test_graph_path_leaves_no_trace_of_its_warm_up(
+    tiny_model_dir: Path, cpu_graphs: _StandInCapture
+) -> None:
+    model = _model(tiny_model_dir)
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, seed=7, return_logprobs=True)
+    eager = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8, length_bucket=64)
+    expected = eager.generate(PROMPTS, params, num_samples=2)
+    graphed = StaticCacheBackend(model)  # "auto" buckets: 8 rows, 64 columns
+    first = graphed.generate(PROMPTS, params, num_samples=2)
+    assert cpu_graphs.calls == 1
+    second = graphed.generate(PROMPTS, params, num_samples=2)
+    assert cpu_graphs.calls == 1  # same shape and rule: the recorded step is replayed
+    for out in (first, second):
+        assert (out.completion_ids, out.logprobs) == (expected.completion_ids, expected.logprobs)
+    graphed.generate(PROMPTS, _greedy(12))
+    assert cpu_graphs.calls == 2  # another sampling rule is another graph
+
+
+def test_graphs_are_recaptured_when_parameters_are_reassigned(
+    tiny_model_dir: Path, cpu_graphs: _StandInCapture
+) -> None:
+    model = _model(tiny_model_dir)
+    backend = StaticCacheBackend(model)
+    backend.generate(PROMPTS, _greedy(8))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # in place: the recorded step stays valid
+    backend.update_weights(model, version=1)
+    backend.generate(PROMPTS, _greedy(8))
+    assert cpu_graphs.calls == 1
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 0.5)
+    out = backend.generate(PROMPTS, _greedy(8))
+    assert cpu_graphs.calls == 2  # a new address: captured again
+    expected = StaticCacheBackend(model, use_cuda_graph=False).generate(PROMPTS, _greedy(8))
+    assert out.completion_ids == expected.completion_ids
+
+
+def test_failed_capture_warns_once_and_decodes_eagerly(
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = _StandInCapture(fail=True)
+    monkeypatch.setattr(static_module, "_GRAPH_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(static_module, "capture_step", failing)
+    model = _model(tiny_model_dir)
+    params = SamplingParams(max_new_tokens=10, seed=3)
+    expected = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8,
+                                  length_bucket=64).generate(PROMPTS, params)  # fmt: skip
+    backend = StaticCacheBackend(model)
+    with caplog.at_level(logging.WARNING, logger="mtgrpo.rollout.static"):
+        first = backend.generate(PROMPTS, params)
+        second = backend.generate(PROMPTS, params)
+    assert first.completion_ids == second.completion_ids == expected.completion_ids
+    assert failing.calls == 1  # not retried for the same shape and rule
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "CUDA graph capture of the decode step failed (RuntimeError" in warnings[0]
+
+
+def test_use_cuda_graph_true_needs_a_cuda_model(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"use_cuda_graph=True needs the model on a CUDA device, "
+                                         r"but it is on 'cpu'"):  # fmt: skip
+        StaticCacheBackend(_model(tiny_model_dir), use_cuda_graph=True)
+
+
+# -- weights, modes, registration, refusals ----------------------------------------------------
+
+
+def test_update_weights_records_the_version_and_loads_state(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from mtgrpo.models import build_tiny_model
+
+    model = _model(tiny_model_dir)
+    backend = StaticCacheBackend(model)
+    greedy = _greedy(6)
+    assert backend.generate(PROMPTS, greedy).weights_version is None
+    backend.update_weights(model, version=3)
+    assert backend.model is model
+    assert backend.generate(PROMPTS, greedy).weights_version == 3
+
+    other = _model(build_tiny_model(tmp_path / "other", seed=1))
+    expected = HFGenerateBackend(other).generate(PROMPTS, greedy).completion_ids
+    backend.update_weights(other.state_dict(), version=4)
+    out = backend.generate(PROMPTS, greedy)
+    assert (out.completion_ids, out.weights_version) == (expected, 4)
+    assert backend.model is model  # loaded in place
+
+    fresh = _model(tiny_model_dir)
+    backend.update_weights(fresh, version=5)
+    assert backend.model is fresh
+    assert backend.generate(PROMPTS, greedy).completion_ids != expected
+
+    with pytest.raises(ValueError, match=r"1 key\(s\) the generation model lacks"):
+        backend.update_weights({"not.a.weight": torch.zeros(1)}, version=6)
+    with pytest.raises(ValueError, match="version must be an int >= 0"):
+        backend.update_weights(model, version=-1)
+    with pytest.raises(TypeError, match="takes a model or a state dict, got list"):
+        backend.update_weights([1, 2], version=7)
+
+
+def test_model_mode_is_restored(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    backend = StaticCacheBackend(model)
+    model.train()
+    backend.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, seed=0))
+    assert model.training
+    model.eval()
+    backend.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, seed=0))
+    assert not model.training
+
+
+def test_registered_with_eos_and_pad_from_model_and_tokenizer(tiny_model_dir: Path) -> None:
+    assert "static" in BACKENDS
+    assert "fast" in BACKENDS
+    loaded = load_model_and_tokenizer(tiny_model_dir)
+    backend = make_backend("static", loaded.model, loaded.tokenizer, max_batch_size=2)
+    assert isinstance(backend, StaticCacheBackend)
+    assert isinstance(backend, GenerationBackend)
+    assert (backend.eos_token_ids, backend.pad_token_id) == ((EOS, PAD), PAD)
+    assert StaticCacheBackend(loaded.model, eos_token_ids=[7]).eos_token_ids == (7,)
+
+
+def test_architectures_the_static_cache_cannot_serve_are_refused(tiny_model_dir: Path) -> None:
+    sliding = transformers.AutoModelForCausalLM.from_config(
+        transformers.MistralConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=96, sliding_window=8, eos_token_id=2)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"StaticSlidingWindowLayer.*use the 'hf' backend"):
+        StaticCacheBackend(sliding)
+    model = _model(tiny_model_dir)
+    model.set_attn_implementation("flex_attention")
+    with pytest.raises(ValueError, match=r"uses 'flex_attention'; load it with "
+                                         r"attn_implementation='sdpa' or use the 'hf' backend"):
+        StaticCacheBackend(model)  # fmt: skip
+    from peft import PrefixTuningConfig, get_peft_model
+
+    prefix = get_peft_model(_model(tiny_model_dir),
+                            PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    with pytest.raises(ValueError, match="prompt-learning peft models"):
+        StaticCacheBackend(prefix)
+    with pytest.raises(TypeError, match="has no transformers config"):
+        StaticCacheBackend(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="decode path 'llama_modules' cannot serve this model: "
+                                         "Phi3ForCausalLM is not one of"):  # fmt: skip
+        StaticCacheBackend(_in_memory_model("phi3"), decode_path="llama_modules",
+                           eos_token_ids=[2])  # fmt: skip
+
+
+def test_bad_arguments_are_refused(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    with pytest.raises(ValueError, match=r"max_batch_size must be >= 1, got 0"):
+        StaticCacheBackend(model, max_batch_size=0)
+    with pytest.raises(TypeError, match=r"sync_every must be an int or None, got 2\.5"):
+        StaticCacheBackend(model, sync_every=2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"max_cached_shapes must be an int, got None"):
+        StaticCacheBackend(model, max_cached_shapes=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"use_cuda_graph must be True, False or 'auto', got 'on'"):
+        StaticCacheBackend(model, use_cuda_graph="on")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unknown decode_path 'fused'; valid: 'auto', "
+                                         r"'llama_modules', 'model_forward'"):  # fmt: skip
+        StaticCacheBackend(model, decode_path="fused")
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module causal LM, got str"):
+        StaticCacheBackend("Qwen/Qwen2.5-0.5B")  # type: ignore[arg-type]
+    backend = StaticCacheBackend(model)
+    with pytest.raises(TypeError, match="params must be a SamplingParams, got dict"):
+        backend.generate(PROMPTS, {"max_new_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"invalid token ids \[259\]; .* in \[0, 259\)"):
+        backend.generate([[1, 259]], SamplingParams(max_new_tokens=3))
+    with pytest.raises(ValueError, match="num_samples must be an int >= 1, got 0"):
+        backend.generate(PROMPTS, SamplingParams(max_new_tokens=3), num_samples=0)
+
+
+def test_bfloat16_model_decodes_with_a_bfloat16_mask(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir, dtype="bfloat16")
+    backend = StaticCacheBackend(model)
+    out = backend.generate(PROMPTS, _greedy(8, return_logprobs=True))
+    expected = HFGenerateBackend(model).generate(PROMPTS, _greedy(8, return_logprobs=True))
+    assert next(iter(backend._slots.values())).buffers.visible.dtype == torch.bfloat16
+    assert out.completion_ids == expected.completion_ids
+    for got, want in zip(out.logprobs or [], expected.logprobs or [], strict=True):
+        # float32 log-softmax of bf16 logits from two cache layouts: equal up to bf16 rounding
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=0.05)

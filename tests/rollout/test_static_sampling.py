@@ -1,0 +1,133 @@
+"""Device-side sampling of the static backend: the warper chain equals transformers' bit for bit
+and a plain-loop nucleus/top-k reference, the Gumbel-max draw has the right distribution, and
+filtered tokens are never drawn."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from mtgrpo.rollout import SamplingParams
+from mtgrpo.rollout.static_sampling import SamplingRule, draw_tokens, warp_logits
+
+
+def _hf_chain(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The processors ``generate`` builds for these options, in its order (each only when it
+    changes something, min_tokens_to_keep = 1)."""
+    dummy_ids = torch.zeros((scores.shape[0], 1), dtype=torch.long)
+    if temperature != 1.0:
+        scores = TemperatureLogitsWarper(temperature)(dummy_ids, scores)
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(dummy_ids, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(dummy_ids, scores)
+    return scores
+
+
+def _loop_reference(row: list[float], temperature: float, top_k: int, top_p: float) -> set[int]:
+    """Tokens kept, by hand: top-k by value (ties with the k-th kept), then the nucleus: most
+    probable first, keep a token while the probability mass before it is < top_p."""
+    scaled = [x / temperature for x in row]
+    kept = set(range(len(row)))
+    if top_k > 0:
+        kth = sorted(scaled, reverse=True)[min(top_k, len(row)) - 1]
+        kept = {v for v in kept if scaled[v] >= kth}
+    if top_p < 1.0:
+        peak = max(scaled[v] for v in kept)
+        weights = {v: math.exp(scaled[v] - peak) for v in kept}
+        total = sum(weights.values())
+        nucleus, mass_before = set(), 0.0
+        for v in sorted(kept, key=lambda v: -weights[v]):
+            if mass_before >= top_p:
+                break
+            nucleus.add(v)
+            mass_before += weights[v] / total
+        kept = nucleus
+    return kept
+
+
+OPTIONS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.6), (0.5, 20, 0.9),
+           (2.0, 300, 0.95)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), OPTIONS)
+def test_warp_logits_equals_the_transformers_warper_chain(
+    temperature: float, top_k: int, top_p: float
+) -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn((6, 259), generator=generator) * 3  # [n, V]
+    ours = warp_logits(logits.clone(), temperature=temperature, top_k=top_k, top_p=top_p)
+    assert torch.equal(ours, _hf_chain(logits.clone(), temperature, top_k, top_p))
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), OPTIONS)
+def test_warp_logits_keeps_what_a_plain_loop_keeps(
+    temperature: float, top_k: int, top_p: float
+) -> None:
+    generator = torch.Generator().manual_seed(1)
+    for rows, vocab in ((3, 7), (5, 40), (2, 259)):
+        logits = torch.randn((rows, vocab), generator=generator, dtype=torch.float64) * 2
+        warped = warp_logits(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p)
+        for row in range(rows):
+            kept = set(torch.nonzero(warped[row] > -math.inf).flatten().tolist())
+            assert kept == _loop_reference(logits[row].float().tolist(), temperature, top_k, top_p)
+            # kept tokens carry logits / T unchanged
+            index = sorted(kept)
+            torch.testing.assert_close(
+                warped[row, index], logits[row, index].float() / temperature, rtol=0, atol=0
+            )
+
+
+def test_draw_tokens_follows_the_distribution_and_never_draws_a_banned_token() -> None:
+    # softmax of these scores: [0.5, 0.25, 0.125, 0.125, 0] (token 4 banned).
+    scores = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0]))
+    n = 40000
+    torch.manual_seed(0)
+    sampled = draw_tokens(scores.expand(n, -1).clone())
+    counts = Counter(sampled.tokens.tolist())
+    assert counts[4] == 0
+    observed = [counts[v] for v in range(4)]
+    assert chisquare(observed, [n * p for p in (0.5, 0.25, 0.125, 0.125)]).pvalue > 1e-3
+    torch.testing.assert_close(sampled.logprobs, scores[sampled.tokens], rtol=0, atol=1e-6)
+
+
+def test_zero_exponential_draws_cannot_pick_a_filtered_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # If every Exp(1) draw were 0, log(0) = -inf would turn the banned tokens' -inf into NaN
+    # and argmax would return a NaN position; the clamp keeps banned tokens at -inf.
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *a, **k: self.zero_())
+    scores = torch.tensor([[-math.inf, 0.3, -math.inf, 0.1], [2.0, -math.inf, -math.inf, 1.0]])
+    assert draw_tokens(scores).tokens.tolist() == [1, 0]
+
+
+def test_greedy_rule_is_argmax_with_unwarped_logprobs() -> None:
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 3.5]], dtype=torch.bfloat16)
+    rule = SamplingRule.from_params(
+        SamplingParams(max_new_tokens=1, temperature=0, top_k=1, return_logprobs=True)
+    )
+    assert rule == SamplingRule(greedy=True, with_logprobs=True)  # temperature 0 means greedy
+    sampled = rule(logits)
+    assert sampled.tokens.tolist() == [1, 2]
+    expected = torch.log_softmax(logits.float(), -1)[[0, 1], [1, 2]]  # T ignored when greedy
+    assert sampled.logprobs.dtype == torch.float32
+    torch.testing.assert_close(sampled.logprobs, expected, rtol=0, atol=0)
+    quiet = SamplingRule.from_params(SamplingParams(max_new_tokens=1, greedy=True))(logits)
+    assert quiet.logprobs.tolist() == [0.0, 0.0]
+
+
+def test_sampling_rule_keeps_the_options_that_shape_a_step() -> None:
+    params = SamplingParams(max_new_tokens=9, temperature=0.6, top_p=0.8, top_k=7, seed=3,
+                            stop_token_ids=(5,))  # fmt: skip
+    rule = SamplingRule.from_params(params)
+    assert rule == SamplingRule(greedy=False, temperature=0.6, top_k=7, top_p=0.8)
+    assert hash(rule) == hash(SamplingRule.from_params(params))
