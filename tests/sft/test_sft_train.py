@@ -220,3 +220,13 @@ def test_encode_examples_feeds_the_trainer_the_same_ids(tiny_model_dir):
     (example,) = encode_examples(prompt_completion_pairs(MEMORISE[:1]), tokenizer).examples
     assert tokenizer.decode(list(example.prompt_ids + example.completion_ids)) == (
         "Q: 2+3?\nA: 5<|im_end|>")
+
+
+def test_examples_beyond_the_model_positions_are_reported(tiny_model_dir, tmp_path, caplog):
+    # the tiny model has 512 positions; a 600-byte completion is 601 tokens with its EOS
+    rows = [{"prompt": "p", "completion": "x" * 600}, *MEMORISE]
+    # eval_fraction=0.9 stops the run right after encoding (no training step is needed here)
+    with caplog.at_level("WARNING", logger="mtgrpo.sft.train"), \
+            pytest.raises(ValueError, match="leaves none to train on"):
+        sft_train(str(tiny_model_dir), None, rows, _config(tmp_path, eval_fraction=0.9))
+    assert "1 of 4 examples are longer than the model's max_position_embeddings=512" in caplog.text

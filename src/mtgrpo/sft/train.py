@@ -288,6 +288,23 @@ def _prepare_model(model: Any, tokenizer: Any, peft_config: Any, seed: int) -> t
     return loaded, tokenizer
 
 
+def _warn_beyond_positions(model: nn.Module, examples: Sequence[SFTExample]) -> None:
+    """Warn when examples are longer than the positions the model was trained for (rotary
+    models run past them, but their outputs there are unreliable)."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) if config is not None else None
+    if not isinstance(limit, int):
+        return
+    longer = sum(len(e.prompt_ids) + len(e.completion_ids) > limit for e in examples)
+    if longer:
+        logger.warning(
+            "%d of %d examples are longer than the model's max_position_embeddings=%d, so "
+            "their tail sits at positions the model never saw; use a shorter prompt format or a "
+            "model with a longer context (max_length would cut the completions instead)",
+            longer, len(examples), limit,
+        )
+
+
 def _is_peft(model: Any) -> bool:
     from peft import PeftModel
 
@@ -357,6 +374,7 @@ def sft_train(
     model, tokenizer = _prepare_model(model, tokenizer, peft_config, config.seed)
     encoded = encode_examples(pairs, tokenizer, max_length=config.max_length,
                               on_long_example=config.on_long_example)
+    _warn_beyond_positions(model, encoded.examples)
     train, held_out = _hold_out(encoded.examples, config.eval_fraction, config.seed)
     _write_options(out, config, model)
     start = time.perf_counter()
