@@ -243,6 +243,7 @@ def _hold_out(
             f"eval_fraction={fraction} of {len(examples)} example(s) leaves none to train on; "
             "lower eval_fraction or add examples"
         )
+    # [seed, 2**20]: a stream apart from the epoch orders, which use [seed, epoch]
     order = np.random.default_rng([seed, 1 << 20]).permutation(len(examples)).tolist()
     held = set(order[:count])
     train = [e for i, e in enumerate(examples) if i not in held]
@@ -359,7 +360,7 @@ def sft_train(
     (:func:`mtgrpo.models.apply_lora`); a model that already has one trains it as it is.
 
     Input errors (columns, test rows, output directory, ``merge_lora`` without LoRA) are raised
-    before any training.
+    before any training; a non-finite loss raises ``FloatingPointError`` and saves nothing.
     """
     config = config if config is not None else SFTConfig()
     pairs = prompt_completion_pairs(rows, prompt_column=prompt_column,
