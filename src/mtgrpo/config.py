@@ -479,7 +479,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         target = out
         *parents, leaf = key.split(".")
         for parent in parents:
-            target = target.setdefault(parent, {})
+            if target.get(parent) is None:  # an absent or null section
+                target[parent] = {}
+            target = target[parent]
             if not isinstance(target, dict):
                 raise ValueError(f"cannot set {key}: {parent!r} is not a section")
         target[leaf] = _parse_scalar(value)

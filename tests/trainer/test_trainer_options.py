@@ -109,3 +109,22 @@ def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, w
     assert final.sum() == pytest.approx(1.0)
     if weighting in ("worst_case", "mt_grpo", "sec"):
         assert not np.allclose(final, 0.5), "adaptive weights never moved"
+
+
+def test_a_step_without_informative_groups_skips_the_update(tiny_model_dir, tmp_path):
+    def constant(prompts, completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [constant],
+        args=common.args(tmp_path, max_steps=1, task_weighting="mt_grpo",
+                         batch_construction="ratio_preserving",
+                         batch_construction_params={"max_resample_rounds": 0}),
+        train_dataset=common.rows(),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    metrics = trainer.train()
+    assert metrics["update_skipped"] == 1.0
+    assert metrics["tasks/alpha/zero_gradient_rate"] == 1.0
+    assert all(torch.equal(before[n], p) for n, p in trainer.unwrapped.named_parameters())
+    assert trainer.weighting.weights == pytest.approx([0.5, 0.5])

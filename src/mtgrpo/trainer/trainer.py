@@ -293,6 +293,8 @@ class GRPOTrainer:
             logger.warning("step %d: no informative group was generated; update skipped",
                            self.step + 1)
             metrics["update_skipped"] = 1.0
+            if self.needs_improvement:  # nothing was trained, so no change was measured
+                improvement = np.full(len(self.task_names), math.nan)
         update_seconds = time.perf_counter() - update_begin
         weighting_begin = time.perf_counter()
         row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])
