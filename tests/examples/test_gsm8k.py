@@ -149,6 +149,8 @@ def test_missing_file_and_bad_options(tmp_path):
         load_gsm8k(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="no such file or directory"):
         load_gsm8k("./data/gsm8k")
+    with pytest.raises(ValueError, match="no such file or directory"):
+        load_gsm8k(tmp_path / "gsm8k")  # a Path is never a hub name
     with pytest.raises(ValueError, match="unknown answer format 'latex'"):
         load_gsm8k(SAMPLE, answer_format="latex")
     with pytest.raises(ValueError, match="unknown prompt format"):

@@ -223,7 +223,8 @@ def _read_source(
         files = _split_files(path, split, config)
         return [row for file in files for row in _read_file(file)], str(files[0].parent)
     text = str(source)
-    if path.suffix.lower() in FILE_SUFFIXES or text.startswith((".", "/", "~")):
+    local = isinstance(source, Path) or path.suffix.lower() in FILE_SUFFIXES
+    if local or text.startswith((".", "/", "~")):  # a path was meant, not a hub name
         raise ValueError(
             f"no such file or directory: {text!r}; pass a GSM8K file (JSONL, JSON, parquet, "
             f"CSV), a directory of split files, or the hub name {GSM8K_HUB_NAME!r}"
