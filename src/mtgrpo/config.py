@@ -363,6 +363,11 @@ class DataConfig:
     eval_split: str | None = _help("Split of a hub eval dataset.", default=None)
     prompt_column: str = _help("Column with the prompt (text or chat messages).",
                                default="prompt")
+    loader: str | None = _help(
+        "Import path of a loader called as loader(source, split=..., **loader_options) for "
+        "train and eval (e.g. mtgrpo.tasks.gsm8k:load_gsm8k).", default=None)
+    loader_options: dict[str, Any] = _help("Keyword options of the loader.",
+                                           default_factory=dict)
 
 
 @dataclass

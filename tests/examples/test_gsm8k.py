@@ -308,3 +308,17 @@ def test_write_gsm8k_and_its_command(tmp_path, capsys):
         main([str(tmp_path / "x"), "--source", str(tmp_path / "nowhere.jsonl")])
     assert info.value.code == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_data_loader_reads_the_raw_layout_without_a_preparation_step(tmp_path, tiny_model_dir):
+    """`data.loader` calls load_gsm8k on data.train directly (the raw GSM8K layout)."""
+    run = load_run_config(recipe_path("gsm8k-math"), [
+        "--model.name_or_path", str(tiny_model_dir), "--bf16", "false",
+        "--data.loader", "mtgrpo.tasks.gsm8k:load_gsm8k", "--data.train", str(SAMPLE),
+        "--data.eval", "null", "--output_dir", str(tmp_path / "run"),
+        "--max_steps", "1", "--num_generations", "2", "--prompts_per_step", "2",
+        "--per_device_train_batch_size", "4", "--max_prompt_length", "128",
+        "--max_completion_length", "8", "--save_steps", "0", "--eval_steps", "0",
+    ])
+    metrics = run_training(run)
+    assert metrics["tasks/gsm8k/groups_generated"] == 2

@@ -30,6 +30,8 @@ for _name, _target in {
     "math_reward": "mtgrpo.rewards.verifiers.math:math_reward",
     "code_reward": "mtgrpo.rewards.verifiers.code:code_reward",
     "length_reward": "mtgrpo.rewards.verifiers.length:length_reward",
+    "answer_format_reward": "mtgrpo.tasks.gsm8k:answer_format_reward",
+    "comms_reward": "mtgrpo.examples.customer_comms:comms_reward",
 }.items():
     REWARD_FUNCTIONS.add(_name, _target)
 

@@ -71,6 +71,15 @@ def _merge_rewards(routing: dict[str, list[Any]], extra: Any) -> dict[str, list[
     return merged
 
 
+def _load(run: RunConfig, source: Any, split: str) -> Any:
+    """Rows of ``source`` through ``data.loader`` when one is set (else the source itself)."""
+    if source is None or run.data.loader is None:
+        return source
+    from mtgrpo._registry import import_object
+
+    return import_object(run.data.loader)(source, split=split, **run.data.loader_options)
+
+
 def _eval_rows(run: RunConfig, suite: Any) -> Any:
     tasks = run.tasks or {}
     paper = tasks.get("paper_test_sets")
@@ -80,7 +89,7 @@ def _eval_rows(run: RunConfig, suite: Any) -> Any:
         return load_paper_test_sets(paper, tasks=suite.task_ids,
                                     per_task=tasks.get("paper_test_per_task"))
     if run.data.eval is not None:
-        return run.data.eval
+        return _load(run, run.data.eval, run.data.eval_split or "test")
     return suite.eval if suite is not None else None
 
 
@@ -130,7 +139,7 @@ def run_training(run: RunConfig) -> dict[str, Any]:
             if run.data.train is None or run.rewards is None:
                 raise ValueError("without a tasks section the config needs data.train and "
                                  "rewards")
-            rewards, train = run.rewards, run.data.train
+            rewards, train = run.rewards, _load(run, run.data.train, run.data.split)
         if run.sft and suite is not None:
             model = _warm_start(run, model, suite)
         args.model_init_kwargs = _model_kwargs(run)
