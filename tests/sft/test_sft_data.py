@@ -100,6 +100,18 @@ def test_a_prompt_ending_in_an_open_assistant_turn_is_continued(tokenizer):
     assert tokenizer.decode(list(example.prompt_ids)).endswith("<|im_start|>assistant\n<think>")
 
 
+def test_max_prompt_length_cuts_prompts_as_the_grpo_prompt_set_does(tokenizer):
+    pairs = prompt_completion_pairs(_rows())
+    encoded = encode_examples(pairs, tokenizer, max_prompt_length=5)
+    grpo = PromptSet([{"prompt": p.prompt, "task": p.task} for p in pairs], tokenizer,
+                     max_prompt_length=5)
+    for number, example in enumerate(encoded.examples):
+        assert list(example.prompt_ids) == grpo.tokens(number)
+        assert len(example.prompt_ids) == 5
+    # the kept tokens are the last ones: a chat prompt still ends with the generation prompt
+    assert tokenizer.decode(list(encoded.examples[1].prompt_ids)) == "tant\n"
+
+
 def test_length_limit_truncates_drops_or_raises(tokenizer):
     # byte-level tokenizer: "abcdef" is 6 tokens, "xyz" 3 tokens + EOS = 4
     pairs = prompt_completion_pairs([

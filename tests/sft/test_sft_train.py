@@ -222,14 +222,16 @@ def test_encode_examples_feeds_the_trainer_the_same_ids(tiny_model_dir):
         "Q: 2+3?\nA: 5<|im_end|>")
 
 
-def test_examples_beyond_the_model_positions_are_reported(tiny_model_dir, tmp_path, caplog):
+def test_examples_beyond_the_model_positions_are_refused(tiny_model_dir, tmp_path):
     # the tiny model has 512 positions; a 600-byte completion is 601 tokens with its EOS
     rows = [{"prompt": "p", "completion": "x" * 600}, *MEMORISE]
-    # eval_fraction=0.9 stops the run right after encoding (no training step is needed here)
-    with caplog.at_level("WARNING", logger="mtgrpo.sft.train"), \
-            pytest.raises(ValueError, match="leaves none to train on"):
-        sft_train(str(tiny_model_dir), None, rows, _config(tmp_path, eval_fraction=0.9))
-    assert "1 of 4 examples are longer than the model's max_position_embeddings=512" in caplog.text
+    with pytest.raises(ValueError, match=r"1 of 4 examples \(longest 602 tokens\) are longer "
+                                         "than the model's max_position_embeddings=512"):
+        sft_train(str(tiny_model_dir), None, rows, _config(tmp_path))
+    # max_length=512 cuts that completion to fit
+    result = sft_train(str(tiny_model_dir), None, rows, _config(tmp_path, max_steps=1,
+                                                                 max_length=512))
+    assert result.trained_tokens == 511 + 14
 
 
 def test_bf16_autocast_gives_the_float32_loss_within_bfloat16_precision(tiny_model_dir,

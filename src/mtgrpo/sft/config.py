@@ -52,6 +52,10 @@ class SFTConfig:
         default=None,
         metadata={"help": "Pack each optimizer step's examples into micro-batches by this "
                           "padded-token budget (length-sorted) instead of by row count."})
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Prompts longer than this keep their last tokens, as GRPO's "
+                          "max_prompt_length does (set it to the GRPO run's); None: no limit."})
     max_length: int | None = field(
         default=1024,
         metadata={"help": "Longest example in tokens (prompt + completion + EOS); None: no "
@@ -108,7 +112,7 @@ class SFTConfig:
             value = getattr(self, name)
             if not _positive_int(value):
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("max_steps", "max_length", "max_tokens_per_microbatch"):
+        for name in ("max_steps", "max_prompt_length", "max_length", "max_tokens_per_microbatch"):
             value = getattr(self, name)
             if value is not None and not _positive_int(value):
                 raise ValueError(

@@ -182,8 +182,12 @@ def encode_examples(
     *,
     max_length: int | None = None,
     on_long_example: str = "truncate",
+    max_prompt_length: int | None = None,
 ) -> SFTExamples:
     """Token ids of every pair (prompt through ``PromptSet``, completion + EOS).
+
+    ``max_prompt_length``: prompts longer than this keep their last tokens, exactly as the GRPO
+    trainer's ``PromptSet`` cuts them (with a warning).
 
     Examples longer than ``max_length`` tokens: ``"truncate"`` keeps their first
     ``max_length`` tokens (TRL's ``keep_start``; the EOS is then cut off), ``"drop"`` leaves
@@ -193,7 +197,8 @@ def encode_examples(
     from mtgrpo.trainer.data import PromptSet
 
     eos = _eos_id(tokenizer)
-    prompts = PromptSet([{"prompt": p.prompt, "task": p.task} for p in pairs], tokenizer)
+    prompts = PromptSet([{"prompt": p.prompt, "task": p.task} for p in pairs], tokenizer,
+                        max_prompt_length=max_prompt_length)
     prompts.tokenize_all()
     completions = tokenizer([p.completion for p in pairs], add_special_tokens=False)["input_ids"]
     examples, truncated, dropped = [], 0, 0

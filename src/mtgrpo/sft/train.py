@@ -289,20 +289,21 @@ def _prepare_model(model: Any, tokenizer: Any, peft_config: Any, seed: int) -> t
     return loaded, tokenizer
 
 
-def _warn_beyond_positions(model: nn.Module, examples: Sequence[SFTExample]) -> None:
-    """Warn when examples are longer than the positions the model was trained for (rotary
-    models run past them, but their outputs there are unreliable)."""
+def _check_positions(model: nn.Module, examples: Sequence[SFTExample]) -> None:
+    """Refuse examples longer than the model's positions, as the GRPO trainer refuses such
+    lengths: the tail would sit at positions the model never saw."""
     config = getattr(model, "config", None)
     limit = getattr(config, "max_position_embeddings", None) if config is not None else None
     if not isinstance(limit, int):
         return
-    longer = sum(len(e.prompt_ids) + len(e.completion_ids) > limit for e in examples)
+    lengths = [len(e.prompt_ids) + len(e.completion_ids) for e in examples]
+    longer = sum(length > limit for length in lengths)
     if longer:
-        logger.warning(
-            "%d of %d examples are longer than the model's max_position_embeddings=%d, so "
-            "their tail sits at positions the model never saw; use a shorter prompt format or a "
-            "model with a longer context (max_length would cut the completions instead)",
-            longer, len(examples), limit,
+        raise ValueError(
+            f"{longer} of {len(examples)} examples (longest {max(lengths)} tokens) are longer "
+            f"than the model's max_position_embeddings={limit}; set max_prompt_length to the "
+            f"GRPO run's (prompts keep their last tokens), max_length <= {limit} (cuts "
+            "completions), or use a shorter prompt format"
         )
 
 
@@ -359,8 +360,9 @@ def sft_train(
     a ``peft.LoraConfig`` or a mapping of its fields to train a LoRA adapter
     (:func:`mtgrpo.models.apply_lora`); a model that already has one trains it as it is.
 
-    Input errors (columns, test rows, output directory, ``merge_lora`` without LoRA) are raised
-    before any training; a non-finite loss raises ``FloatingPointError`` and saves nothing.
+    Input errors (columns, test rows, output directory, ``merge_lora`` without LoRA, examples
+    longer than the model's positions) are raised before any training; a non-finite loss raises
+    ``FloatingPointError`` and saves nothing.
     """
     config = config if config is not None else SFTConfig()
     pairs = prompt_completion_pairs(rows, prompt_column=prompt_column,
@@ -374,8 +376,9 @@ def sft_train(
     out = _prepare_output_dir(config)
     model, tokenizer = _prepare_model(model, tokenizer, peft_config, config.seed)
     encoded = encode_examples(pairs, tokenizer, max_length=config.max_length,
-                              on_long_example=config.on_long_example)
-    _warn_beyond_positions(model, encoded.examples)
+                              on_long_example=config.on_long_example,
+                              max_prompt_length=config.max_prompt_length)
+    _check_positions(model, encoded.examples)
     train, held_out = _hold_out(encoded.examples, config.eval_fraction, config.seed)
     _write_options(out, config, model)
     start = time.perf_counter()
