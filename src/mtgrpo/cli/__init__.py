@@ -20,6 +20,11 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "multi-task GRPO from a YAML run file or a built-in recipe (default: quickstart)",
         (),
     ),
+    "sft": (
+        "mtgrpo.cli.sft",
+        "supervised warm start on gold answers (or prompt/completion data) before GRPO",
+        (),
+    ),
     "eval": (
         "mtgrpo.cli.eval",
         "per-task accuracy, worst task, average and Δm% of a model on task suites or files",

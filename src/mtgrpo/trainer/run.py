@@ -115,13 +115,44 @@ def _model_kwargs(run: RunConfig) -> dict[str, Any]:
     return init
 
 
-def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
-    """Supervised warm start on generated solutions; returns the path of the tuned model."""
-    from mtgrpo.sft import warm_start_from_suite
+_SFT_DATA_KEYS = ("num_examples", "template", "reasoning", "lora")
 
+
+def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
+    """Supervised warm start on the suite's training problems with gold answers.
+
+    The ``sft`` section holds ``num_examples`` (per task, default 256), ``template`` and
+    ``reasoning`` (see ``mtgrpo sft``), ``lora`` (a LoRA config to train and merge, default
+    full fine-tuning) and any :class:`~mtgrpo.sft.SFTConfig` field. The result is cached in
+    ``<output_dir>/sft``: a finished warm start with the same settings is reused.
+    """
+    import json
+
+    from mtgrpo.sft import SFTConfig, sft_train, solutions_from_rows
+
+    spec = dict(run.sft or {})
+    data = {k: spec.pop(k) for k in _SFT_DATA_KEYS if k in spec}
     out = Path(run.training.output_dir) / "sft"
-    return str(warm_start_from_suite(model, suite, dict(run.sft), out,
-                                     model_init_kwargs=_model_kwargs(run)))
+    config = SFTConfig.from_dict({"output_dir": str(out), "overwrite_output_dir": True,
+                                  "seed": run.training.seed, **spec})
+    fingerprint = {"model": model, "config": config.to_dict(), "data": data,
+                   "tasks": run.tasks}
+    done = out / "warm_start.json"
+    if done.is_file() and json.loads(done.read_text()) == fingerprint:
+        logger.info("reusing the warm start in %s", out)
+        return str(out / "model")
+    per_task = int(data.get("num_examples", 256))
+    rows = [suite.train.task(task).get(i) for task in suite.task_ids
+            for i in range(min(per_task, len(suite.train.task(task))))]
+    pairs = solutions_from_rows(rows, data.get("template", "think_answer"),
+                                reasoning=data.get("reasoning", "restate"))
+    lora = data.get("lora")
+    if lora is not None:
+        config = SFTConfig.from_dict({**config.to_dict(), "merge_lora": True})
+    logger.info("supervised warm start on %d solved problems -> %s", len(pairs), out)
+    result = sft_train(model, None, pairs, config, peft_config=lora)
+    done.write_text(json.dumps(fingerprint))
+    return str(result.model_dir)
 
 
 def run_training(run: RunConfig) -> dict[str, Any]:
@@ -140,7 +171,10 @@ def run_training(run: RunConfig) -> dict[str, Any]:
                 raise ValueError("without a tasks section the config needs data.train and "
                                  "rewards")
             rewards, train = run.rewards, _load(run, run.data.train, run.data.split)
-        if run.sft and suite is not None:
+        if run.sft:
+            if suite is None:
+                raise ValueError("the sft section warm-starts on a task suite's gold answers; "
+                                 "add a tasks section, or run `mtgrpo sft --data FILE` first")
             model = _warm_start(run, model, suite)
         args.model_init_kwargs = _model_kwargs(run)
         trainer = GRPOTrainer(
