@@ -51,14 +51,18 @@ neither the prompt fetch nor ``Trainer.log``); *step + loop* adds, for TRL, the 
 ``time/generate`` (``generate`` + decode), ``time/score`` and ``time/update`` (advantages, batch
 padding, forward/backward passes, optimizer step); TRL's are timed around
 ``_generate_single_turn`` (generate), ``_calculate_rewards`` (score), and ``update`` is the step
-minus ``_generate_and_score_completions``. *other* is the step minus the three phases (bookkeeping:
-tokenising, advantages, metrics). Memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the
-step minus the memory allocated at its start (activations, KV cache, logits, gradients); on CPU,
-the peak resident set size during the step (``VmHWM``, reset at the step's start through
-``/proc/self/clear_refs``) minus the resident size at its start. RSS counts pages, not tensors:
-memory the allocator freed and kept from an earlier step is reused without raising it, so the CPU
-figure is a lower bound on the step's working memory. *resident* is the trainer's parameters plus
-optimizer state (exact tensor bytes).
+minus ``_generate_and_score_completions``. *other* is the step minus the three phases
+(bookkeeping: tokenising, advantages, metrics). *CPU s* is the process's CPU time during the
+step (user + system, all threads, ``time.process_time``): on a machine shared with other work it
+varies much less than wall time, which also counts the time spent waiting for a core.
+
+Memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the step minus the memory allocated
+at its start (activations, KV cache, logits, gradients); on CPU, the peak resident set size during
+the step (``VmHWM``, reset at the step's start through ``/proc/self/clear_refs``) minus the
+resident size at its start. RSS counts pages, not tensors: memory the allocator freed and kept
+from an earlier step is reused without raising it, so the CPU figure is a lower bound on the
+step's working memory. *resident* is the trainer's parameters plus optimizer state (exact tensor
+bytes).
 """
 
 from __future__ import annotations
@@ -175,6 +179,7 @@ class BenchConfig:
     trl_defaults: bool = False
     learning_rate: float = 1e-6
     seed: int = 0
+    threads: int | None = None
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -202,6 +207,8 @@ class BenchConfig:
                              "use --workload cpu-tiny")
         if not self.learning_rate > 0:
             raise ValueError(f"--learning-rate {self.learning_rate} must be > 0")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads} must be >= 1 (omit it for torch's default)")
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -215,6 +222,7 @@ class StepSample:
 
     begin: float
     seconds: float
+    cpu_seconds: float
     loop_seconds: float
     generate: float
     score: float
@@ -251,6 +259,9 @@ class TrainerResult:
         if not values:
             return math.nan, math.nan
         return _percentile(values, 0.25), _percentile(values, 0.75)
+
+    def minimum(self, attribute: str = "seconds") -> float:
+        return min((getattr(s, attribute) for s in self.measured), default=math.nan)
 
     def peak_mib(self) -> float:
         return max((s.peak_mib for s in self.measured), default=math.nan)
@@ -569,12 +580,13 @@ class OursRunner:
     def run_block(self, block: int) -> None:
         for _ in range(min(block, self.remaining)):
             self.probe.start()
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             metrics = self.trainer.training_step()
             _sync(self.device)
             seconds = time.perf_counter() - begin
             self.result.samples.append(StepSample(
-                begin=begin, seconds=seconds, loop_seconds=seconds,
+                begin=begin, seconds=seconds, cpu_seconds=time.process_time() - cpu_begin,
+                loop_seconds=seconds,
                 generate=metrics["time/generate"], score=metrics["time/score"],
                 update=metrics["time/update"], peak_mib=self.probe.stop(),
                 mean_completion_length=metrics["completions/mean_length"],
@@ -604,7 +616,7 @@ class TRLStepTimer(TrainerCallback):
         self.interlude = interlude
         self.trainer: Any = None
         self.phases = dict.fromkeys(self._PHASES.values(), 0.0)
-        self._begin = 0.0
+        self._begin = self._cpu_begin = 0.0
         self._resumed: float | None = None
         self._gap = 0.0
 
@@ -630,14 +642,15 @@ class TRLStepTimer(TrainerCallback):
         self._gap = 0.0 if self._resumed is None else now - self._resumed
         self.phases = dict.fromkeys(self.phases, 0.0)
         self.probe.start()
-        self._begin = time.perf_counter()
+        self._begin, self._cpu_begin = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         _sync(self.device)
         seconds = time.perf_counter() - self._begin
         lengths = self.trainer._metrics["train"]["completions/mean_length"]
         self.result.samples.append(StepSample(
-            begin=self._begin, seconds=seconds, loop_seconds=seconds + self._gap,
+            begin=self._begin, seconds=seconds,
+            cpu_seconds=time.process_time() - self._cpu_begin, loop_seconds=seconds + self._gap,
             generate=self.phases["generate"], score=self.phases["score"],
             update=seconds - self.phases["prepare"], peak_mib=self.probe.stop(),
             mean_completion_length=float(lengths[-1]) if lengths else math.nan,
@@ -757,6 +770,8 @@ def run_benchmark(config: BenchConfig) -> BenchReport:
     from mtgrpo.models import build_tiny_tokenizer
 
     _resolve_backend(config.ours_backend)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     w = config.workload
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
@@ -776,28 +791,32 @@ def run_benchmark(config: BenchConfig) -> BenchReport:
 
 
 # ---------------------------------------------------------------------------------- output
-_COLUMNS = ("workload", "trainer", "settings", "median step s", "step p25-p75 s",
-            "step + loop s", "generate s", "score s", "update s", "other s", "peak step MiB",
-            "resident MiB", "completion tokens", "TRL / ours")
+_COLUMNS = ("workload", "trainer", "settings", "median step s", "min step s", "step p25-p75 s",
+            "step + loop s", "generate s", "score s", "update s", "other s", "CPU s",
+            "peak step MiB", "resident MiB", "completion tokens", "TRL / ours",
+            "TRL / ours (CPU s)")
 
 
-def _row(workload: str, result: TrainerResult, ours_median: float) -> list[str]:
-    median = result.median("seconds")
+def _row(workload: str, result: TrainerResult, ours: TrainerResult) -> list[str]:
+    median, cpu = result.median("seconds"), result.median("cpu_seconds")
     low, high = result.quartiles()
-    ratio = "-" if result.trainer.startswith("mtgrpo") else f"{median / ours_median:.2f}"
+    is_ours = result is ours
+    ratio = "-" if is_ours else f"{median / ours.median('seconds'):.2f}"
+    cpu_ratio = "-" if is_ours else f"{cpu / ours.median('cpu_seconds'):.2f}"
     return [
-        workload, result.trainer, result.settings, f"{median:.3f}", f"{low:.3f}-{high:.3f}",
+        workload, result.trainer, result.settings, f"{median:.3f}", f"{result.minimum():.3f}",
+        f"{low:.3f}-{high:.3f}",
         f"{result.median('loop_seconds'):.3f}", f"{result.median('generate'):.3f}",
         f"{result.median('score'):.4f}", f"{result.median('update'):.3f}",
-        f"{result.median('other'):.3f}", f"{result.peak_mib():.0f}",
+        f"{result.median('other'):.3f}", f"{cpu:.3f}", f"{result.peak_mib():.0f}",
         f"{result.resident_mib:.1f}", f"{result.median('mean_completion_length'):.1f}", ratio,
+        cpu_ratio,
     ]
 
 
 def markdown_report(report: BenchReport) -> str:
     """The results as Markdown: command, environment, workload, then one table row per trainer."""
     config, w = report.config, report.config.workload
-    ours_median = report.results[0].median("seconds")
     lines = [
         f"### {w.name}: median step time over steps 2..{config.steps}", "",
         f"Command: `{config.command}`", "",
@@ -814,10 +833,10 @@ def markdown_report(report: BenchReport) -> str:
         "|" + "|".join("---" for _ in _COLUMNS) + "|",
     ]
     for result in report.results:
-        lines.append("| " + " | ".join(_row(w.name, result, ours_median)) + " |")
+        lines.append("| " + " | ".join(_row(w.name, result, report.results[0])) + " |")
     lines.append("")
-    lines.append("Per-step seconds: " + "; ".join(
-        f"{r.trainer}: " + ", ".join(f"{s.seconds:.2f}" for s in r.samples)
+    lines.append("Per-step seconds, wall / CPU: " + "; ".join(
+        f"{r.trainer}: " + ", ".join(f"{s.seconds:.2f}/{s.cpu_seconds:.2f}" for s in r.samples)
         for r in report.results))
     return "\n".join(lines) + "\n"
 
@@ -837,6 +856,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="also run TRL with its default gradient checkpointing and bf16")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice); 1 makes CPU time "
+                        "robust on a shared machine, where waiting threads spin")
     parser.add_argument("--out", type=Path, default=None,
                         help="append the Markdown report to this file")
     for name in _SHAPE_OPTIONS:
@@ -853,7 +875,7 @@ def config_from_args(argv: Sequence[str]) -> tuple[BenchConfig, Path | None]:
     return BenchConfig(
         workload=replace(workload, **overrides), steps=options.steps, block=options.block,
         ours_backend=options.ours_backend, trl_defaults=options.trl_defaults,
-        learning_rate=options.learning_rate, seed=options.seed,
+        learning_rate=options.learning_rate, seed=options.seed, threads=options.threads,
         command=shlex.join(["python", "benchmarks/step_time_vs_trl.py", *argv]),
     ), options.out
 

@@ -41,8 +41,9 @@ TINY_ARGS = [
 
 def _sample(seconds: float, begin: float = 0.0, **phases: float) -> object:
     values = {"generate": 0.0, "score": 0.0, "update": 0.0, **phases}
-    return bench.StepSample(begin=begin, seconds=seconds, loop_seconds=seconds, peak_mib=1.0,
-                            mean_completion_length=4.0, **values)
+    return bench.StepSample(begin=begin, seconds=seconds, cpu_seconds=seconds,
+                            loop_seconds=seconds, peak_mib=1.0, mean_completion_length=4.0,
+                            **values)
 
 
 # ---------------------------------------------------------------------------------- pure parts
@@ -60,6 +61,7 @@ def test_median_and_quartiles_skip_the_warmup_step():
     result = bench.TrainerResult("t", "s", [_sample(s) for s in (100.0, 1.0, 3.0, 2.0, 4.0)])
     assert result.median("seconds") == pytest.approx(2.5, abs=1e-12)
     assert result.quartiles() == pytest.approx((1.75, 3.25), abs=1e-12)
+    assert result.minimum() == 1.0
     assert math.isnan(bench.TrainerResult("t", "s", [_sample(5.0)]).median("seconds"))
 
 
@@ -121,6 +123,8 @@ def test_config_errors_say_the_rule_and_the_fix():
         bench.config_from_args([*TINY_ARGS, "--steps", "1"])
     with pytest.raises(ValueError, match="does not divide the 4 completions"):
         bench.config_from_args([*TINY_ARGS, "--micro-batch", "3"])
+    with pytest.raises(ValueError, match="--threads 0 must be >= 1"):
+        bench.config_from_args([*TINY_ARGS, "--threads", "0"])
     with pytest.raises(ValueError, match="at least 2 completions"):
         bench.config_from_args([*TINY_ARGS, "--group-size", "1"])
     with pytest.raises(ValueError, match="unknown benchmark workload 'cpu'; valid names"):
@@ -175,7 +179,7 @@ def test_both_trainers_run_alternately_and_report_every_step(tiny_report):
     for result in tiny_report.results:
         assert len(result.samples) == 2
         for sample in result.samples:
-            assert min(sample.seconds, sample.generate, sample.update) > 0
+            assert min(sample.seconds, sample.cpu_seconds, sample.generate, sample.update) > 0
             assert sample.generate + sample.score + sample.update <= sample.seconds + 1e-6
             assert sample.loop_seconds >= sample.seconds
             assert 1 <= sample.mean_completion_length <= 4
@@ -191,9 +195,13 @@ def test_report_table_has_one_row_per_trainer_and_the_ratio(tiny_report):
     rows = [line for line in text.splitlines() if line.startswith("| cpu-tiny |")]
     assert len(rows) == 3
     ours, trl = tiny_report.results[:2]
-    ratio = float(rows[1].split("|")[-2])
-    assert ratio == pytest.approx(trl.median("seconds") / ours.median("seconds"), abs=0.006)
-    assert rows[0].split("|")[-2].strip() == "-"
+    assert float(rows[1].split("|")[5]) == pytest.approx(trl.minimum(), abs=6e-4)
+    *_, wall_ratio, cpu_ratio, _ = rows[1].split("|")
+    assert float(wall_ratio) == pytest.approx(trl.median("seconds") / ours.median("seconds"),
+                                              abs=0.006)
+    assert float(cpu_ratio) == pytest.approx(
+        trl.median("cpu_seconds") / ours.median("cpu_seconds"), abs=0.006)
+    assert rows[0].split("|")[-3:-1] == [" - ", " - "]
     assert "Command: `python benchmarks/step_time_vs_trl.py --workload cpu-tiny" in text
 
 
