@@ -363,6 +363,67 @@ def test_done_is_read_every_sync_every_steps(
     assert steps == min(math.ceil(steps_needed / sync_every) * sync_every, 29)
 
 
+def _private_stop(completions: list[list[int]], row: int, earliest: int) -> int:
+    """A position >= ``earliest`` of ``completions[row]`` whose token occurs neither earlier in
+    that row nor anywhere in another row: stopping at it ends only this row, exactly there."""
+    others = {t for i, c in enumerate(completions) if i != row for t in c}
+    own = completions[row]
+    return next(p for p in range(earliest, len(own))
+                if own[p] not in others and own[p] not in own[:p])  # fmt: skip
+
+
+def _compacted_batch_sizes(lengths: list[int], max_new_tokens: int, fraction: float) -> list[int]:
+    """Rows decoded at each step, by a plain loop over the rule: before each step, when the rows
+    still active (length > tokens so far) are at most ``fraction`` of those decoded, keep them."""
+    decoded, sizes = len(lengths), []
+    for emitted in range(1, max_new_tokens):
+        active = sum(length > emitted for length in lengths)
+        if active == 0:
+            break
+        if active < decoded and active <= fraction * decoded:
+            decoded = active
+        sizes.append(decoded)
+    return sizes
+
+
+@pytest.mark.parametrize("decode_path", PATHS)
+def test_finished_rows_are_compacted_away_without_changing_results(
+    tiny_model_dir: Path, decode_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny_model_dir)
+    free = StaticCacheBackend(model, compact_below=0).generate(PROMPTS, _greedy(20)).completion_ids
+    positions = [_private_stop(free, row, earliest) for row, earliest in ((0, 2), (1, 5), (2, 8))]
+    stops = tuple(free[row][p] for row, p in enumerate(positions))
+    params = _greedy(20, stop_token_ids=stops, return_logprobs=True)
+    reference = StaticCacheBackend(model, compact_below=0, decode_path=decode_path).generate(
+        PROMPTS, params
+    )
+    backend = StaticCacheBackend(model, decode_path=decode_path)  # compact_below = 0.75
+    batch_sizes: list[int] = []
+    original = backend._decoder.decode
+    monkeypatch.setattr(backend._decoder, "decode",
+                        lambda cache, tokens, *rest: batch_sizes.append(tokens.shape[0])
+                        or original(cache, tokens, *rest))  # fmt: skip
+    out = backend.generate(PROMPTS, params)
+    assert (out.completion_ids, out.finished) == (reference.completion_ids, reference.finished)
+    lengths = [p + 1 for p in positions] + [20]
+    assert out.completion_lengths == lengths
+    for got, want in zip(out.logprobs or [], reference.logprobs or [], strict=True):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
+    assert batch_sizes == _compacted_batch_sizes(lengths, 20, 0.75)
+    assert batch_sizes[-1] == 1  # it really shrank, down to the one running row
+    assert backend._slots == {}  # a compacted cache is not kept for reuse
+    again = backend.generate(PROMPTS, params)
+    assert again.completion_ids == out.completion_ids
+
+
+def test_compaction_rule_by_hand() -> None:
+    # 4 rows of lengths 3, 6, 9, 20: after 3 tokens 3 rows are active (3 <= 0.75 * 4): keep 3;
+    # after 6, 2 of 3 (<= 2.25): keep 2; after 9, 1 of 2: keep 1.
+    assert _compacted_batch_sizes([3, 6, 9, 20], 20, 0.75) == [4, 4] + [3] * 3 + [2] * 3 + [1] * 11
+    assert _compacted_batch_sizes([3, 6, 9, 20], 20, 0.0) == [4] * 19
+
+
 def test_length_buckets_sort_stably_and_cut_by_max_batch_size() -> None:
     lengths = [5, 12, 1, 4, 5, 1]
     assert length_buckets(lengths, None) == [[2, 5, 3, 0, 4, 1]]
@@ -438,7 +499,10 @@ def test_graph_path_leaves_no_trace_of_its_warm_up(
 ) -> None:
     model = _model(tiny_model_dir)
     params = SamplingParams(max_new_tokens=12, temperature=0.9, seed=7, return_logprobs=True)
-    eager = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8, length_bucket=64)
+    # graphs never compact finished rows (static shapes), so neither may the reference
+    eager = StaticCacheBackend(
+        model, use_cuda_graph=False, row_bucket=8, length_bucket=64, compact_below=0
+    )
     expected = eager.generate(PROMPTS, params, num_samples=2)
     graphed = StaticCacheBackend(model)  # "auto" buckets: 8 rows, 64 columns
     first = graphed.generate(PROMPTS, params, num_samples=2)
@@ -479,8 +543,8 @@ def test_failed_capture_warns_once_and_decodes_eagerly(
     monkeypatch.setattr(static_module, "capture_step", failing)
     model = _model(tiny_model_dir)
     params = SamplingParams(max_new_tokens=10, seed=3)
-    expected = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8,
-                                  length_bucket=64).generate(PROMPTS, params)  # fmt: skip
+    expected = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8, length_bucket=64,
+                                  compact_below=0).generate(PROMPTS, params)  # fmt: skip
     backend = StaticCacheBackend(model)
     with caplog.at_level(logging.WARNING, logger="mtgrpo.rollout.static"):
         first = backend.generate(PROMPTS, params)

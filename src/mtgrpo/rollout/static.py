@@ -139,6 +139,19 @@ class _DecodeBuffers:
     def mask(self) -> Tensor:
         return self.visible[:, None, None, :]  # [n, 1, 1, C]
 
+    def select(self, rows: Tensor) -> _DecodeBuffers:
+        """A copy holding only ``rows`` (``[m]`` indices); ``column`` and ``step`` are shared."""
+        return _DecodeBuffers(**{
+            f.name: value if f.name in ("column", "step") else value.index_select(0, rows)
+            for f in fields(self)
+            for value in (getattr(self, f.name),)
+        })  # fmt: skip
+
+    def write_rows(self, rows: Tensor, part: _DecodeBuffers) -> None:
+        """Copy the outputs of ``part`` (a :meth:`select` of this record) back to ``rows``."""
+        for name in ("out_tokens", "out_logprobs", "lengths", "done"):
+            getattr(self, name).index_copy_(0, rows, getattr(part, name))
+
     def state(self) -> list[Tensor]:
         """The tensors that carry state from one step to the next (outputs excluded)."""
         skip = {"out_tokens", "out_logprobs"}
@@ -263,6 +276,7 @@ class StaticCacheBackend:
         length_bucket: int | None = None,
         max_cached_shapes: int = 8,
         graph_warmup_steps: int = 3,
+        compact_below: float = 0.75,
     ) -> None:
         _check_optional_positive("max_batch_size", max_batch_size)
         for name, value in (("sync_every", sync_every), ("row_bucket", row_bucket),
@@ -270,6 +284,15 @@ class StaticCacheBackend:
             _check_optional_positive(name, value)
         _check_optional_positive("max_cached_shapes", max_cached_shapes, allow_none=False)
         _check_optional_positive("graph_warmup_steps", graph_warmup_steps, allow_none=False)
+        if (
+            isinstance(compact_below, bool)
+            or not isinstance(compact_below, (int, float))
+            or not (0 <= compact_below <= 1)
+        ):
+            raise ValueError(
+                f"compact_below must be a fraction in [0, 1] (0 = never compact), got "
+                f"{compact_below!r}"
+            )
         if use_cuda_graph not in (True, False, "auto"):
             raise ValueError(
                 f"use_cuda_graph must be True, False or 'auto', got {use_cuda_graph!r}"
@@ -287,6 +310,7 @@ class StaticCacheBackend:
         self.length_bucket = length_bucket
         self.max_cached_shapes = max_cached_shapes
         self.graph_warmup_steps = graph_warmup_steps
+        self.compact_below = float(compact_below)
         self.weights_version: int | None = None
         self._attach(model)
         self.eos_token_ids, self.pad_token_id = _special_ids(model, tokenizer, eos_token_ids)
@@ -379,8 +403,13 @@ class StaticCacheBackend:
         logits = self._decoder.prefill(slot.cache, input_ids, attention_mask, position_ids)
         program = slot.program(rule, stop_ids)
         emit(slot.buffers, program, logits, self.pad_token_id)
-        step = self._step_function(slot, program, graphs, room=columns - width)
-        emitted = self._decode_loop(step, slot.buffers.done, max_new_tokens)
+        if graphs or not self.compact_below:
+            step = self._step_function(slot, program, graphs, room=columns - width)
+            emitted = self._decode_loop(step, slot.buffers.done, max_new_tokens)
+        else:
+            emitted, compacted = self._decode_compacting(slot, program, max_new_tokens)
+            if compacted:  # its cache now holds fewer rows than the slot's shape: rebuild later
+                del self._slots[self._slot_key(rows, columns)]
         return _read_back(slot.buffers, len(batch), emitted, rule.with_logprobs)
 
     def _step_function(
@@ -417,11 +446,14 @@ class StaticCacheBackend:
         finally:
             _Slot.restore(saved)
 
+    def _sync_every(self, device: torch.device) -> int:
+        on_cpu = device.type == "cpu"
+        return self.sync_every or (1 if on_cpu else _ACCELERATOR_SYNC_EVERY)
+
     def _decode_loop(self, step: Callable[[], None], done: Tensor, max_new_tokens: int) -> int:
         """Run decode steps until ``max_new_tokens`` tokens exist or every row is done, reading
         ``done`` on the host once per ``sync_every`` steps. Returns the tokens emitted."""
-        on_cpu = done.device.type == "cpu"
-        sync_every = self.sync_every or (1 if on_cpu else _ACCELERATOR_SYNC_EVERY)
+        sync_every = self._sync_every(done.device)
         emitted = 1  # the prefill's token
         while emitted < max_new_tokens and not bool(done.all()):
             burst = min(sync_every, max_new_tokens - emitted)
@@ -430,12 +462,37 @@ class StaticCacheBackend:
             emitted += burst
         return emitted
 
+    def _decode_compacting(
+        self, slot: _Slot, program: _StepProgram, max_new_tokens: int
+    ) -> tuple[int, bool]:
+        """Eager decoding that stops computing finished rows: at each host read (every
+        ``sync_every`` steps), once at most ``compact_below`` of the decoded rows are active,
+        the active rows' cache and state are gathered into a smaller batch. Outputs are written
+        back to the slot's buffers (in the slot's row order) at the end. Returns the tokens
+        emitted and whether any compaction happened."""
+        sync_every = self._sync_every(slot.buffers.done.device)
+        live, rows = slot, None  # rows: the slot row of each live row, once compacted
+        emitted = 1
+        while emitted < max_new_tokens:
+            decoded = live.buffers.done.shape[0]
+            active = decoded - int(live.buffers.done.sum())
+            if active == 0:
+                break
+            if active < decoded and active <= self.compact_below * decoded:
+                live, rows = _compacted(slot, live, rows)
+            for _ in range(min(sync_every, max_new_tokens - emitted)):
+                decode_step(self._decoder, live, program, self.pad_token_id)
+            emitted += min(sync_every, max_new_tokens - emitted)
+        if rows is not None:
+            slot.buffers.write_rows(rows, live.buffers)
+        return emitted, rows is not None
+
     def _slot(self, rows: int, columns: int) -> _Slot:
         """The slot for this shape, most recently used last; builds it (and evicts) if new."""
         from transformers import StaticCache
 
         dtype, device = model_dtype(self._lm), self._device
-        key = (rows, columns, dtype, device)
+        key = self._slot_key(rows, columns)
         if key in self._slots:
             self._slots.move_to_end(key)
             return self._slots[key]
@@ -445,6 +502,9 @@ class StaticCacheBackend:
         slot = _Slot(cache, _DecodeBuffers.allocate(rows, columns, dtype, device))
         self._slots[key] = slot
         return slot
+
+    def _slot_key(self, rows: int, columns: int) -> tuple[Any, ...]:
+        return rows, columns, model_dtype(self._lm), self._device
 
     def _left_pad(self, batch: list[list[int]], rows: int, width: int) -> tuple[Tensor, Tensor]:
         """Left-padded ids and mask ``[n, P]``; bucket-padding rows get one pad token."""
@@ -506,6 +566,22 @@ class StaticCacheBackend:
                 f"update_weights takes a model or a state dict, got {type(model_or_state).__name__}"
             )
         self.weights_version = version
+
+
+def _compacted(full: _Slot, live: _Slot, rows: Tensor | None) -> tuple[_Slot, Tensor]:
+    """The active rows of ``live`` as a new, smaller slot view, and their rows in ``full``.
+
+    ``rows`` maps ``live``'s rows to ``full``'s (None: ``live`` is ``full``). Finished rows'
+    outputs are written back to ``full`` first; the shared cache is shrunk in place with
+    ``Cache.reorder_cache`` (an ``index_select`` along the batch of every layer).
+    """
+    keep = torch.nonzero(~live.buffers.done).flatten()  # [m]
+    if rows is None:
+        rows = torch.arange(live.buffers.done.shape[0], device=keep.device)
+    else:
+        full.buffers.write_rows(rows, live.buffers)
+    live.cache.reorder_cache(keep)
+    return _Slot(live.cache, live.buffers.select(keep)), rows[keep]
 
 
 def length_buckets(lengths: Sequence[int], max_batch_size: int | None) -> list[list[int]]:

@@ -1,0 +1,211 @@
+"""Generation speed: the "hf" backend (transformers ``generate``) against the "static" backend.
+
+    python benchmarks/generation_speed.py                          # CPU: tiny, llama-10m
+    python benchmarks/generation_speed.py --models llama-10m --rows 64 --new-tokens 128
+    python benchmarks/generation_speed.py --device cuda            # adds qwen2.5-0.5b-shape (bf16)
+
+Every model is built in memory from a config under ``torch.manual_seed(--seed)`` (random
+weights, nothing downloaded); each backend gets the same model object and the same rows:
+``--rows`` prompts of ``--prompt-tokens`` random token ids (``--ragged``: lengths spread over
+``[prompt_tokens / 2, prompt_tokens]``, to include left padding), sampled at temperature 1 with
+``top_p = 1``, ``top_k = 0`` (``--greedy`` for argmax).
+
+Stopping: by default the only stop id is ``vocab_size`` (no token has it), so every row runs to
+``--new-tokens`` and both backends do exactly the same amount of work, rows x new tokens; pass
+``--stop-at-eos`` to stop at the config's EOS id instead (then lengths differ between runs).
+
+Timing: one warm-up call per backend (lazy initialisation; for "static" on CUDA this is where
+the decode step is captured as a CUDA graph, once per shape), then ``--repeats`` rounds in
+which the backends run one after the other (so load from other processes falls on both), each
+call timed with ``time.perf_counter`` around ``generate`` (``torch.cuda.synchronize`` on both
+sides on CUDA; the outputs are Python lists, so the work is finished anyway). Reported: the
+median wall time, the median CPU time of this process (on a shared machine it is the steadier
+number), tokens per second (generated tokens / median wall time), and each backend's speed-up
+over "hf". On CUDA the static backend also runs with ``use_cuda_graph=False``
+("static-eager") to show what the graph capture itself buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mtgrpo._registry import Registry
+from mtgrpo.rollout import SamplingParams, make_backend
+from mtgrpo.rollout.static import StaticCacheBackend
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only model's configuration, built with random weights."""
+
+    arch: str  # "llama" or "qwen2"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    tie_word_embeddings: bool = False
+    bf16: bool = False
+    needs_cuda: bool = False
+
+    def build(self, seed: int, device: torch.device) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+        config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[self.arch]
+        config = config_class(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=4096,
+            tie_word_embeddings=self.tie_word_embeddings,
+            eos_token_id=self.vocab_size - 1,
+            pad_token_id=0,
+            bos_token_id=None,
+        )
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return model.to(device).eval().requires_grad_(False)
+
+
+MODELS: Registry[ModelShape] = Registry("benchmark model")
+# mtgrpo's tiny model (mtgrpo.models.build_tiny_model defaults): about 0.1 M parameters.
+MODELS.add("tiny", ModelShape("llama", 259, 64, 2, 4, 2, 128))
+# About 10 M parameters: 8 layers of width 256 over an 8k vocabulary.
+MODELS.add("llama-10m", ModelShape("llama", 8192, 256, 8, 8, 4, 688))
+# Qwen2.5-0.5B's shape (vocabulary, width, depth, heads, tied embeddings), bf16, CUDA only:
+# the workload of docs/fast_generation.md (64 rows x 256 new tokens from 48-token prompts).
+MODELS.add(
+    "qwen2.5-0.5b-shape",
+    ModelShape("qwen2", 151_936, 896, 24, 14, 2, 4864, tie_word_embeddings=True, bf16=True,
+               needs_cuda=True),
+)  # fmt: skip
+
+
+@dataclass
+class Timing:
+    backend: str
+    wall_s: float
+    cpu_s: float
+    tokens: int
+
+
+def _prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = []
+    for _ in range(args.rows):
+        low = max(args.prompt_tokens // 2, 1) if args.ragged else args.prompt_tokens
+        length = int(torch.randint(low, args.prompt_tokens + 1, (1,), generator=generator))
+        prompts.append(torch.randint(1, vocab_size - 1, (length,), generator=generator).tolist())
+    return prompts
+
+
+def _backends(model: torch.nn.Module, args: argparse.Namespace, stop: int) -> dict[str, Any]:
+    options = {"max_batch_size": args.max_batch_size, "eos_token_ids": [stop]}
+    backends = {
+        "hf": make_backend("hf", model, None, **options),
+        "static": StaticCacheBackend(model, **options),
+    }
+    if next(model.parameters()).device.type == "cuda":
+        backends["static-eager"] = StaticCacheBackend(model, use_cuda_graph=False, **options)
+    return backends
+
+
+def _timed(call: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - wall, time.process_time() - cpu, result
+
+
+def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> list[Timing]:
+    """Warm up each backend, then time ``--repeats`` interleaved rounds; medians per backend."""
+    shape = MODELS.get(name)
+    model = shape.build(args.seed, device)
+    stop = shape.vocab_size - 1 if args.stop_at_eos else shape.vocab_size
+    prompts = _prompts(args, shape.vocab_size)
+    params = SamplingParams(max_new_tokens=args.new_tokens, greedy=args.greedy, seed=args.seed)
+    backends = _backends(model, args, stop)
+    for backend in backends.values():
+        backend.generate(prompts, params)
+    samples: dict[str, list[tuple[float, float, int]]] = {key: [] for key in backends}
+    for _ in range(args.repeats):
+        for key, backend in backends.items():
+            wall, cpu, out = _timed(lambda b=backend: b.generate(prompts, params), device)
+            samples[key].append((wall, cpu, sum(out.completion_lengths)))
+    return [
+        Timing(key, statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs),
+               int(statistics.median(s[2] for s in runs)))
+        for key, runs in samples.items()
+    ]
+
+
+def report(name: str, timings: list[Timing], args: argparse.Namespace) -> None:
+    hf = next(t for t in timings if t.backend == "hf")
+    print(f"\n{name}: {args.rows} rows x {args.new_tokens} new tokens, prompts of "
+          f"{'<= ' if args.ragged else ''}{args.prompt_tokens} tokens")  # fmt: skip
+    print(f"  {'backend':<13} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tokens/s':>10} "
+          f"{'speed-up':>9}")  # fmt: skip
+    for t in timings:
+        print(f"  {t.backend:<13} {t.wall_s:8.3f} {t.cpu_s:8.3f} {t.tokens:7d} "
+              f"{t.tokens / t.wall_s:10.0f} {hf.wall_s / t.wall_s:8.2f}x")  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated, from: {', '.join(MODELS.names())} (default: all "
+                        "that the device runs)")  # fmt: skip
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--rows", type=int, default=64, help="prompts per generate call")
+    parser.add_argument("--new-tokens", type=int, default=64, help="max_new_tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=48)
+    parser.add_argument("--ragged", action="store_true", help="vary prompt lengths")
+    parser.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    parser.add_argument("--stop-at-eos", action="store_true",
+                        help="stop at the config's EOS id instead of running every row to "
+                        "--new-tokens")  # fmt: skip
+    parser.add_argument("--max-batch-size", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    names = args.models.split(",") if args.models else [
+        n for n in MODELS.names() if device.type == "cuda" or not MODELS.get(n).needs_cuda
+    ]
+    for name in names:
+        if MODELS.get(name).needs_cuda and device.type != "cuda":
+            raise SystemExit(f"model {name!r} runs on CUDA only; pass --device cuda")
+    print(f"torch {torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
+             f", {torch.get_num_threads()} CPU threads"))  # fmt: skip
+    for name in names:
+        report(name, bench_model(name, args, device), args)
+
+
+if __name__ == "__main__":
+    main()
