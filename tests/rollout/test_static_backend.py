@@ -655,6 +655,9 @@ def test_bad_arguments_are_refused(tiny_model_dir: Path) -> None:
         StaticCacheBackend(model, sync_every=2.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"max_cached_shapes must be an int, got None"):
         StaticCacheBackend(model, max_cached_shapes=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"compact_below must be a fraction in \[0, 1\] "
+                                         r"\(0 = never compact\), got 1\.5"):  # fmt: skip
+        StaticCacheBackend(model, compact_below=1.5)
     with pytest.raises(ValueError, match=r"use_cuda_graph must be True, False or 'auto', got 'on'"):
         StaticCacheBackend(model, use_cuda_graph="on")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown decode_path 'fused'; valid: 'auto', "

@@ -24,7 +24,10 @@ One call, read top to bottom (:meth:`StaticCacheBackend.generate`):
    an output buffer, and updates a ``done`` mask with the stop ids. Nothing is read on the host
    during a step; "are all rows done?" is read every ``sync_every`` steps (16 on accelerators,
    every step on the CPU, where reading a flag costs nothing). On CUDA the step is one graph
-   replay (:mod:`mtgrpo.rollout.static_graph`).
+   replay (:mod:`mtgrpo.rollout.static_graph`). Without graphs, at those reads, once at most
+   ``compact_below`` of the decoded rows are still running, their cache and state are gathered
+   into a smaller batch (``Cache.reorder_cache``), so finished rows stop costing compute (on a
+   CPU a step's cost grows with its rows; HF ``generate`` keeps them to the end).
 5. The outputs come back to the host once, as lists.
 
 Departures from the "hf" backend, all deliberate:
@@ -32,9 +35,10 @@ Departures from the "hf" backend, all deliberate:
 1. Sampling draws with the Gumbel-max trick instead of ``torch.multinomial``: the same
    distribution (:mod:`mtgrpo.rollout.static_sampling`), a different random stream. With
    ``seed`` set the result depends on the seed, the prompts, the parameters and the
-   sub-batching (``max_batch_size``, buckets), exactly as with "hf".
-2. Finished rows keep occupying their slot until the whole sub-batch is done or cut (static
-   shapes are what make the step capturable); their outputs are pad and are dropped.
+   sub-batching (``max_batch_size``, buckets, and the compaction of finished rows, which
+   changes how many numbers a step draws), as with "hf" it depends on ``max_batch_size``.
+2. With CUDA graphs, finished rows keep their place until the whole sub-batch is done or cut
+   (static shapes are what make the step capturable); their outputs are pad and are dropped.
 3. Every row is prefilled, also the ``G`` copies of one prompt (prefill is one forward;
    decoding dominates).
 
@@ -260,6 +264,8 @@ class StaticCacheBackend:
     multiples of these (``None``: 8 and 64 when graphs are captured, else 1 and 1).
     ``max_cached_shapes``: slots (cache + buffers + graphs) kept for reuse, least recently
     used dropped first. ``graph_warmup_steps``: eager steps run before a capture.
+    ``compact_below``: without graphs, drop finished rows from the decoded batch once at most
+    this fraction of it is still running (0: never; 1: as soon as one row finishes).
     """
 
     def __init__(
@@ -278,21 +284,14 @@ class StaticCacheBackend:
         graph_warmup_steps: int = 3,
         compact_below: float = 0.75,
     ) -> None:
-        _check_optional_positive("max_batch_size", max_batch_size)
-        for name, value in (("sync_every", sync_every), ("row_bucket", row_bucket),
-                            ("length_bucket", length_bucket)):  # fmt: skip
-            _check_optional_positive(name, value)
-        _check_optional_positive("max_cached_shapes", max_cached_shapes, allow_none=False)
-        _check_optional_positive("graph_warmup_steps", graph_warmup_steps, allow_none=False)
-        if (
-            isinstance(compact_below, bool)
-            or not isinstance(compact_below, (int, float))
-            or not (0 <= compact_below <= 1)
-        ):
-            raise ValueError(
-                f"compact_below must be a fraction in [0, 1] (0 = never compact), got "
-                f"{compact_below!r}"
-            )
+        _check_options(
+            max_batch_size=max_batch_size,
+            sync_every=sync_every,
+            row_bucket=row_bucket,
+            length_bucket=length_bucket,
+            max_cached_shapes=max_cached_shapes,
+            graph_warmup_steps=graph_warmup_steps,
+        )
         if use_cuda_graph not in (True, False, "auto"):
             raise ValueError(
                 f"use_cuda_graph must be True, False or 'auto', got {use_cuda_graph!r}"
@@ -301,6 +300,13 @@ class StaticCacheBackend:
             raise ValueError(
                 f"unknown decode_path {decode_path!r}; valid: 'auto', "
                 f"{', '.join(repr(n) for n in DECODERS.names())}"
+            )
+        if isinstance(compact_below, bool) or not isinstance(compact_below, (int, float)):
+            raise TypeError(f"compact_below must be a number, got {compact_below!r}")
+        if not 0 <= compact_below <= 1:
+            raise ValueError(
+                f"compact_below must be a fraction in [0, 1] (0 = never compact), got "
+                f"{compact_below!r}"
             )
         self.max_batch_size = max_batch_size
         self.use_cuda_graph = use_cuda_graph
@@ -480,9 +486,10 @@ class StaticCacheBackend:
                 break
             if active < decoded and active <= self.compact_below * decoded:
                 live, rows = _compacted(slot, live, rows)
-            for _ in range(min(sync_every, max_new_tokens - emitted)):
+            burst = min(sync_every, max_new_tokens - emitted)
+            for _ in range(burst):
                 decode_step(self._decoder, live, program, self.pad_token_id)
-            emitted += min(sync_every, max_new_tokens - emitted)
+            emitted += burst
         if rows is not None:
             slot.buffers.write_rows(rows, live.buffers)
         return emitted, rows is not None
@@ -614,14 +621,17 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _check_optional_positive(name: str, value: object, *, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        kind = "an int or None" if allow_none else "an int"
-        raise TypeError(f"{name} must be {kind}, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+def _check_options(**options: object) -> None:
+    """Every option is an int >= 1; those whose default is None may also be None."""
+    required = {"max_cached_shapes", "graph_warmup_steps"}
+    for name, value in options.items():
+        if value is None and name not in required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "an int" if name in required else "an int or None"
+            raise TypeError(f"{name} must be {kind}, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def _special_ids(
