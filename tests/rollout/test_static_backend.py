@@ -531,6 +531,9 @@ def test_graphs_are_recaptured_when_parameters_are_reassigned(
     assert cpu_graphs.calls == 2  # a new address: captured again
     expected = StaticCacheBackend(model, use_cuda_graph=False).generate(PROMPTS, _greedy(8))
     assert out.completion_ids == expected.completion_ids
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # off inside: the model's own dtype
+        assert backend.generate(PROMPTS, _greedy(8)).completion_ids == out.completion_ids
+    assert cpu_graphs.calls == 2
 
 
 def test_failed_capture_warns_once_and_decodes_eagerly(

@@ -41,6 +41,8 @@ Departures from the "hf" backend, all deliberate:
    (static shapes are what make the step capturable); their outputs are pad and are dropped.
 3. Every row is prefilled, also the ``G`` copies of one prompt (prefill is one forward;
    decoding dominates).
+4. A caller's ``torch.autocast`` is switched off for the call: the model generates in its own
+   dtype (the cache, the mask and a captured graph are built for it).
 
 When to use it: GRPO rollouts of a transformers decoder-only model with full causal attention
 in every layer (Llama, Qwen2/2.5/3, Mistral without sliding window, SmolLM, ...) under the
@@ -367,6 +369,9 @@ class StaticCacheBackend:
         with (
             _eval_mode(self.model),
             torch.inference_mode(),
+            # The cache and the mask are in the model's dtype, and a graph would replay the
+            # casts it recorded: the model runs in its own dtype whatever the caller's autocast.
+            torch.autocast(device.type, enabled=False),
             _seeded(params.seed, device),
         ):
             if graphs:

@@ -20,7 +20,8 @@ tensor it touches (parameters re-assigned rather than updated in place, a model 
 another device or dtype, a re-allocated cache) and every Python-level branch taken while it
 was recorded (sampling options, peft adapters enabled/disabled/merged, the attention
 implementation). The backend keys graphs by shape and sampling rule and drops them when the
-fingerprint of parameter addresses and adapter state changes.
+fingerprint of parameter addresses and adapter state changes (and runs the model without
+autocast, so no cast is recorded).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def capture_step(step: Callable[[], None], *, warmup_steps: int) -> CapturedStep
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # "thread_local": CUDA calls that other threads of the trainer make meanwhile (a reward
+    # model, a logger) do not invalidate this capture; only this thread's must be capturable.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
     return CapturedStep(graph)
