@@ -83,6 +83,9 @@ class ModelShape:
 MODELS: Registry[ModelShape] = Registry("benchmark model")
 # mtgrpo's tiny model (mtgrpo.models.build_tiny_model defaults): about 0.1 M parameters.
 MODELS.add("tiny", ModelShape("llama", 259, 64, 2, 4, 2, 128))
+# The shape of the trainer benchmark's "cpu-tiny" workload (benchmarks/step_time_vs_trl.py):
+# width 256, 4 layers, the tiny tokenizer's 259 tokens; about 3 M parameters.
+MODELS.add("cpu-tiny-workload", ModelShape("llama", 259, 256, 4, 8, 4, 688))
 # About 10 M parameters: 8 layers of width 256 over an 8k vocabulary.
 MODELS.add("llama-10m", ModelShape("llama", 8192, 256, 8, 8, 4, 688))
 # Qwen2.5-0.5B's shape (vocabulary, width, depth, heads, tied embeddings), bf16, CUDA only:

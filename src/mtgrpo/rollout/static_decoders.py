@@ -18,7 +18,7 @@ Two decoders, picked by name (:data:`DECODERS`):
   (the tests check logits bit for bit). What it skips is the per-call machinery around them:
   output dataclasses, decorators, ``Module.__call__`` of the decoder layers and attention
   blocks, mask preparation, the cache's ``update`` dispatch. On a CPU, where a small model's
-  decode step is all dispatch overhead, that is about a third of the step. LoRA still
+  decode forward is mostly dispatch overhead, that is roughly a quarter of it. LoRA still
   applies: peft injects its layers into the projection modules this decoder calls.
 
 Both decoders prefill with the model's ``forward`` and a 2-D padding mask (transformers builds
