@@ -513,6 +513,8 @@ def test_graph_path_leaves_no_trace_of_its_warm_up(
         assert (out.completion_ids, out.logprobs) == (expected.completion_ids, expected.logprobs)
     graphed.generate(PROMPTS, _greedy(12))
     assert cpu_graphs.calls == 2  # another sampling rule is another graph
+    graphed.generate(PROMPTS, SamplingParams(max_new_tokens=1, temperature=0.5))
+    assert cpu_graphs.calls == 2  # one token: prefill only, nothing to capture
 
 
 def test_graphs_are_recaptured_when_parameters_are_reassigned(

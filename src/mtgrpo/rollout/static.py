@@ -415,7 +415,9 @@ class StaticCacheBackend:
         program = slot.program(rule, stop_ids)
         emit(slot.buffers, program, logits, self.pad_token_id)
         if graphs or not self.compact_below:
-            step = self._step_function(slot, program, graphs, room=columns - width)
+            # Warm-up steps write the columns after the prompt; one-token calls need no step.
+            capturable = graphs and max_new_tokens > 1 and columns - width > self.graph_warmup_steps
+            step = self._step_function(slot, program, capturable)
             emitted = self._decode_loop(step, slot.buffers.done, max_new_tokens)
         else:
             emitted, compacted = self._decode_compacting(slot, program, max_new_tokens)
@@ -424,14 +426,12 @@ class StaticCacheBackend:
         return _read_back(slot.buffers, len(batch), emitted, rule.with_logprobs)
 
     def _step_function(
-        self, slot: _Slot, program: _StepProgram, graphs: bool, room: int
+        self, slot: _Slot, program: _StepProgram, capturable: bool
     ) -> Callable[[], None]:
-        """The captured graph of this slot and program, capturing it now if needed, or the
-        eager step. ``room``: free cache columns after the prompt (warm-up steps write there)."""
+        """The captured graph of this slot and program (capturing it now if ``capturable`` and
+        not tried yet), else the eager step."""
         eager = partial(decode_step, self._decoder, slot, program, self.pad_token_id)
-        if not graphs:
-            return eager
-        if program.graph is None and not program.capture_failed and room > self.graph_warmup_steps:
+        if capturable and program.graph is None and not program.capture_failed:
             program.graph = self._capture(slot, program, eager)
         return program.graph or eager
 
