@@ -147,10 +147,11 @@ class _DecodeBuffers:
 
     def select(self, rows: Tensor) -> _DecodeBuffers:
         """A copy holding only ``rows`` (``[m]`` indices); ``column`` and ``step`` are shared."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        shared = {"column", "step"}
         return _DecodeBuffers(**{
-            f.name: value if f.name in ("column", "step") else value.index_select(0, rows)
-            for f in fields(self)
-            for value in (getattr(self, f.name),)
+            name: value if name in shared else value.index_select(0, rows)
+            for name, value in values.items()
         })  # fmt: skip
 
     def write_rows(self, rows: Tensor, part: _DecodeBuffers) -> None:
@@ -217,7 +218,9 @@ class _Slot:
             tensor.copy_(saved)
 
 
-def emit(buffers: _DecodeBuffers, program: _StepProgram, logits: Tensor, pad_token_id: int) -> None:
+def _emit(
+    buffers: _DecodeBuffers, program: _StepProgram, logits: Tensor, pad_token_id: int
+) -> None:
     """Sample the next token of every row from ``logits: [n, V]`` and record it, in place.
 
     A row already done gets ``pad_token_id`` (log-prob 0) and keeps its length; a row whose
@@ -236,7 +239,7 @@ def emit(buffers: _DecodeBuffers, program: _StepProgram, logits: Tensor, pad_tok
     buffers.step.add_(1)
 
 
-def decode_step(
+def _decode_step(
     decoder: StaticDecoder, slot: _Slot, program: _StepProgram, pad_token_id: int
 ) -> None:
     """One token for every row of ``slot``: feed, forward, sample, record; all in place and
@@ -246,7 +249,7 @@ def decode_step(
     logits = decoder.decode(
         slot.cache, buffers.tokens, buffers.positions, buffers.mask, buffers.column
     )
-    emit(buffers, program, logits, pad_token_id)
+    _emit(buffers, program, logits, pad_token_id)
     buffers.positions.add_(1)
     buffers.column.add_(1)
 
@@ -413,7 +416,7 @@ class StaticCacheBackend:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min_(0)  # [n, P]
         logits = self._decoder.prefill(slot.cache, input_ids, attention_mask, position_ids)
         program = slot.program(rule, stop_ids)
-        emit(slot.buffers, program, logits, self.pad_token_id)
+        _emit(slot.buffers, program, logits, self.pad_token_id)
         if graphs or not self.compact_below:
             # Warm-up steps write the columns after the prompt; one-token calls need no step.
             capturable = graphs and max_new_tokens > 1 and columns - width > self.graph_warmup_steps
@@ -430,7 +433,7 @@ class StaticCacheBackend:
     ) -> Callable[[], None]:
         """The captured graph of this slot and program (capturing it now if ``capturable`` and
         not tried yet), else the eager step."""
-        eager = partial(decode_step, self._decoder, slot, program, self.pad_token_id)
+        eager = partial(_decode_step, self._decoder, slot, program, self.pad_token_id)
         if capturable and program.graph is None and not program.capture_failed:
             program.graph = self._capture(slot, program, eager)
         return program.graph or eager
@@ -493,7 +496,7 @@ class StaticCacheBackend:
                 live, rows = _compacted(slot, live, rows)
             burst = min(sync_every, max_new_tokens - emitted)
             for _ in range(burst):
-                decode_step(self._decoder, live, program, self.pad_token_id)
+                _decode_step(self._decoder, live, program, self.pad_token_id)
             emitted += burst
         if rows is not None:
             slot.buffers.write_rows(rows, live.buffers)
