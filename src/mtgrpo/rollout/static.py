@@ -83,7 +83,7 @@ from mtgrpo.rollout.static_decoders import (
 from mtgrpo.rollout.static_graph import CapturedStep, capture_step
 from mtgrpo.rollout.static_sampling import SamplingRule
 
-__all__ = ["StaticCacheBackend"]
+__all__ = ["StaticCacheBackend", "length_buckets"]
 
 logger = logging.getLogger(__name__)
 
