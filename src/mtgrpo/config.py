@@ -44,6 +44,7 @@ __all__ = [
     "apply_overrides",
     "config_fields_help",
     "load_run_config",
+    "reference_markdown",
 ]
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
@@ -525,3 +526,16 @@ def config_fields_help(cls: type = GRPOConfig) -> list[tuple[str, str, str, str]
         type_name = str(hints[f.name]).replace("typing.", "")
         rows.append((f.name, type_name, default, f.metadata.get("help", "")))
     return rows
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference: one table per section, from the field metadata."""
+    sections = [("Training (top level of a run file; `GRPOConfig`)", GRPOConfig),
+                ("`model:`", ModelConfig), ("`data:`", DataConfig)]
+    lines: list[str] = []
+    for title, cls in sections:
+        lines += [f"#### {title}", "", "| option | default | meaning |", "|---|---|---|"]
+        for name, _, default, text in config_fields_help(cls):
+            lines.append(f"| `{name}` | `{default}` | {text} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

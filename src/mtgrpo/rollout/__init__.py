@@ -2,7 +2,10 @@
 
 :mod:`mtgrpo.rollout.base` holds the contract (:class:`SamplingParams`,
 :class:`GenerationOutput`, the :class:`GenerationBackend` protocol) and the ``BACKENDS`` registry;
-:mod:`mtgrpo.rollout.hf_generate` the transformers ``generate`` backend, registered as ``"hf"``.
+:mod:`mtgrpo.rollout.hf_generate` the transformers ``generate`` backend, registered as ``"hf"``;
+:mod:`mtgrpo.rollout.static` the fast backend (static KV cache, own decode loop, CUDA graphs on a
+GPU), registered as ``"static"``. ``"auto"`` (the trainer's default) picks ``"static"`` when the
+model supports it and ``"hf"`` otherwise.
 ``make_backend("hf", model, tokenizer, max_batch_size=...)`` builds one by name.
 """
 
@@ -19,6 +22,7 @@ from mtgrpo.rollout.base import (
     make_backend,
 )
 from mtgrpo.rollout.hf_generate import HFGenerateBackend
+from mtgrpo.rollout.static import StaticCacheBackend
 
 __all__ = [
     "BACKENDS",
@@ -27,6 +31,7 @@ __all__ = [
     "GenerationOutput",
     "HFGenerateBackend",
     "SamplingParams",
+    "StaticCacheBackend",
     "check_num_samples",
     "check_prompt_ids",
     "make_backend",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from mtgrpo._registry import import_object
 from mtgrpo.config import GRPOConfig
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["build_backend", "build_reward_suite", "load_policy", "training_rows"]
 
@@ -118,5 +121,17 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) ->
         return backend
     if ":" in backend:
         return import_object(backend)(model, tokenizer)
-    name = "hf" if backend == "auto" else backend
+    name = _auto_backend(model) if backend == "auto" else backend
     return make_backend(name, model, tokenizer, max_batch_size=args.generation_batch_size)
+
+
+def _auto_backend(model: Any) -> str:
+    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``."""
+    from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
+
+    try:
+        check_static_cache_support(unwrap_causal_lm(model))
+    except (ValueError, TypeError) as exc:
+        logger.info("generation backend 'hf' (the static backend does not apply: %s)", exc)
+        return "hf"
+    return "static"
