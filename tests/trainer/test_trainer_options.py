@@ -128,3 +128,25 @@ def test_a_step_without_informative_groups_skips_the_update(tiny_model_dir, tmp_
     assert metrics["tasks/alpha/zero_gradient_rate"] == 1.0
     assert all(torch.equal(before[n], p) for n, p in trainer.unwrapped.named_parameters())
     assert trainer.weighting.weights == pytest.approx([0.5, 0.5])
+
+
+def test_the_training_step_does_not_depend_on_the_generation_backend(tiny_model_dir, tmp_path):
+    """Near-greedy sampling makes both backends produce the same completions; the update
+    (loss, gradient, new weights) is then identical: the backend only supplies token ids."""
+    results = {}
+    for backend in ("hf", "static"):
+        trainer = GRPOTrainer(
+            str(tiny_model_dir), [common.alpha_reward, common.beta_reward, common.length_bonus],
+            args=common.args(tmp_path / backend, max_steps=1, temperature=1e-3,
+                             generation_backend=backend, save_rollouts=True),
+            train_dataset=common.rows(),
+        )
+        metrics = trainer.train()
+        params = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+        results[backend] = (metrics, _rollouts(tmp_path / backend), params)
+    (m_hf, r_hf, p_hf), (m_static, r_static, p_static) = results["hf"], results["static"]
+    assert [g["rewards"] for g in r_hf] == [g["rewards"] for g in r_static]
+    assert m_hf["loss"] == pytest.approx(m_static["loss"], rel=1e-6)
+    assert m_hf["grad_norm"] == pytest.approx(m_static["grad_norm"], rel=1e-5)
+    for name, value in p_hf.items():
+        torch.testing.assert_close(value, p_static[name], atol=1e-6, rtol=1e-5)
