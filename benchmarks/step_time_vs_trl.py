@@ -38,6 +38,11 @@ speed knobs (``gradient_checkpointing=True``, ``bf16=True``) and the workload fi
 unchanged. ``accelerate`` keeps one mixed-precision setting per process, so that row runs after
 the alternating phase, alone, once the other two trainers are gone.
 
+Device: both trainers use CUDA when it is visible (ours picks the device itself and TRL is told
+the same), so ``cpu-tiny`` on a GPU machine measures the GPU; ``gpu-qwen0.5b`` refuses to start
+without CUDA. ``--threads`` sets torch's intra-op threads for both (on a CPU shared with other
+work, ``--threads 1`` avoids threads spinning at barriers while their partner waits for a core).
+
 Completion lengths are not forced (neither trainer offers a fixed length): a randomly
 initialised model stops when it samples an EOS id (2 of 259 tokens for the tiny tokenizer, 2 of
 151,936 for the Qwen shape), so the mean completion length of each trainer is reported beside its
@@ -60,8 +65,11 @@ Memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the step minus the m
 at its start (activations, KV cache, logits, gradients); on CPU, the peak resident set size during
 the step (``VmHWM``, reset at the step's start through ``/proc/self/clear_refs``) minus the
 resident size at its start. RSS counts pages, not tensors: memory the allocator freed and kept
-from an earlier step is reused without raising it, so the CPU figure is a lower bound on the
-step's working memory. *resident* is the trainer's parameters plus optimizer state (exact tensor
+from an earlier step is reused without raising it, so by default the CPU figure is a lower bound
+on the step's working memory. Run with ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment to
+make it close to exact (glibc then maps every allocation of 128 KiB or more afresh and unmaps it
+on free, so RSS follows the live tensors), at the price of slower steps: take times and memory
+from separate runs. *resident* is the trainer's parameters plus optimizer state (exact tensor
 bytes).
 """
 
@@ -148,7 +156,7 @@ class Workload:
 
 WORKLOADS: Registry[Workload] = Registry("benchmark workload")
 # The project's tiny Llama (hidden 64, 2 layers) is so small that a step is all Python overhead;
-# this one (about 3.2 M parameters) keeps the byte tokenizer and the tiny model's code path but
+# this one (3.0 M parameters) keeps the byte tokenizer and the tiny model's code path but
 # makes the forward and backward passes a real share of the step. --hidden-size 64
 # --num-layers 2 --num-heads 4 --num-kv-heads 2 --intermediate-size 128 gives the default shape.
 WORKLOADS.add("cpu-tiny", Workload(
@@ -201,6 +209,11 @@ class BenchConfig:
                 f"--micro-batch {w.micro_batch} does not divide the {w.completions} completions "
                 f"of a step ({w.num_prompts} prompts x {w.group_size}); pick a divisor of "
                 f"{w.completions}"
+            )
+        if w.prompt_tokens + w.max_new_tokens > w.max_position_embeddings:
+            raise ValueError(
+                f"{w.prompt_tokens}-token prompts plus {w.max_new_tokens} new tokens exceed the "
+                f"model's {w.max_position_embeddings} positions; shorten one of them"
             )
         if w.needs_cuda and not torch.cuda.is_available():
             raise ValueError(f"workload {w.name!r} needs a CUDA device and none is visible; "
@@ -672,12 +685,18 @@ def environment(device: torch.device) -> dict[str, str]:
         cpu = match.group(1) if match else cpu
     if device.type == "cuda":
         cpu = f"{torch.cuda.get_device_name()} (host: {cpu})"
-    return {
+    env = {
         "device": f"{device.type}: {cpu}", "torch threads": str(torch.get_num_threads()),
         "cores": str(os.cpu_count()), "load before": _load(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "trl": trl.__version__,
     }
+    env.update({name: os.environ[name] for name in _RECORDED_ENV if name in os.environ})
+    return env
+
+
+# Environment variables that change the numbers (threads, spinning, what RSS measures).
+_RECORDED_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_")
 
 
 def _load() -> str:

@@ -125,6 +125,8 @@ def test_config_errors_say_the_rule_and_the_fix():
         bench.config_from_args([*TINY_ARGS, "--micro-batch", "3"])
     with pytest.raises(ValueError, match="--threads 0 must be >= 1"):
         bench.config_from_args([*TINY_ARGS, "--threads", "0"])
+    with pytest.raises(ValueError, match="8-token prompts plus 1020 new tokens exceed"):
+        bench.config_from_args([*TINY_ARGS, "--max-new-tokens", "1020"])
     with pytest.raises(ValueError, match="at least 2 completions"):
         bench.config_from_args([*TINY_ARGS, "--group-size", "1"])
     with pytest.raises(ValueError, match="unknown benchmark workload 'cpu'; valid names"):
