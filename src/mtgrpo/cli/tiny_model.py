@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seed of the weight initialisation (default: 0)"
     )
     parser.add_argument(
+        "--corpus", metavar="FILE",
+        help="learn a BPE vocabulary from this text file (one text per line; llama only)",
+    )
+    parser.add_argument("--vocab-size", type=int, help="size of the learned vocabulary")
+    parser.add_argument(
         "--gguf", action="store_true",
         help="also write OUT_DIR/model.gguf (float32, llama.cpp format; needs the gguf package)",
     )
@@ -47,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from mtgrpo.models.tiny import build_tiny_model, write_tiny_gguf
 
     try:
+        corpus = None
+        if args.corpus is not None:
+            from pathlib import Path
+
+            corpus = Path(args.corpus).read_text(encoding="utf-8").splitlines()
         out = build_tiny_model(
             args.out_dir,
             arch=args.arch,
@@ -57,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
             intermediate_size=args.intermediate_size,
             max_position_embeddings=args.max_position_embeddings,
             seed=args.seed,
+            corpus=corpus,
+            vocab_size=args.vocab_size,
         )
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         print(f"mtgrpo tiny-model: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote tiny {args.arch} model to {out}")

@@ -23,7 +23,7 @@ format), so the GGUF loading path is exercised without any download.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,15 +140,31 @@ def _qwen2_config(
     )
 
 
-def build_tiny_tokenizer(*, model_max_length: int = 512) -> PreTrainedTokenizerFast:
-    """The byte-level tokenizer of the tiny model (259 tokens), with the ChatML chat template.
+def build_tiny_tokenizer(
+    *,
+    model_max_length: int = 512,
+    corpus: Iterable[str] | None = None,
+    vocab_size: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """The tokenizer of the tiny model, with the ChatML chat template.
 
-    Ids 0..255 are the bytes in the order of GPT-2's byte-to-unicode alphabet sorted by code
-    point; 256, 257, 258 are ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``.
+    Without ``corpus``: byte level (259 tokens). Ids 0..255 are the bytes in the order of
+    GPT-2's byte-to-unicode alphabet sorted by code point; 256, 257, 258 are
+    ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``.
+
+    With ``corpus`` (texts) and ``vocab_size``: byte-level BPE merges learned from the texts
+    (every byte stays representable), so frequent words and tags become single tokens and
+    sequences get several times shorter; the special tokens follow the learned vocabulary.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
     from transformers import PreTrainedTokenizerFast
+
+    if (corpus is None) != (vocab_size is None):
+        raise ValueError("give both corpus and vocab_size (a learned vocabulary) or neither")
+    if vocab_size is not None and not 256 < vocab_size <= 65_536:
+        raise ValueError(f"vocab_size={vocab_size} must be in (256, 65536]: the bytes come first")
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: index for index, symbol in enumerate(alphabet)}
@@ -162,6 +178,10 @@ def build_tiny_tokenizer(*, model_max_length: int = 512) -> PreTrainedTokenizerF
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
+    if corpus is not None:
+        trainer = BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet,
+                             min_frequency=2, show_progress=False)
+        backend.train_from_iterator(corpus, trainer=trainer)
     backend.add_special_tokens(
         [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
     )
@@ -188,12 +208,16 @@ def build_tiny_model(
     intermediate_size: int = 128,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    corpus: Iterable[str] | None = None,
+    vocab_size: int | None = None,
 ) -> Path:
     """Build, randomly initialise and save a tiny causal LM and its tokenizer to ``out_dir``.
 
     The weights are the architecture's own initialisation under ``torch.manual_seed(seed)`` (the
     caller's RNG state is restored afterwards), so the same arguments give byte-identical files.
-    With the defaults the model has about 0.1 M parameters. Returns ``out_dir`` as a ``Path``.
+    With the defaults the model has about 0.1 M parameters. ``corpus`` and ``vocab_size`` give
+    it a BPE vocabulary learned from those texts (Llama only; see
+    :func:`build_tiny_tokenizer`). Returns ``out_dir`` as a ``Path``.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -207,7 +231,13 @@ def build_tiny_model(
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} exists and is not a directory; pick another path")
 
-    tokenizer = build_tiny_tokenizer(model_max_length=max_position_embeddings)
+    if corpus is not None and arch != "llama":
+        raise ValueError(
+            f"a learned vocabulary needs arch='llama' (transformers rebuilds {arch!r} "
+            "tokenizers from their own class on load); drop corpus/vocab_size or use llama"
+        )
+    tokenizer = build_tiny_tokenizer(model_max_length=max_position_embeddings, corpus=corpus,
+                                     vocab_size=vocab_size)
     pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, EOS_TOKEN])
     # A chat turn ends at <|im_end|>; <|endoftext|> ends a plain document. Stop at either.
     token_ids = {"bos_token_id": None, "eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id}

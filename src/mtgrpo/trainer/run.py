@@ -93,8 +93,28 @@ def _eval_rows(run: RunConfig, suite: Any) -> Any:
     return suite.eval if suite is not None else None
 
 
-def prepare_model(run: RunConfig) -> str:
-    """The model to train: builds the tiny local model once when ``model.tiny`` is set."""
+def _task_corpus(suite: Any, per_task: int) -> list[str]:
+    """Texts of the suite's training problems (questions and gold answers) for a vocabulary."""
+    from mtgrpo.trainer.data import is_conversational
+
+    texts = []
+    for task in suite.task_ids:
+        data = suite.train.task(task)
+        for i in range(min(per_task, len(data))):
+            row = data.get(i)
+            prompt = row["prompt"]
+            messages = prompt if is_conversational(prompt) else [{"content": prompt}]
+            texts += [m["content"] for m in messages] + [f"<answer> {row['answer']} </answer>"]
+    return texts
+
+
+def prepare_model(run: RunConfig, suite: Any = None) -> str:
+    """The model to train: builds the tiny local model once when ``model.tiny`` is set.
+
+    ``model.tiny_options`` are :func:`mtgrpo.models.build_tiny_model`'s keywords; with
+    ``vocab_size`` and a task suite, the vocabulary is learned from the suite's training
+    problems (``corpus_per_task`` of each, default 500).
+    """
     name = run.model.name_or_path
     if not name:
         raise ValueError("the config has no model; set model.name_or_path (or model: NAME)")
@@ -102,6 +122,13 @@ def prepare_model(run: RunConfig) -> str:
         from mtgrpo.models import ensure_tiny_model
 
         options = dict(run.model.tiny_options or {})
+        per_task = int(options.pop("corpus_per_task", 500))
+        if options.get("vocab_size") is not None:
+            if suite is None:
+                raise ValueError("tiny_options.vocab_size learns a vocabulary from the task "
+                                 "suite's problems: add a tasks section")
+            if not (Path(name) / "config.json").is_file():
+                options["corpus"] = _task_corpus(suite, per_task)
         ensure_tiny_model(name, **options)
     return name
 
@@ -162,7 +189,7 @@ def run_training(run: RunConfig) -> dict[str, Any]:
     args = run.training
     suite = build_suite(run.tasks) if run.tasks else None
     try:
-        model = prepare_model(run)
+        model = prepare_model(run, suite)
         if suite is not None:
             rewards = _merge_rewards(suite.reward_routing, run.rewards)
             train = suite.train.start()
