@@ -79,7 +79,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import importlib.util
 import math
 import os
 import platform
@@ -448,8 +447,6 @@ def _resolve_backend(name: str) -> str:
     """Check ``--ours-backend`` before any model is built; ``auto`` is left to the trainer."""
     from mtgrpo.rollout import BACKENDS
 
-    if importlib.util.find_spec("mtgrpo.rollout.static") is not None:
-        importlib.import_module("mtgrpo.rollout.static")  # registers "static" when it exists
     if name == "auto":
         return name
     try:
@@ -870,7 +867,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="steps per trainer, the first of which is warm-up")
     parser.add_argument("--block", type=int, default=2, help="steps per turn when alternating")
     parser.add_argument("--ours-backend", default="auto",
-                        help="our generation backend: auto, hf, static (when registered)")
+                        help="our generation backend: auto (the trainer's choice: static where "
+                        "the model supports it, else hf), hf or static")
     parser.add_argument("--trl-defaults", action="store_true",
                         help="also run TRL with its default gradient checkpointing and bf16")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
