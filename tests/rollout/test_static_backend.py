@@ -137,15 +137,18 @@ def _in_memory_model(family: str) -> torch.nn.Module:
     [("qwen3", "llama_modules"), ("mistral", "llama_modules"), ("phi3", "model_forward"),
      ("gpt2", "model_forward")],
 )
+@pytest.mark.parametrize("num_samples", [1, 2])  # 2: each prompt's prefill is shared by 2 rows
 def test_other_architectures_pick_their_decode_path_and_equal_hf(
-    family: str, decode_path: str
+    family: str, decode_path: str, num_samples: int
 ) -> None:
     model = _in_memory_model(family)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
     backend = StaticCacheBackend(model, eos_token_ids=[2])
     assert backend.decoder_name == decode_path
-    expected = HFGenerateBackend(model, eos_token_ids=[2]).generate(prompts, _greedy(12))
-    assert backend.generate(prompts, _greedy(12)).completion_ids == expected.completion_ids
+    params = _greedy(12)
+    expected = HFGenerateBackend(model, eos_token_ids=[2]).generate(prompts, params, num_samples)
+    got = backend.generate(prompts, params, num_samples)
+    assert got.completion_ids == expected.completion_ids
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])

@@ -36,18 +36,21 @@ def _captured(backend: StaticCacheBackend) -> list[CapturedStep]:
 
 
 @pytest.mark.parametrize("decode_path", ["llama_modules", "model_forward"])
-def test_graph_decoding_equals_eager_and_hf(tiny_model_dir: Path, decode_path: str) -> None:
+@pytest.mark.parametrize("num_samples", [1, 3])  # 3: each prompt's prefill shared by 3 rows
+def test_graph_decoding_equals_eager_and_hf(
+    tiny_model_dir: Path, decode_path: str, num_samples: int
+) -> None:
     model = _cuda_model(tiny_model_dir)
     params = SamplingParams(max_new_tokens=24, greedy=True)
     graphed = StaticCacheBackend(model, decode_path=decode_path)
-    out = graphed.generate(PROMPTS, params)
+    out = graphed.generate(PROMPTS, params, num_samples)
     assert len(_captured(graphed)) == 1
     eager = StaticCacheBackend(model, decode_path=decode_path, use_cuda_graph=False,
-                               compact_below=0).generate(PROMPTS, params)  # fmt: skip
-    hf = HFGenerateBackend(model).generate(PROMPTS, params)
+                               compact_below=0).generate(PROMPTS, params, num_samples)  # fmt: skip
+    hf = HFGenerateBackend(model).generate(PROMPTS, params, num_samples)
     assert out.completion_ids == eager.completion_ids == hf.completion_ids
     assert out.finished == hf.finished
-    assert graphed.generate(PROMPTS, params).completion_ids == out.completion_ids
+    assert graphed.generate(PROMPTS, params, num_samples).completion_ids == out.completion_ids
     assert len(_captured(graphed)) == 1  # replayed, not captured again
 
 

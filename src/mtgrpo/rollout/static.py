@@ -7,16 +7,26 @@ sub-batch, padded up to a bucket), ``P`` prompt width of a sub-batch (left-padde
 
 One call, read top to bottom (:meth:`StaticCacheBackend.generate`):
 
-1. Rows are sorted by prompt length (stable) and cut into sub-batches of at most
-   ``max_batch_size`` rows, so a sub-batch holds prompts of similar length and pads little;
-   results are put back in input order (rows ``i*G .. i*G+G-1`` are prompt ``i``'s samples).
+1. Prompts are sorted by length (stable), each expanded to its ``G`` rows, and the rows cut
+   into sub-batches of at most ``max_batch_size`` rows (:func:`length_buckets`: a group stays
+   in one sub-batch whenever ``G <= max_batch_size``), so a sub-batch holds prompts of similar
+   length and pads little; results are put back in input order (rows ``i*G .. i*G+G-1`` are
+   prompt ``i``'s samples).
 2. Per sub-batch, a slot keyed by ``(n, C)`` is taken from a small LRU: a transformers
    ``StaticCache`` (``[n, kv_heads, C, head_dim]`` per layer) plus the step's buffers. On a GPU
    the slot also keeps the captured graphs, so a shape seen before costs no allocation and no
    capture.
-3. Prefill: one forward over the left-padded prompts with their 2-D mask and position ids
-   ``cumsum(mask) - 1`` (``generate``'s rule: left padding does not shift positions); it fills
-   cache columns ``0..P-1``; the first token is sampled from its last logits.
+3. Prefill, once per distinct prompt of the sub-batch (``u`` of them): one forward over the
+   ``u`` left-padded prompts with their 2-D mask and position ids ``cumsum(mask) - 1``
+   (``generate``'s rule: left padding does not shift positions) into a transformers
+   ``DynamicCache``; every layer's keys/values ``[u, kv_heads, P, head_dim]`` are then copied
+   into columns ``0..P-1`` of the slot's ``n`` rows, each prompt's repeated for its rows
+   (``index_select`` by the expansion index, the ``repeat_interleave`` of the prompts by their
+   row counts), and so are its last logits ``[u, V] -> [n, V]``, from which each row samples
+   its first token independently. The ``G`` samples of a prompt share one prefill: ``G`` times
+   less prefill compute, which dominates a CPU step with long prompts and short completions.
+   A sub-batch whose rows all belong to different prompts (``G = 1``) is prefilled straight
+   into the slot's cache (no copy).
 4. Decode: one step per token for all ``n`` rows. A step feeds each row's last token at column
    ``P + t`` with an additive mask ``[n, 1, 1, C]`` (0 on the row's prompt tokens and generated
    columns so far, ``finfo.min`` on padding and future columns), samples the next token on the
@@ -37,10 +47,15 @@ Departures from the "hf" backend, all deliberate:
    ``seed`` set the result depends on the seed, the prompts, the parameters and the
    sub-batching (``max_batch_size``, buckets, and the compaction of finished rows, which
    changes how many numbers a step draws), as with "hf" it depends on ``max_batch_size``.
+   The shared prefill draws no numbers, so a seed's samples are reproducible and equal to
+   those of the earlier every-row prefill when the sub-batches are the same, except where
+   prefill logits that differ in their last bits tip a draw; when ``max_batch_size`` is not a
+   multiple of ``G`` the sub-batches (whole groups now) and so the samples changed.
 2. With CUDA graphs, finished rows keep their place until the whole sub-batch is done or cut
    (static shapes are what make the step capturable); their outputs are pad and are dropped.
-3. Every row is prefilled, also the ``G`` copies of one prompt (prefill is one forward;
-   decoding dominates).
+3. The ``G`` rows of a prompt start from one shared prefill (exact copies of its keys, values
+   and last logits), where ``generate`` prefills every row: the same numbers up to
+   floating-point effects of batch composition (greedy completions are tested equal).
 4. A caller's ``torch.autocast`` is switched off for the call: the model generates in its own
    dtype (the cache, the mask and a captured graph are built for it).
 
@@ -362,6 +377,7 @@ class StaticCacheBackend:
         prompts = check_prompt_ids(prompt_ids, getattr(embeddings, "num_embeddings", None))
         group_size = check_num_samples(num_samples)
         rows = [list(prompt) for prompt in prompts for _ in range(group_size)]  # [N]
+        lengths = [len(prompt) for prompt in prompts]  # [B]
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
         rule = SamplingRule.from_params(params)
         device = self._device
@@ -379,9 +395,15 @@ class StaticCacheBackend:
         ):
             if graphs:
                 self._forget_stale_graphs()
-            for sub_batch in length_buckets([len(r) for r in rows], self.max_batch_size):
+            for sub_batch in length_buckets(lengths, self.max_batch_size, group_size):
+                pieces = _prompt_runs(sub_batch, group_size)
                 chunk = self._generate_chunk(
-                    [rows[i] for i in sub_batch], params.max_new_tokens, rule, stop_ids, graphs
+                    [prompts[prompt] for prompt, _ in pieces],
+                    [count for _, count in pieces],
+                    params.max_new_tokens,
+                    rule,
+                    stop_ids,
+                    graphs,
                 )
                 for position, row in enumerate(sub_batch):  # back to the input order
                     completions[row] = chunk.completion_ids[position]
@@ -398,23 +420,26 @@ class StaticCacheBackend:
 
     def _generate_chunk(
         self,
-        batch: list[list[int]],
+        prompts: list[list[int]],
+        samples: list[int],
         max_new_tokens: int,
         rule: SamplingRule,
         stop_ids: tuple[int, ...],
         graphs: bool,
     ) -> _Chunk:
-        """Prefill, first token, decode loop and read-back for one sub-batch."""
-        width = max(len(prompt) for prompt in batch)  # P
-        rows = _round_up(len(batch), self.row_bucket or (_GRAPH_ROW_BUCKET if graphs else 1))
+        """Prefill, first token, decode loop and read-back for one sub-batch: ``prompts[j]``
+        (distinct prompts) owns the next ``samples[j]`` rows."""
+        real_rows = sum(samples)
+        width = max(len(prompt) for prompt in prompts)  # P
+        rows = _round_up(real_rows, self.row_bucket or (_GRAPH_ROW_BUCKET if graphs else 1))
         columns = _round_up(
             width + max_new_tokens, self.length_bucket or (_GRAPH_LENGTH_BUCKET if graphs else 1)
         )
         slot = self._slot(rows, columns)
-        input_ids, attention_mask = self._left_pad(batch, rows, width)  # [n, P], [n, P]
-        slot.start(attention_mask, real_rows=len(batch))
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min_(0)  # [n, P]
-        logits = self._decoder.prefill(slot.cache, input_ids, attention_mask, position_ids)
+        if real_rows == len(prompts):  # every row its own prompt: nothing to share or copy
+            logits = self._prefill_rows(slot, prompts, width)
+        else:
+            logits = self._prefill_shared(slot, prompts, samples, width)
         program = slot.program(rule, stop_ids)
         _emit(slot.buffers, program, logits, self.pad_token_id)
         if graphs or not self.compact_below:
@@ -426,7 +451,45 @@ class StaticCacheBackend:
             emitted, compacted = self._decode_compacting(slot, program, max_new_tokens)
             if compacted:  # its cache now holds fewer rows than the slot's shape: rebuild later
                 del self._slots[self._slot_key(rows, columns)]
-        return _read_back(slot.buffers, len(batch), emitted, rule.with_logprobs)
+        return _read_back(slot.buffers, real_rows, emitted, rule.with_logprobs)
+
+    def _prefill_rows(self, slot: _Slot, prompts: list[list[int]], width: int) -> Tensor:
+        """Prefill one row per prompt straight into the slot's cache (bucket-padding rows get
+        one pad token); returns the last logits ``[n, V]``."""
+        rows = slot.buffers.done.shape[0]
+        input_ids, attention_mask = self._left_pad(prompts, rows, width)  # [n, P], [n, P]
+        slot.start(attention_mask, real_rows=len(prompts))
+        return self._decoder.prefill(
+            slot.cache, input_ids, attention_mask, _position_ids(attention_mask)
+        )
+
+    def _prefill_shared(
+        self, slot: _Slot, prompts: list[list[int]], samples: list[int], width: int
+    ) -> Tensor:
+        """Prefill each of the ``u`` distinct prompts once, then give each of its
+        ``samples[j]`` rows a copy of its keys/values (cache columns ``0..P-1``) and of its last
+        logits; returns the logits ``[n, V]``.
+
+        The prefill writes into a ``DynamicCache`` (``[u, kv_heads, P, head_dim]`` per layer,
+        attention over the ``P`` prompt columns, as ``generate``'s prefill); each slot layer
+        takes the rows ``source`` selects through its own ``update``, which writes columns
+        ``0..P-1`` and advances the layer's column counter to ``P``, as a prefill does.
+        Bucket-padding rows (done from the start, outputs dropped) copy prompt 0.
+        """
+        from transformers import DynamicCache
+
+        input_ids, attention_mask = self._left_pad(prompts, len(prompts), width)  # [u, P]
+        source = _expansion_index(samples, slot.buffers.done.shape[0], self._device)  # [n]
+        slot.start(attention_mask.index_select(0, source), real_rows=sum(samples))
+        shared = DynamicCache(config=self._lm.config)
+        logits = self._decoder.prefill(
+            shared, input_ids, attention_mask, _position_ids(attention_mask)
+        )  # [u, V]
+        for stored, prefilled in zip(slot.cache.layers, shared.layers, strict=True):
+            stored.update(
+                prefilled.keys.index_select(0, source), prefilled.values.index_select(0, source)
+            )
+        return logits.index_select(0, source)  # [n, V]
 
     def _step_function(
         self, slot: _Slot, program: _StepProgram, capturable: bool
@@ -599,15 +662,48 @@ def _compacted(full: _Slot, live: _Slot, rows: Tensor | None) -> tuple[_Slot, Te
     return _Slot(live.cache, live.buffers.select(keep)), rows[keep]
 
 
-def length_buckets(lengths: Sequence[int], max_batch_size: int | None) -> list[list[int]]:
-    """Row indices cut into sub-batches of similar prompt length.
+def length_buckets(
+    lengths: Sequence[int], max_batch_size: int | None, group_size: int = 1
+) -> list[list[int]]:
+    """Rows cut into sub-batches of similar prompt length.
 
-    Rows are sorted by length (stable, so a prompt's ``G`` samples stay together and in
-    order) and cut every ``max_batch_size`` rows (``None``: one sub-batch).
+    ``lengths``: ``[B]`` prompt lengths; a row is ``b*G + g``, sample ``g`` of prompt ``b``
+    (``G = group_size``). Prompts are sorted by length (stable), each expanded to its ``G``
+    consecutive rows, and the rows cut every ``m`` rows: with ``M = max_batch_size``,
+    ``m = G * (M // G)`` when ``G <= M`` (whole groups only, so a sub-batch prefills each of
+    its prompts once), else ``m = M`` (a group larger than a sub-batch is split, and its
+    prompt is prefilled once per sub-batch holding some of its rows); ``None``: one sub-batch.
+    Keeping groups whole may leave up to ``G - 1`` rows of ``M`` unused: pick ``M`` a multiple
+    of ``G``.
     """
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    size = max_batch_size or max(len(order), 1)
-    return [order[start : start + size] for start in range(0, len(order), size)]
+    rows = [prompt * group_size + sample for prompt in order for sample in range(group_size)]
+    size = max_batch_size or max(len(rows), 1)
+    if group_size <= size:
+        size -= size % group_size
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+
+def _prompt_runs(sub_batch: list[int], group_size: int) -> list[tuple[int, int]]:
+    """``(prompt, rows)`` for each run of consecutive rows of one prompt in ``sub_batch``."""
+    return [
+        (prompt, len(list(run)))
+        for prompt, run in itertools.groupby(sub_batch, key=lambda row: row // group_size)
+    ]
+
+
+def _expansion_index(samples: list[int], rows: int, device: torch.device) -> Tensor:
+    """``[rows]``: the prompt each row copies, prompt ``j`` repeated ``samples[j]`` times
+    (``repeat_interleave``), then 0 for bucket-padding rows."""
+    counts = torch.tensor(samples, dtype=torch.long)
+    source = torch.repeat_interleave(torch.arange(len(samples)), counts)
+    padding = torch.zeros(rows - len(source), dtype=torch.long)
+    return torch.cat([source, padding]).to(device)
+
+
+def _position_ids(attention_mask: Tensor) -> Tensor:
+    """``cumsum(mask) - 1`` (``generate``'s rule: left padding does not shift positions)."""
+    return (attention_mask.cumsum(-1) - 1).clamp_min_(0)
 
 
 def _read_back(
