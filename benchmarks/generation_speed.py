@@ -2,13 +2,21 @@
 
     python benchmarks/generation_speed.py                          # CPU: tiny, llama-10m
     python benchmarks/generation_speed.py --models llama-10m --rows 64 --new-tokens 128
+    python benchmarks/generation_speed.py --prompts 16 --num-samples 8 --prompt-tokens 110
     python benchmarks/generation_speed.py --device cuda            # adds qwen2.5-0.5b-shape (bf16)
 
 Every model is built in memory from a config under ``torch.manual_seed(--seed)`` (random
 weights, nothing downloaded); each backend gets the same model object and the same rows:
-``--rows`` prompts of ``--prompt-tokens`` random token ids (``--ragged``: lengths spread over
-``[prompt_tokens / 2, prompt_tokens]``, to include left padding), sampled at temperature 1 with
-``top_p = 1``, ``top_k = 0`` (``--greedy`` for argmax).
+``--prompts`` (alias ``--rows``) prompts of ``--prompt-tokens`` random token ids (``--ragged``:
+lengths spread over ``[prompt_tokens / 2, prompt_tokens]``, to include left padding), each
+sampled ``--num-samples`` times (``G``, the GRPO group: ``generate(prompts, params, G)``), at
+temperature 1 with ``top_p = 1``, ``top_k = 0`` (``--greedy`` for argmax).
+
+With ``G > 1`` the static backend also runs as ``static-per-row``: the same backend handed the
+``prompts x G`` rows as separate prompts (each prompt repeated ``G`` times, ``num_samples=1``),
+so every row is prefilled, as the backend did before it prefilled each prompt once per
+sub-batch and shared the KV cache. ``static`` over ``static-per-row`` is the gain of that
+sharing alone (same decode loop, same rows in the same order).
 
 Stopping: by default the only stop id is ``vocab_size`` (no token has it), so every row runs to
 ``--new-tokens`` and both backends do exactly the same amount of work, rows x new tokens; pass
@@ -32,6 +40,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -108,22 +117,42 @@ class Timing:
 def _prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(args.seed)
     prompts = []
-    for _ in range(args.rows):
+    for _ in range(args.prompts):
         low = max(args.prompt_tokens // 2, 1) if args.ragged else args.prompt_tokens
         length = int(torch.randint(low, args.prompt_tokens + 1, (1,), generator=generator))
         prompts.append(torch.randint(1, vocab_size - 1, (length,), generator=generator).tolist())
     return prompts
 
 
-def _backends(model: torch.nn.Module, args: argparse.Namespace, stop: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Contender:
+    """A backend and how it is called: ``per_row`` hands it every row as its own prompt."""
+
+    backend: Any
+    per_row: bool = False
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, group: int) -> Any:
+        if self.per_row:
+            rows = [prompt for prompt in prompts for _ in range(group)]  # [B*G]
+            return self.backend.generate(rows, params, num_samples=1)
+        return self.backend.generate(prompts, params, num_samples=group)
+
+
+def _contenders(
+    model: torch.nn.Module, args: argparse.Namespace, stop: int
+) -> dict[str, Contender]:
     options = {"max_batch_size": args.max_batch_size, "eos_token_ids": [stop]}
-    backends = {
-        "hf": make_backend("hf", model, None, **options),
-        "static": StaticCacheBackend(model, **options),
+    static = StaticCacheBackend(model, **options)
+    contenders = {
+        "hf": Contender(make_backend("hf", model, None, **options)),
+        "static": Contender(static),
     }
+    if args.num_samples > 1:
+        contenders["static-per-row"] = Contender(static, per_row=True)
     if next(model.parameters()).device.type == "cuda":
-        backends["static-eager"] = StaticCacheBackend(model, use_cuda_graph=False, **options)
-    return backends
+        eager = StaticCacheBackend(model, use_cuda_graph=False, **options)
+        contenders["static-eager"] = Contender(eager)
+    return contenders
 
 
 def _timed(call: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
@@ -143,13 +172,14 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> li
     stop = shape.vocab_size - 1 if args.stop_at_eos else shape.vocab_size
     prompts = _prompts(args, shape.vocab_size)
     params = SamplingParams(max_new_tokens=args.new_tokens, greedy=args.greedy, seed=args.seed)
-    backends = _backends(model, args, stop)
-    for backend in backends.values():
-        backend.generate(prompts, params)
-    samples: dict[str, list[tuple[float, float, int]]] = {key: [] for key in backends}
+    contenders = _contenders(model, args, stop)
+    for contender in contenders.values():
+        contender.generate(prompts, params, args.num_samples)
+    samples: dict[str, list[tuple[float, float, int]]] = {key: [] for key in contenders}
     for _ in range(args.repeats):
-        for key, backend in backends.items():
-            wall, cpu, out = _timed(lambda b=backend: b.generate(prompts, params), device)
+        for key, contender in contenders.items():
+            call = partial(contender.generate, prompts, params, args.num_samples)
+            wall, cpu, out = _timed(call, device)
             samples[key].append((wall, cpu, sum(out.completion_lengths)))
     return [
         Timing(key, statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs),
@@ -160,12 +190,12 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> li
 
 def report(name: str, timings: list[Timing], args: argparse.Namespace) -> None:
     hf = next(t for t in timings if t.backend == "hf")
-    print(f"\n{name}: {args.rows} rows x {args.new_tokens} new tokens, prompts of "
-          f"{'<= ' if args.ragged else ''}{args.prompt_tokens} tokens")  # fmt: skip
-    print(f"  {'backend':<13} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tokens/s':>10} "
+    print(f"\n{name}: {args.prompts} prompts x {args.num_samples} samples x {args.new_tokens} "
+          f"new tokens, prompts of {'<= ' if args.ragged else ''}{args.prompt_tokens} tokens")
+    print(f"  {'backend':<14} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tokens/s':>10} "
           f"{'speed-up':>9}")  # fmt: skip
     for t in timings:
-        print(f"  {t.backend:<13} {t.wall_s:8.3f} {t.cpu_s:8.3f} {t.tokens:7d} "
+        print(f"  {t.backend:<14} {t.wall_s:8.3f} {t.cpu_s:8.3f} {t.tokens:7d} "
               f"{t.tokens / t.wall_s:10.0f} {hf.wall_s / t.wall_s:8.2f}x")  # fmt: skip
 
 
@@ -175,7 +205,10 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"comma-separated, from: {', '.join(MODELS.names())} (default: all "
                         "that the device runs)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--rows", type=int, default=64, help="prompts per generate call")
+    parser.add_argument("--prompts", "--rows", dest="prompts", type=int, default=64,
+                        help="prompts per generate call")  # fmt: skip
+    parser.add_argument("--num-samples", type=int, default=1,
+                        help="completions per prompt (G): the call generates prompts x G rows")
     parser.add_argument("--new-tokens", type=int, default=64, help="max_new_tokens")
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--ragged", action="store_true", help="vary prompt lengths")
