@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mtgrpo.reporting.compare import aggregate_seeds, compare_runs, load_run
+from mtgrpo.reporting.compare import Series, aggregate_seeds, compare_runs, load_run
 from mtgrpo.reporting.plots import (
     COMPARISON_FIGURES,
     RUN_FIGURES,
@@ -23,6 +23,7 @@ from mtgrpo.reporting.plots import (
     plot_comparison,
     plot_run,
     plot_run_figures,
+    seed_mean,
     task_colours,
 )
 
@@ -269,8 +270,9 @@ def seeded_runs(root: Path) -> list[Path]:
 def test_plot_comparison_writes_every_figure(tmp_path: Path) -> None:
     table = compare_runs(seeded_runs(tmp_path / "runs"))
     result = plot_comparison(table, tmp_path / "cmp")
-    assert [p.name for p in result.written] == ["compare_accuracy.png", "compare_weights.png",
-                                                "compare_worst.png"]
+    assert [p.name for p in result.written] == [
+        "compare_accuracy.png", "compare_composition.png", "compare_weight_curves.png",
+        "compare_weights.png", "compare_worst.png"]
     for path in result.written:
         assert_png(path)
 
@@ -317,3 +319,88 @@ def test_compare_weights_bars_per_run_and_task(tmp_path: Path) -> None:
     skipped = COMPARISON_FIGURES.get("compare_weights")(only_uniform, None, 0.0)
     assert skipped.figure is None
     assert skipped.skipped == ("compare_weights: no run logged task weights",)
+
+
+def test_seed_mean_averages_the_runs_that_have_a_value_at_each_step() -> None:
+    # step 1: runs a, b -> mean 0.2, range [0.1, 0.3]; step 2: only b (a is NaN) -> 0.5;
+    # step 3: only a -> 0.7; a step no run has is left out
+    a = Series(np.array([1, 2, 3]), np.array([0.1, np.nan, 0.7]))
+    b = Series(np.array([1, 2]), np.array([0.3, 0.5]))
+    mean, low, high = seed_mean([a, b])
+    np.testing.assert_array_equal(mean.steps, [1, 2, 3])
+    np.testing.assert_allclose(mean.values, [0.2, 0.5, 0.7], atol=1e-15)
+    np.testing.assert_allclose(low, [0.1, 0.5, 0.7], atol=1e-15)
+    np.testing.assert_allclose(high, [0.3, 0.5, 0.7], atol=1e-15)
+
+
+def test_seed_mean_matches_a_loop_over_random_runs() -> None:
+    rng = np.random.default_rng(3)
+    runs = []
+    for _ in range(4):
+        steps = np.sort(rng.choice(30, size=12, replace=False))
+        values = rng.random(12)
+        values[rng.random(12) < 0.2] = np.nan
+        runs.append(Series(steps, values))
+    mean, low, high = seed_mean(runs)
+    for t, step in enumerate(mean.steps.tolist()):
+        present = [float(r.values[r.steps == step][0]) for r in runs
+                   if step in r.steps and np.isfinite(r.values[r.steps == step][0])]
+        assert present, "a step without any finite value must be left out"
+        assert mean.values[t] == pytest.approx(sum(present) / len(present), abs=1e-12)
+        assert (low[t], high[t]) == (min(present), max(present))
+
+
+def test_compare_accuracy_draws_the_seed_mean_per_method(tmp_path: Path) -> None:
+    table = compare_runs(seeded_runs(tmp_path))
+    drawn = COMPARISON_FIGURES.get("compare_accuracy")(table, aggregate_seeds(table), 0.0)
+    lines = lines_by_gid(drawn.figure)
+    assert sorted(lines) == sorted(f"{m}:{t}" for m in ("grpo", "mtgrpo") for t in TASKS)
+    # eval accuracy of zebra (k = 2): 0.3 + 0.04 step + offset + 0.01 seed; seeds 1, 2 of
+    # mtgrpo (offset 0.1) average to 0.3 + 0.04 step + 0.115
+    steps = np.array([4, 8, 12])
+    np.testing.assert_allclose(lines["mtgrpo:zebra"].get_ydata(), 0.3 + 0.04 * steps + 0.115,
+                               atol=1e-12)
+    assert all(len(ax.collections) == 2 for ax in drawn.figure.axes if ax.get_visible())
+
+
+def test_compare_weight_curves_panel_per_method_and_skips_unweighted(tmp_path: Path) -> None:
+    runs = seeded_runs(tmp_path)
+    no_weights = write_run(tmp_path / "uniform-seed1", synthetic_records(with_weights=False))
+    table = compare_runs([*runs, no_weights])
+    drawn = COMPARISON_FIGURES.get("compare_weight_curves")(table, aggregate_seeds(table), 0.0)
+    visible = [ax for ax in drawn.figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["grpo", "mtgrpo"]
+    lines = lines_by_gid(drawn.figure)
+    # zebra (k = 2) at step s: (1 + 0.05 · 2 · s) / 3 in both seeds, so the mean is the same
+    steps = np.arange(1, 13)
+    np.testing.assert_allclose(lines["grpo:zebra"].get_ydata(), (1 + 0.1 * steps) / 3,
+                               atol=1e-12)
+    assert drawn.skipped == ("compare_weight_curves: uniform: no tasks/<task>/weight logged",)
+    alone = COMPARISON_FIGURES.get("compare_weight_curves")(compare_runs([no_weights]), None, 0)
+    assert alone.figure is None
+    assert alone.skipped == ("compare_weight_curves: no run logged task weights",)
+
+
+def test_compare_composition_share_against_target_per_method(tmp_path: Path) -> None:
+    runs = seeded_runs(tmp_path)
+    no_target = write_run(tmp_path / "weights_only-seed1",
+                          [{k: v for k, v in r.items() if not k.endswith("/target_share")}
+                           for r in synthetic_records()])
+    table = compare_runs([*runs, no_target])
+    drawn = COMPARISON_FIGURES.get("compare_composition")(table, aggregate_seeds(table), 0.0)
+    lines = lines_by_gid(drawn.figure)
+    assert [ax.get_title() for ax in drawn.figure.axes if ax.get_visible()] == [
+        "grpo", "mtgrpo", "weights_only"]
+    np.testing.assert_allclose(lines["target:mtgrpo:countdown:easy"].get_ydata(), 1 / 3,
+                               atol=1e-12)
+    # without target_share the target is the weight: zebra (1 + 0.1 s) / 3
+    np.testing.assert_allclose(lines["target:weights_only:zebra"].get_ydata(),
+                               (1 + 0.1 * np.arange(1, 13)) / 3, atol=1e-12)
+    history = table.histories["mtgrpo-seed1"], table.histories["mtgrpo-seed2"]
+    shares = [h.task_series("zebra", "batch_share", "train").values for h in history]
+    np.testing.assert_allclose(lines["share:mtgrpo:zebra"].get_ydata(), np.mean(shares, axis=0),
+                               atol=1e-12)
+    none = write_run(tmp_path / "none", synthetic_records(with_composition=False))
+    empty = COMPARISON_FIGURES.get("compare_composition")(compare_runs([none]), None, 0.0)
+    assert empty.figure is None
+    assert empty.skipped == ("compare_composition: no run logged its batch composition",)

@@ -11,10 +11,20 @@ One run (:func:`plot_run`, written as ``<name>.png``; names in :data:`RUN_FIGURE
 
 Several runs (:func:`plot_comparison`; names in :data:`COMPARISON_FIGURES`):
 
-- ``compare_accuracy``: one panel per task, every run a line;
+- ``compare_accuracy``: one panel per task, every run a line, or per method the mean over its
+  seeds with a shaded min–max band;
 - ``compare_worst``: worst-task accuracy vs step per run, or per method as the mean over its
   seeds with a shaded min–max band;
-- ``compare_weights``: the final task weights of every run as grouped bars.
+- ``compare_weights``: the final task weights of every run as grouped bars;
+- ``compare_weight_curves``: one panel per run (or method, mean over seeds), the task weights
+  vs step;
+- ``compare_composition``: one panel per run (or method, mean over seeds), each task's realised
+  batch share against its target share.
+
+In ``compare_accuracy``, ``compare_weight_curves`` and ``compare_composition`` a mean over
+seeds at a step is taken over the runs that logged a finite value there (:func:`seed_mean`),
+the band spanning their minimum and maximum; ``compare_worst`` keeps to the steps where every
+seed measured every task, since a worst task over fewer seeds is another quantity.
 
 Every task keeps one colour in every figure of a report (:func:`task_colours`). Noisy train
 curves can be smoothed (:func:`ema`) and are then drawn over their raw points, which stay
@@ -61,6 +71,7 @@ __all__ = [
     "plot_comparison",
     "plot_run",
     "plot_run_figures",
+    "seed_mean",
     "task_colours",
 ]
 
@@ -403,19 +414,66 @@ def _first_of_group(
     return out
 
 
+def _groups(
+    table: ComparisonTable, aggregate: SeedAggregateTable | None
+) -> dict[str, tuple[str, ...]]:
+    """Method -> its run labels with an aggregate; else every run its own group."""
+    if aggregate is None:
+        return {label: (label,) for label in table.labels}
+    return {m.method: m.members for m in aggregate.methods}
+
+
+def seed_mean(series: Sequence[Series]) -> tuple[Series, np.ndarray, np.ndarray]:
+    """Mean of several runs' series per step, with the min and max: ``(mean, low, high)``.
+
+    At each step the statistics run over the series with a finite value there; steps where
+    none has one are left out. ``low`` and ``high`` are ``[T]`` arrays aligned with the mean.
+    """
+    finite = [s.finite() for s in series]
+    steps = np.unique(np.concatenate([s.steps for s in finite] + [np.zeros(0, np.int64)]))
+    values = np.full((len(finite), len(steps)), np.nan)  # [S, T]
+    for row, s in enumerate(finite):
+        values[row, np.searchsorted(steps, s.steps)] = s.values
+    counts = np.isfinite(values).sum(axis=0)  # [T] >= 1 by construction
+    mean = np.where(np.isfinite(values), values, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    low = np.min(np.where(np.isfinite(values), values, np.inf), axis=0, initial=np.inf)
+    high = np.max(np.where(np.isfinite(values), values, -np.inf), axis=0, initial=-np.inf)
+    return Series(steps, mean), low, high
+
+
+def _mean_band(ax: Axes, series: Sequence[Series], colour: Any, *, smoothing: float,
+               label: str | None, gid: str, linestyle: str = "-") -> None:
+    """The seed mean as a curve (smoothed like :func:`_curve`) over a min–max band."""
+    mean, low, high = seed_mean(series)
+    ax.fill_between(mean.steps, low, high, color=colour, alpha=0.18, linewidth=0)
+    _curve(ax, mean, colour, smoothing=smoothing, label=label, linestyle=linestyle, gid=gid)
+
+
+def _group_panels(count: int) -> tuple[Figure, np.ndarray]:
+    rows, cols = _grid(count)
+    return _new_figure(rows, cols, width=4.4 * cols + 1.5, height=3.3 * rows, sharey=True)
+
+
 @COMPARISON_FIGURES.register("compare_accuracy")
 def compare_accuracy_figure(table: ComparisonTable, aggregate: SeedAggregateTable | None,
                             smoothing: float) -> Drawn:
-    """One panel per common task: that task's accuracy vs step in every run."""
+    """One panel per common task: its accuracy vs step per run, or per method (mean, band)."""
     colours, legend = _run_colours(table, aggregate), _first_of_group(table, aggregate)
     rows, cols = _grid(len(table.tasks))
     figure, axes = _new_figure(rows, cols, width=4.6 * cols + 1.5, height=3.4 * rows,
                                sharey=True)
     smooth = smoothing if table.split == "train" else 0.0
+    groups = _groups(table, aggregate)
     for ax, task in zip(axes.flat, table.tasks, strict=False):
-        for label, history in table.histories.items():
-            _curve(ax, history.task_series(task, "accuracy", table.split), colours[label],
-                   smoothing=smooth, label=legend[label], gid=f"{label}:{task}")
+        for method, members in groups.items():
+            series = [table.histories[m].task_series(task, "accuracy", table.split)
+                      for m in members]
+            if len(members) > 1:
+                _mean_band(ax, series, colours[members[0]], smoothing=smooth,
+                           label=f"{method} (n = {len(members)})", gid=f"{method}:{task}")
+                continue
+            _curve(ax, series[0], colours[members[0]], smoothing=smooth,
+                   label=legend[members[0]], gid=f"{members[0]}:{task}")
         ax.set_ylim(-0.02, 1.02)
         _finish(ax, title=task, ylabel=f"{table.split} accuracy")
     for ax in list(axes.flat)[len(table.tasks):]:
@@ -436,8 +494,7 @@ def compare_worst_figure(table: ComparisonTable, aggregate: SeedAggregateTable |
     figure, axes = _new_figure(width=10.0)
     ax = axes[0, 0]
     skipped: list[str] = []
-    groups = ({m.method: m.members for m in aggregate.methods} if aggregate is not None
-              else {label: (label,) for label in table.labels})
+    groups = _groups(table, aggregate)
     for method, members in groups.items():
         if len(members) > 1 and _band(ax, [curves[m] for m in members],
                                       colours[members[0]], method):
@@ -499,6 +556,74 @@ def compare_weights_figure(table: ComparisonTable, aggregate: SeedAggregateTable
     ax.set_xticklabels([run.label for run in runs], rotation=20, ha="right")
     _finish(ax, title="Final task weights", ylabel="task weight z_k", xlabel="run")
     _legend(ax, len(table.tasks) + 1, outside=True)  # bars fill the axes
+    return Drawn(figure, skipped)
+
+
+@COMPARISON_FIGURES.register("compare_weight_curves")
+def compare_weight_curves_figure(table: ComparisonTable, aggregate: SeedAggregateTable | None,
+                                 smoothing: float) -> Drawn:
+    """One panel per run or method: each task's weight ``z_k`` vs step (mean over seeds)."""
+    groups = _groups(table, aggregate)
+    logged = {name: members for name, members in groups.items()
+              if any(table.histories[m].tasks_with("weight", "train") for m in members)}
+    skipped = tuple(f"compare_weight_curves: {name}: no tasks/<task>/weight logged"
+                    for name in groups if name not in logged)
+    if not logged:
+        return Drawn(None, ("compare_weight_curves: no run logged task weights",))
+    colours = task_colours(table.tasks)
+    figure, axes = _group_panels(len(logged))
+    for ax, (name, members) in zip(axes.flat, logged.items(), strict=False):
+        for task in table.tasks:
+            series = [table.histories[m].task_series(task, "weight", "train") for m in members]
+            _curve(ax, seed_mean(series)[0], colours[task], smoothing=0.0, label=task,
+                   gid=f"{name}:{task}")
+        ax.axhline(1.0 / len(table.tasks), color="grey", linestyle=":", linewidth=1.2)
+        ax.set_ylim(bottom=0.0)
+        _finish(ax, title=name, ylabel="task weight z_k")
+    for ax in list(axes.flat)[len(logged):]:
+        ax.set_visible(False)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right upper", fontsize=8)
+    figure.suptitle("Task weights (dotted: uniform 1/K)", fontweight="bold")
+    return Drawn(figure, skipped)
+
+
+@COMPARISON_FIGURES.register("compare_composition")
+def compare_composition_figure(table: ComparisonTable, aggregate: SeedAggregateTable | None,
+                               smoothing: float) -> Drawn:
+    """One panel per run or method: realised batch share (solid) against the target (dashed).
+
+    The target is ``tasks/<t>/target_share`` where logged, else the weight; both are means
+    over the seeds, and the realised share is smoothed over its raw points.
+    """
+    groups = _groups(table, aggregate)
+    logged = {name: members for name, members in groups.items()
+              if any(table.histories[m].tasks_with("batch_share", "train") for m in members)}
+    skipped = tuple(f"compare_composition: {name}: no tasks/<task>/batch_share logged"
+                    for name in groups if name not in logged)
+    if not logged:
+        return Drawn(None, ("compare_composition: no run logged its batch composition",))
+    colours = task_colours(table.tasks)
+    figure, axes = _group_panels(len(logged))
+    for ax, (name, members) in zip(axes.flat, logged.items(), strict=False):
+        histories = [table.histories[m] for m in members]
+        for task in table.tasks:
+            shares = [h.task_series(task, "batch_share", "train") for h in histories]
+            _curve(ax, seed_mean(shares)[0], colours[task], smoothing=smoothing, label=task,
+                   gid=f"share:{name}:{task}")
+            key = ("target_share" if any(h.has(f"tasks/{task}/target_share", "train")
+                                         for h in histories) else "weight")
+            targets = [h.task_series(task, key, "train") for h in histories]
+            _curve(ax, seed_mean(targets)[0], colours[task], smoothing=0.0, label=None,
+                   linestyle="--", gid=f"target:{name}:{task}")
+        ax.set_ylim(-0.02, 1.02)
+        _finish(ax, title=name, ylabel="share of the trained batch")
+    for ax in list(axes.flat)[len(logged):]:
+        ax.set_visible(False)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right upper", fontsize=8)
+    figure.suptitle("Batch composition: realised share (solid) vs target (dashed)",
+                    fontweight="bold")
     return Drawn(figure, skipped)
 
 
