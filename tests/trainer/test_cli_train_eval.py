@@ -62,3 +62,15 @@ def test_eval_writes_results_and_delta_m(tmp_path, tiny_model_dir, capsys):
     assert "delta_m" in json.loads((tmp_path / "new" / "results.json").read_text())
     assert main(["eval", "--model", str(tiny_model_dir)]) == 2
     assert "give --tasks" in capsys.readouterr().err
+
+
+def test_help_of_every_command(capsys):
+    import pytest
+
+    from mtgrpo.cli import COMMANDS
+
+    for name in [None, *COMMANDS]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--help"] if name is None else [name, "--help"])
+        assert exit_info.value.code == 0
+        assert "usage: mtgrpo" in capsys.readouterr().out

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text, aliases) in COMMANDS.items():
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(
-            name, help=help_text, aliases=list(aliases), description=module.__doc__,
+            name, help=help_text.replace("%", "%%"), aliases=list(aliases),
+            description=(module.__doc__ or "").replace("%", "%%"),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(command_parser)
