@@ -1,0 +1,984 @@
+"""Does MT-GRPO lift the worst task? MT-GRPO against GRPO, DAPO and SEC over seeds.
+
+Every method trains the same model on the same tasks for the same number of training steps,
+from the same supervised warm start, once per seed; the runs are then compared on the eval
+split the way the MT-GRPO paper's Table 1 does (ALGORITHMS.md §6, §8): final worst-task and
+average accuracy, Δm% against DAPO, steps to fixed worst-task thresholds, time per step and
+prompts generated per informative group, each as mean ± spread over the seeds.
+
+    python benchmarks/mtgrpo_vs_baselines.py                          # quickstart, 3 seeds
+    python benchmarks/mtgrpo_vs_baselines.py --dry-run                # the runs and overrides
+    python benchmarks/mtgrpo_vs_baselines.py --methods grpo,dapo,mtgrpo --seeds 1,2
+    python benchmarks/mtgrpo_vs_baselines.py --config smollm2-mtgrpo3-easy --threads 8
+
+Methods (:func:`method_table`; each is a set of overrides on the base run config):
+
+======================  ============  =================  ========  ==========================
+name                    weighting     batch              ε_high    paper
+======================  ============  =================  ========  ==========================
+``grpo``                uniform       iid                = ε       GRPO baseline
+``dapo``                uniform       dynamic            0.28      DAPO baseline
+``sec_grpo``            sec           iid                = ε       SEC curriculum on GRPO
+``sec_dapo``            sec           dynamic            0.28      SEC-DAPO baseline
+``mtgrpo_l<λ>``         mt_grpo       ratio_preserving   0.28      MT-GRPO, one per ``--lambdas``
+``rp_uniform``          uniform       ratio_preserving   0.28      ablation: RP-sampler alone
+``mtgrpo_no_rp``        mt_grpo (λ1)  dynamic            0.28      ablation: IWU without RP
+======================  ============  =================  ========  ==========================
+
+Parameters a method does not fix are inherited from the base config so that the methods
+differ only where the table says: a method whose weighting is the base config's keeps the
+base ``task_weighting_params`` (λ replaced); MT-GRPO on a base with another weighting uses the
+released code's Exp-1 settings (:data:`MTGRPO_DEFAULT_PARAMS`); SEC on such a base uses the
+strategy's defaults (α 0.5, τ 0.2, the SEC paper's multi-task setting). Every sampler takes
+the base ``batch_construction_params`` it accepts (so DAPO and MT-GRPO share ``M_os`` and
+``N_rs``). Loss, learning rate, batch sizes, filter and evaluation are the base config's.
+
+The default λ values are 0.25 and 1.0 (:data:`DEFAULT_LAMBDAS`). 0.25 is the paper's best
+three-task value; the paper's values were tuned for Qwen2.5-3B at learning rate 1e-6, where
+the improvement signal ``I_k`` is small against ``λ J_k``. A small model at a learning rate
+near 1e-4 changes its per-task objective far more per step, so the same λ leans the update
+towards improvement; 1.0 is the robust end, where the reward term dominates the signal as
+it does in the paper's large-λ nine-task runs (0.9, 1.2).
+
+Grid mechanics:
+
+- The supervised warm start of the base config (its ``sft:`` section; with ``model.tiny`` the
+  tiny model is first built into ``<out>/warm_start/base-model``) runs once, into
+  ``<out>/warm_start/`` (``mtgrpo.trainer.run``'s cached warm start: a finished one with the
+  same settings is reused). Every run then loads ``<out>/warm_start/sft/model`` with the
+  ``sft`` section removed, so all methods and seeds start from one checkpoint.
+- Run ``<method>-seed<k>`` writes to ``<out>/<method>-seed<k>/`` with ``seed: k``. A run whose
+  ``checkpoint-<max_steps>`` exists, or whose ``metrics.jsonl`` holds the final step, is
+  skipped; a run with an earlier checkpoint resumes from it (``resume_from_checkpoint``); a
+  run directory without a checkpoint starts again (its old log is kept aside). A run
+  directory written with a different config is refused before any training: mixing settings
+  in one table would compare different experiments.
+- A run that raises is recorded and the grid goes on; the exit status is then 1.
+
+Output in ``<out>``: ``results.md`` (command, settings, the method table, the paper-style
+table, per-task accuracy, the verdict, figures, per-seed tables), ``results.json`` (the same
+numbers) and ``figures/*.png`` (:func:`mtgrpo.reporting.plot_comparison`).
+
+Decisions where the paper is silent:
+
+1. Δm% pairs seeds: run ``<method>-seed<k>`` is measured against ``dapo-seed<k>`` (so DAPO's
+   own Δm% is 0 for every seed); the table gives the spread of those per-seed values.
+2. "Steps to a threshold" of a method, in the verdict, is the eval step by which a majority
+   of its seeds had reached it, a seed that never did counting as never: a mean over the
+   seeds that reached it (the table's cell) would reward a method that rarely gets there.
+3. "Matches DAPO" means a mean final worst-task accuracy at most :data:`TOLERANCE` (two
+   points) below DAPO's, the same margin the verdict allows the average accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import inspect
+import json
+import logging
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mtgrpo.config import apply_overrides, run_config_from_dict
+from mtgrpo.recipes import recipe_path
+from mtgrpo.reporting.compare import (
+    ComparisonTable,
+    RunHistory,
+    RunSummary,
+    SeedAggregateTable,
+    Spread,
+    aggregate_seeds,
+    compare_runs,
+    load_run,
+    parse_thresholds,
+)
+from mtgrpo.sampling import SAMPLERS
+from mtgrpo.weighting import WEIGHTINGS
+
+logger = logging.getLogger("mtgrpo_vs_baselines")
+
+DEFAULT_OUT = Path("benchmarks/results/mtgrpo_vs_baselines")
+DEFAULT_CONFIG = "quickstart"
+DEFAULT_SEEDS = (1, 2, 3)
+DEFAULT_LAMBDAS = (0.25, 1.0)
+DEFAULT_THRESHOLDS = (0.3, 0.4, 0.5)
+TOLERANCE = 0.02  # accuracy points (as a fraction) that count as "matching" / "within"
+_ROUNDING = 1e-9  # so that a gap of exactly TOLERANCE counts as within it
+CLIP_HIGHER = 0.28  # DAPO's ε_high, used by every method with dynamic or RP sampling
+# The released MT-GRPO code's Exp-1 settings (ALGORITHMS.md §4, §8), for a base config whose
+# own weighting is not mt_grpo: Adam on the logits (lr 0.025), weight decay η 1e-5, I_k
+# clipped to ±0.1, J_k an EMA (decay 0.5) of the batch accuracy.
+MTGRPO_DEFAULT_PARAMS: Mapping[str, Any] = {
+    "optimizer": "adam", "step_size": 0.025, "damping": 1e-5, "improvement_clip": 0.1,
+    "reward_ema": 0.5,
+}
+WARM_START_DIR = "warm_start"
+FIGURES_DIR = "figures"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+# Keys of a run's config that may differ between an interrupted run and its continuation.
+_RESUME_KEYS = ("resume_from_checkpoint",)
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the comparison: a task weighting, a batch construction and a clip range."""
+
+    name: str
+    task_weighting: str
+    batch_construction: str
+    epsilon_high: float | None  # None: symmetric clipping, ε_high = ε (GRPO)
+    description: str
+    weighting_params: Mapping[str, Any] = field(default_factory=dict)  # set on top of inherited
+
+    @property
+    def is_mtgrpo(self) -> bool:
+        """MT-GRPO proper: IWU weights with the ratio-preserving sampler."""
+        return (WEIGHTINGS.canonical(self.task_weighting) == "mt_grpo"
+                and SAMPLERS.canonical(self.batch_construction) == "ratio_preserving")
+
+
+def mtgrpo_name(lam: float) -> str:
+    """``mtgrpo_l<λ>``, e.g. ``mtgrpo_l0.25``."""
+    return f"mtgrpo_l{lam:g}"
+
+
+def method_table(lambdas: Sequence[float] = DEFAULT_LAMBDAS) -> dict[str, Method]:
+    """Every method of the grid by name, in table order (baselines, MT-GRPO, ablations)."""
+    lambdas = _check_lambdas(lambdas)
+    methods = [
+        Method("grpo", "uniform", "iid", None, "GRPO: uniform mixing, symmetric clip"),
+        Method("dapo", "uniform", "dynamic", CLIP_HIGHER,
+               "DAPO: dynamic sampling, clip-higher"),
+        Method("sec_grpo", "sec", "iid", None, "SEC curriculum, GRPO batches"),
+        Method("sec_dapo", "sec", "dynamic", CLIP_HIGHER, "SEC curriculum, DAPO batches"),
+        *(Method(mtgrpo_name(lam), "mt_grpo", "ratio_preserving", CLIP_HIGHER,
+                 f"MT-GRPO: IWU weights (λ {lam:g}) + RP-sampler", {"lam": lam})
+          for lam in lambdas),
+        Method("rp_uniform", "uniform", "ratio_preserving", CLIP_HIGHER,
+               "ablation: RP-sampler with uniform weights"),
+        Method("mtgrpo_no_rp", "mt_grpo", "dynamic", CLIP_HIGHER,
+               f"ablation: IWU weights (λ {lambdas[0]:g}) with dynamic sampling, no RP",
+               {"lam": lambdas[0]}),
+    ]
+    return {method.name: method for method in methods}
+
+
+def _check_lambdas(lambdas: Sequence[float]) -> tuple[float, ...]:
+    values = tuple(float(lam) for lam in lambdas)
+    if not values or any(not math.isfinite(lam) or lam < 0 for lam in values):
+        raise ValueError(f"--lambdas must be one or more finite λ >= 0, got {list(lambdas)}; "
+                         "e.g. --lambdas 0.25,1.0")
+    if len(set(values)) != len(values):
+        raise ValueError(f"--lambdas repeats a value: {list(values)}; give distinct values")
+    return values
+
+
+def select_methods(table: Mapping[str, Method], names: Sequence[str] | None) -> list[Method]:
+    """The methods named (all when ``names`` is None); ``mtgrpo`` stands for every λ."""
+    if names is None:
+        return list(table.values())
+    chosen: dict[str, Method] = {}
+    for name in names:
+        matches = ([m for m in table.values() if m.is_mtgrpo] if name == "mtgrpo"
+                   else [table[name]] if name in table else [])
+        if not matches:
+            raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(table)} "
+                             "(or mtgrpo for every λ)")
+        chosen.update((m.name, m) for m in matches)
+    return [m for m in table.values() if m.name in chosen]  # table order
+
+
+def _sampler_options(name: str) -> set[str]:
+    """Keyword options a sampler's constructor accepts (its class and bases)."""
+    options: set[str] = set()
+    for klass in SAMPLERS.get(name).__mro__:
+        if klass is object:
+            break
+        for param in inspect.signature(klass.__init__).parameters.values():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY:
+                options.add(param.name)
+    return options - {"seed", "zero_gradient_filter"}
+
+
+def method_overrides(method: Method, base: Mapping[str, Any]) -> dict[str, Any]:
+    """The training options ``method`` sets on top of the base config mapping ``base``.
+
+    Weighting parameters come from the base when its weighting is the method's (else the
+    strategy's defaults, or :data:`MTGRPO_DEFAULT_PARAMS` for MT-GRPO), then the method's own
+    (λ); sampler parameters are the base's that the method's sampler accepts.
+    """
+    weighting = WEIGHTINGS.canonical(method.task_weighting)
+    if WEIGHTINGS.canonical(str(base.get("task_weighting", "uniform"))) == weighting:
+        weighting_params = dict(base.get("task_weighting_params") or {})
+    else:
+        weighting_params = dict(MTGRPO_DEFAULT_PARAMS) if weighting == "mt_grpo" else {}
+    weighting_params.update(method.weighting_params)
+    accepted = _sampler_options(method.batch_construction)
+    sampler_params = {key: value for key, value in
+                      (base.get("batch_construction_params") or {}).items() if key in accepted}
+    return {
+        "task_weighting": weighting,
+        "task_weighting_params": weighting_params,
+        "batch_construction": SAMPLERS.canonical(method.batch_construction),
+        "batch_construction_params": sampler_params,
+        "epsilon_high": method.epsilon_high,
+    }
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """What to run: the command line of the script, parsed and checked."""
+
+    config: str = DEFAULT_CONFIG
+    out: Path = DEFAULT_OUT
+    methods: tuple[str, ...] | None = None  # None: every method of the table
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
+    max_steps: int | None = None  # None: the base config's
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    threads: int = 1
+    sets: tuple[str, ...] = ()  # "key=value" overrides for every run
+    dry_run: bool = False
+    argv: tuple[str, ...] = ()  # the command line, for results.md
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in _csv(text))
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers such as 1,2,3; "
+                         f"got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct integers such as 1,2,3; got {text!r}")
+    return seeds
+
+
+def _parse_lambdas(text: str) -> tuple[float, ...]:
+    try:
+        values = [float(part) for part in _csv(text)]
+    except ValueError:
+        raise ValueError(f"--lambdas takes comma-separated numbers such as 0.25,1.0; "
+                         f"got {text!r}") from None
+    return _check_lambdas(values)
+
+
+def _check_set(item: str) -> str:
+    key, sep, _ = item.partition("=")
+    if not sep or not key.strip() or key.startswith("-"):
+        raise ValueError(f"--set takes key=value (a config option, dotted for sections, e.g. "
+                         f"tasks.train_size=64); got {item!r}")
+    return item
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="MT-GRPO vs GRPO / DAPO / SEC over seeds: worst-task and average accuracy.")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="base run config: a YAML file or a built-in recipe name")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="grid directory")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated subset of the methods (mtgrpo: every λ)")
+    parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
+                        help="comma-separated run seeds")
+    parser.add_argument("--lambdas", default=",".join(f"{v:g}" for v in DEFAULT_LAMBDAS),
+                        help="comma-separated MT-GRPO λ values, one method each")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="training steps of every run (default: the config's)")
+    parser.add_argument("--thresholds", default=",".join(f"{t:g}" for t in DEFAULT_THRESHOLDS),
+                        help="worst-task accuracy thresholds (fractions) for steps-to-threshold")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: no oversubscription on a shared machine)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config option for every run (repeatable)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the runs, their state and overrides, and exit")
+    return parser
+
+
+def parse_options(argv: Sequence[str]) -> GridOptions:
+    """Parse and check the command line (``ValueError`` says the rule and the fix)."""
+    args = build_parser().parse_args(list(argv))
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be a positive integer, got {args.max_steps}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    lambdas = _parse_lambdas(args.lambdas)
+    methods = None if args.methods is None else tuple(_csv(args.methods))
+    if methods is not None:
+        select_methods(method_table(lambdas), methods)  # unknown names fail here
+    return GridOptions(
+        config=args.config, out=args.out, methods=methods, seeds=_parse_seeds(args.seeds),
+        lambdas=lambdas, max_steps=args.max_steps,
+        thresholds=parse_thresholds(args.thresholds), threads=args.threads,
+        sets=tuple(_check_set(item) for item in args.sets), dry_run=args.dry_run,
+        argv=tuple(argv),
+    )
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class SharedStart:
+    """Where every run's model comes from: the warm start (or the base model) and how."""
+
+    warm_start_dir: Path  # <out>/warm_start
+    model_section: dict[str, Any]  # the runs' `model:` section
+    tiny_dir: Path | None  # the tiny model built here, when the base config asks for one
+    warm_start: bool  # the base config has an sft section, trained once here
+
+
+@dataclass(frozen=True)
+class RunState:
+    """How far a run directory got: ``done``, ``resume`` (from ``checkpoint``) or ``new``."""
+
+    status: str
+    checkpoint: Path | None = None
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One (method, seed) run: its directory, resolved config mapping and current state."""
+
+    label: str  # "<method>-seed<k>"
+    method: Method
+    seed: int
+    run_dir: Path
+    config: dict[str, Any]  # YAML-shaped run config, as the run will be started
+    overrides: dict[str, Any]  # what the method and seed set on top of the base
+    state: RunState
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    base_path: Path
+    base: dict[str, Any]  # base config mapping after --set / --max-steps
+    start: SharedStart
+    max_steps: int  # of every run
+    runs: tuple[PlannedRun, ...]
+
+
+def load_base(options: GridOptions) -> tuple[Path, dict[str, Any]]:
+    """The base config mapping: recipe or file, then ``--set``, then ``--max-steps``.
+
+    Checked as a whole run config; the comparison needs per-task eval accuracy, so a config
+    without evaluation is refused here, before any work.
+    """
+    path = recipe_path(options.config)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a run config must be a mapping of options")
+    if isinstance(raw.get("model"), str):
+        raw["model"] = {"name_or_path": raw["model"]}
+    raw = apply_overrides(raw, [f"--{item}" for item in options.sets])
+    if options.max_steps is not None:
+        raw["max_steps"] = options.max_steps
+    run = run_config_from_dict(raw)
+    if run.training.eval_steps < 1:
+        raise ValueError(
+            f"the comparison is made on the eval split, but {path.name} has eval_steps="
+            f"{run.training.eval_steps}; add --set eval_steps=N (e.g. a tenth of max_steps)")
+    if run.sft and not run.tasks:
+        raise ValueError("the sft section warm-starts on a task suite's gold answers; the base "
+                         "config needs a tasks section")
+    return path, raw
+
+
+def shared_start(base: Mapping[str, Any], out: Path) -> SharedStart:
+    """The model section every run loads, from the base config's model and sft sections."""
+    warm = out / WARM_START_DIR
+    model = dict(base.get("model") or {})
+    tiny_dir = None
+    if model.get("tiny"):
+        # Built inside the grid so that the grid is self-contained and its start reproducible.
+        tiny_dir = warm / "base-model"
+        model["name_or_path"] = str(tiny_dir)
+    if base.get("sft"):
+        # the warm start is a save_pretrained directory, whatever format the base came in
+        model.update(name_or_path=str(warm / "sft" / "model"), gguf_file=None)
+    model.update(tiny=False, tiny_options=None)
+    return SharedStart(warm, model, tiny_dir, bool(base.get("sft")))
+
+
+def run_config_mapping(base: Mapping[str, Any], start: SharedStart,
+                       overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The YAML-shaped config of one run: the base, the shared start, then the overrides."""
+    raw = {key: value for key, value in base.items() if key != "sft"}
+    raw["model"] = dict(start.model_section)
+    raw.update(overrides)
+    return raw
+
+
+def plan_grid(options: GridOptions) -> GridPlan:
+    """Every run of the grid, validated, with its state on disk; nothing is trained."""
+    base_path, base = load_base(options)
+    start = shared_start(base, options.out)
+    max_steps = run_config_from_dict(base).training.max_steps
+    runs = []
+    for method in select_methods(method_table(options.lambdas), options.methods):
+        for seed in options.seeds:
+            label = f"{method.name}-seed{seed}"
+            run_dir = options.out / label
+            overrides = {**method_overrides(method, base), "seed": seed,
+                         "output_dir": str(run_dir)}
+            config = run_config_mapping(base, start, overrides)
+            run_config_from_dict(config)  # a bad combination fails before any training
+            state = run_state(run_dir, config, max_steps)
+            if state.status == "resume":
+                config["resume_from_checkpoint"] = str(state.checkpoint)
+            runs.append(PlannedRun(label, method, seed, run_dir, config, overrides, state))
+    return GridPlan(base_path, base, start, max_steps, tuple(runs))
+
+
+# ----------------------------------------------------------------------------- run states
+
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config mapping as ``config.yaml`` holds it, without the keys a resume changes."""
+    resolved = run_config_from_dict(config).to_dict()
+    for key in _RESUME_KEYS:
+        resolved.pop(key, None)
+    return yaml.safe_load(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def _check_same_config(run_dir: Path, config: Mapping[str, Any]) -> None:
+    written = run_dir / CONFIG_FILE
+    if not written.is_file():
+        return
+    old = yaml.safe_load(written.read_text(encoding="utf-8")) or {}
+    for key in _RESUME_KEYS:
+        old.pop(key, None)
+    new = _comparable(config)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed:
+        details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:5])
+        raise ValueError(
+            f"{run_dir} was trained with a different config ({details}); a grid compares runs "
+            "of one setting, so use another --out, or delete that run directory to redo it")
+
+
+def _last_step(log: Path, split: str) -> int | None:
+    if not log.is_file():
+        return None
+    steps = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash
+            continue
+        if isinstance(record, dict) and record.get("split") == split:
+            steps.append(record.get("step"))
+    steps = [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
+    return max(steps) if steps else None
+
+
+def run_state(run_dir: Path, config: Mapping[str, Any], max_steps: int) -> RunState:
+    """``done`` when ``checkpoint-<max_steps>`` exists or the log holds the final eval step,
+    ``resume`` from the newest earlier checkpoint, else ``new``.
+
+    Raises ``ValueError`` when the directory holds a run of another config, or one trained
+    beyond ``max_steps``.
+    """
+    from mtgrpo.trainer.checkpoint import latest_checkpoint
+
+    _check_same_config(run_dir, config)
+    final = run_dir / f"checkpoint-{max_steps}"
+    logged = _last_step(run_dir / METRICS_FILE, "eval")  # every grid run evaluates
+    if (final / "trainer_state.json").is_file() or (logged is not None and logged >= max_steps):
+        return RunState("done", final if final.is_dir() else None, max_steps)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return RunState("new")
+    step = int(checkpoint.name.rpartition("-")[2])
+    if step > max_steps:
+        raise ValueError(f"{checkpoint} is beyond max_steps={max_steps}; use another --out or "
+                         f"--max-steps >= {step}")
+    return RunState("resume", checkpoint, step)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class GridResult:
+    """What one invocation did, and where the report is."""
+
+    plan: GridPlan
+    executed: list[str] = field(default_factory=list)  # labels trained (fully or resumed)
+    skipped: list[str] = field(default_factory=list)  # labels already done
+    failed: dict[str, str] = field(default_factory=dict)  # label -> error
+    results: Path | None = None  # results.md
+
+
+def prepare_start(plan: GridPlan) -> Path:
+    """Build the tiny model and run the warm start once (both cached); the start model."""
+    start = plan.start
+    name = Path(start.model_section["name_or_path"])
+    if start.tiny_dir is None and not start.warm_start:
+        return name
+    from mtgrpo.trainer.run import _warm_start, build_suite, prepare_model
+
+    raw = dict(plan.base, output_dir=str(start.warm_start_dir))
+    if start.tiny_dir is not None:
+        raw["model"] = dict(raw["model"], name_or_path=str(start.tiny_dir))
+    run = run_config_from_dict(raw)
+    suite = build_suite(run.tasks) if run.tasks else None
+    try:
+        model = prepare_model(run, suite)
+        if start.warm_start:
+            model = _warm_start(run, model, suite)
+    finally:
+        if suite is not None:
+            suite.close()
+    assert Path(model) == name, (model, name)  # the runs were planned with this path
+    return name
+
+
+def _set_aside_stale_log(run_dir: Path) -> None:
+    """A run restarted from scratch must not append to the log of its lost attempt."""
+    log = run_dir / METRICS_FILE
+    if log.is_file():
+        log.rename(log.with_name(f"metrics.restarted.{int(time.time())}.jsonl"))
+
+
+def execute_run(planned: PlannedRun) -> None:
+    """Train one run of the grid (from scratch or from its checkpoint)."""
+    import torch
+
+    from mtgrpo.trainer.run import run_training
+
+    if planned.state.status == "new":
+        _set_aside_stale_log(planned.run_dir)
+    logger.info("%s: %s", planned.label, "resuming from " + str(planned.state.checkpoint)
+                if planned.state.status == "resume" else "training")
+    try:
+        run_training(run_config_from_dict(planned.config))
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def run_grid(options: GridOptions) -> GridResult:
+    """Plan, warm-start once, train every unfinished run, and write the report."""
+    import torch
+
+    plan = plan_grid(options)
+    result = GridResult(plan)
+    if options.dry_run:
+        print(describe_plan(plan))
+        return result
+    torch.set_num_threads(options.threads)
+    pending = [run for run in plan.runs if run.state.status != "done"]
+    result.skipped = [run.label for run in plan.runs if run.state.status == "done"]
+    if pending:
+        prepare_start(plan)
+    for planned in pending:
+        try:
+            execute_run(planned)
+        except Exception as error:  # one broken run must not cost the rest of the grid
+            logger.error("%s failed:\n%s", planned.label, traceback.format_exc())
+            result.failed[planned.label] = f"{type(error).__name__}: {error}"
+        else:
+            result.executed.append(planned.label)
+    result.results = write_results(plan, options, result)
+    return result
+
+
+def describe_plan(plan: GridPlan) -> str:
+    """The dry-run listing: the shared start, then every run with its state and overrides."""
+    start = plan.start
+    lines = [f"base config: {plan.base_path}",
+             f"start model: {start.model_section['name_or_path']}"
+             + (" (supervised warm start, trained once)" if start.warm_start else "")]
+    for run in plan.runs:
+        state = run.state.status + (f" from {run.state.checkpoint.name}"
+                                    if run.state.status == "resume" else "")
+        shown = {k: v for k, v in run.overrides.items() if k != "output_dir"}
+        lines.append(f"{run.label:<24} [{state}] -> {run.run_dir}")
+        flow = yaml.safe_dump(shown, default_flow_style=True, width=10_000, sort_keys=False)
+        lines.append(f"    {flow.strip()}")
+    lines.append(f"{len(plan.runs)} runs, "
+                 f"{sum(r.state.status == 'done' for r in plan.runs)} already done")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+@dataclass(frozen=True)
+class Check:
+    """One question of the verdict, answered from the numbers."""
+
+    method: str  # the MT-GRPO variant asked about
+    question: str
+    answer: bool | None  # None: undecidable (a method or a number is missing)
+    evidence: str  # the numbers behind the answer, in words
+
+
+def steps_by_majority(steps: Sequence[int | None]) -> float:
+    """The step by which a majority of the seeds (more than half) had reached a threshold.
+
+    ``steps``: one entry per seed, None for "never", which counts as ``+inf``. With seeds
+    ``[40, None, 20]`` the sorted values are ``[20, 40, inf]`` and two of three seeds had
+    reached it by step 40; with ``[30, None]`` one seed of two is no majority: ``inf``.
+    """
+    if not steps:
+        return math.inf
+    ordered = sorted(math.inf if s is None else float(s) for s in steps)
+    return ordered[len(ordered) // 2]
+
+
+def _pts(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _range(spread: Spread) -> str:
+    return f"[{_pts(spread.min)}–{_pts(spread.max)}]"
+
+
+def _worst_vs(mt: Spread, other: Spread, name: str, *, tolerance: float) -> tuple[bool, str]:
+    diff = mt.mean - other.mean
+    apart = mt.min > other.max or mt.max < other.min
+    overlap = "do not overlap" if apart else "overlap"
+    text = (f"{_pts(mt.mean)} {_range(mt)} against {name}'s {_pts(other.mean)} "
+            f"{_range(other)}: {diff * 100:+.1f} points; the seed ranges {overlap}")
+    return diff > 0 if tolerance == 0 else diff >= -tolerance - _ROUNDING, text
+
+
+def _steps_text(value: float, reached: int, runs: int) -> str:
+    return ("never" if math.isinf(value) else f"step {value:g}") + f" ({reached}/{runs} reached)"
+
+
+def _threshold_checks(name: str, threshold: float, members: Mapping[str, Sequence[RunSummary]],
+                      baselines: Sequence[str]) -> Check:
+    def step_and_reached(method: str) -> tuple[float, int, int]:
+        values = [run.steps_to_threshold.get(threshold) for run in members[method]]
+        return steps_by_majority(values), sum(v is not None for v in values), len(values)
+
+    question = (f"Worst task at {threshold * 100:g}% in fewer steps than "
+                + " and ".join(b.upper() for b in baselines or ("GRPO", "DAPO")))
+    if not baselines:
+        return Check(name, question, None, "no GRPO or DAPO run to compare with")
+    own = step_and_reached(name)
+    others = {b: step_and_reached(b) for b in baselines}
+    answer = math.isfinite(own[0]) and all(own[0] < other[0] for other in others.values())
+    evidence = "step by which most seeds got there: " + ", ".join(
+        f"{method} {_steps_text(*values)}" for method, values in {name: own, **others}.items())
+    return Check(name, question, answer, evidence)
+
+
+def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
+            mtgrpo_methods: Sequence[str], *, grpo: str = "grpo", dapo: str = "dapo",
+            tolerance: float = TOLERANCE) -> list[Check]:
+    """Did MT-GRPO beat GRPO, match or beat DAPO, keep its average near the best, and reach
+    the worst-task thresholds sooner? One :class:`Check` per question and MT-GRPO method.
+
+    Accuracies compare means over seeds; "match" allows ``tolerance`` (a fraction) below;
+    steps use :func:`steps_by_majority` on the eval steps of each seed.
+    """
+    by_name = {m.method: m for m in aggregate.methods}
+    group_of = aggregate.group_of
+    members: dict[str, list[RunSummary]] = {}
+    for summary in summaries:
+        members.setdefault(group_of.get(summary.label, summary.label), []).append(summary)
+    averages = {m.method: m.final_average.mean for m in aggregate.methods if m.final_average}
+    checks = []
+    for name in mtgrpo_methods:
+        mt = by_name.get(name)
+        if mt is None or mt.final_worst is None:
+            checks.append(Check(name, "Finished with an eval accuracy for every task", False,
+                                f"no run of {name} has a final eval step"))
+            continue
+        for other, question, tol in ((grpo, "Final worst-task accuracy above GRPO's", 0.0),
+                                     (dapo, "Final worst-task accuracy at least DAPO's (within "
+                                            f"{tolerance * 100:g} points)", tolerance)):
+            base = by_name.get(other)
+            if base is None or base.final_worst is None:
+                checks.append(Check(name, question, None, f"no finished {other} run"))
+                continue
+            answer, text = _worst_vs(mt.final_worst, base.final_worst, other, tolerance=tol)
+            checks.append(Check(name, question, answer, text))
+        checks.append(_average_check(name, averages, tolerance))
+        baselines = [b for b in (grpo, dapo) if b in members]
+        checks += [_threshold_checks(name, t, members, baselines) for t in aggregate.thresholds]
+    return checks
+
+
+def _average_check(name: str, averages: Mapping[str, float], tolerance: float) -> Check:
+    best = max(averages, key=lambda method: averages[method])
+    gap = averages[best] - averages[name]
+    question = f"Final average accuracy within {tolerance * 100:g} points of the best method"
+    evidence = (f"{_pts(averages[name])} against the best, {best}'s {_pts(averages[best])}: "
+                f"{gap * 100:.1f} points below" if best != name
+                else f"{_pts(averages[name])} is the highest of all methods")
+    return Check(name, question, gap <= tolerance + _ROUNDING, evidence)
+
+
+def render_verdict(checks: Sequence[Check]) -> str:
+    """Markdown, per MT-GRPO method: each question, **Yes.** / **No.** / **Undecided.**, and
+    the numbers behind the answer."""
+    words = {True: "**Yes.**", False: "**No.**", None: "**Undecided.**"}
+    lines = []
+    for method in dict.fromkeys(check.method for check in checks):
+        lines += [f"**{method}**", ""]
+        lines += [f"- {c.question}? {words[c.answer]} {c.evidence[:1].upper()}{c.evidence[1:]}."
+                  for c in checks if c.method == method]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The numbers of the finished runs: per-seed tables, the seed aggregate, all runs."""
+
+    per_seed: dict[int, ComparisonTable]  # Δm% against dapo-seed<k>
+    aggregate: SeedAggregateTable
+    summaries: tuple[RunSummary, ...]  # per run, with paired Δm%
+    combined: ComparisonTable  # every finished run (for the figures)
+
+
+def compare_grid(plan: GridPlan, thresholds: Sequence[float]) -> Comparison | None:
+    """Compare the finished runs of the plan on the eval split; None when none finished."""
+    done = [run for run in plan.runs
+            if run_state(run.run_dir, run.config, plan.max_steps).status == "done"]
+    if not done:
+        return None
+    histories: dict[str, RunHistory] = {r.label: load_run(r.run_dir, name=r.label) for r in done}
+    per_seed = {}
+    for seed in dict.fromkeys(run.seed for run in done):
+        labels = [run.label for run in done if run.seed == seed]
+        baseline = f"dapo-seed{seed}"
+        per_seed[seed] = compare_runs(
+            [histories[label] for label in labels],
+            baseline=histories.get(baseline),
+            thresholds=thresholds, split="eval", labels=labels)
+    order = [run.label for run in done]  # method table order, then seeds
+    summaries = tuple(sorted((s for table in per_seed.values() for s in table.runs),
+                             key=lambda summary: order.index(summary.label)))
+    aggregate = aggregate_seeds(summaries, group_by={run.label: run.method.name for run in done})
+    if any(table.baseline for table in per_seed.values()):
+        aggregate = dataclasses.replace(aggregate, baseline="dapo (same seed)")
+    combined = compare_runs(list(histories.values()), thresholds=thresholds, split="eval",
+                            labels=list(histories))
+    return Comparison(per_seed, aggregate, summaries, combined)
+
+
+def paper_table(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary]) -> str:
+    """The seed aggregate's table with a "worst task (most often)" column after "worst":
+    the task that was the final worst in most of the method's runs (ties: suite order)."""
+    headers, rows = aggregate.rows()
+    worst_of: dict[str, Counter[str]] = {}
+    for summary in summaries:
+        counts = worst_of.setdefault(aggregate.group_of[summary.label], Counter())
+        if summary.final_worst_task is not None:
+            counts[summary.final_worst_task] += 1
+    order = aggregate.tasks
+    at = headers.index("worst") + 1
+    headers.insert(at, "worst task (most often)")
+    for row, method in zip(rows, aggregate.methods, strict=True):
+        counts = worst_of.get(method.method, Counter())
+        if counts:  # ties go to the task listed first in the suite
+            task = max(counts, key=lambda t: (counts[t], -order.index(t)))
+            cell = f"{task} ({counts[task]}/{len(method.members)})"
+        else:
+            cell = "—"
+        row.insert(at, cell)
+    return _markdown_table(headers, rows)
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+                    numeric: bool = True) -> str:
+    """A Markdown table; with ``numeric`` every column but the first is right-aligned."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    align = ["---", *(("---:" if numeric else "---") for _ in headers[1:])]
+    return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, rows)])
+
+
+def per_task_table(aggregate: SeedAggregateTable) -> str:
+    """Final accuracy (%) per task and method, mean ± std [min–max] over seeds."""
+    rows = [[m.method, *("—" if m.final_accuracy.get(t) is None
+                         else m.final_accuracy[t].format(100.0, 1) for t in aggregate.tasks)]
+            for m in aggregate.methods]
+    return _markdown_table(["method", *aggregate.tasks], rows)
+
+
+def method_rows(plan: GridPlan) -> str:
+    """The methods as run: weighting, batch construction, ε_high and their parameters."""
+    epsilon = run_config_from_dict(plan.base).training.epsilon
+    seen: dict[str, PlannedRun] = {}
+    for run in plan.runs:
+        seen.setdefault(run.method.name, run)
+    rows = []
+    for name, run in seen.items():
+        o = run.overrides
+        eps = f"{o['epsilon_high']:g}" if o["epsilon_high"] is not None else f"= ε ({epsilon:g})"
+        rows.append([name, run.method.description, o["task_weighting"],
+                     _flow(o["task_weighting_params"]), o["batch_construction"],
+                     _flow(o["batch_construction_params"]), eps])
+    return _markdown_table(["method", "what", "task weighting", "weighting params",
+                            "batch construction", "batch params", "ε_high"], rows,
+                           numeric=False)
+
+
+def _flow(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "—"
+
+
+_FIGURE_CAPTIONS = {
+    "compare_worst": "Worst-task eval accuracy vs step: mean over seeds, band min–max",
+    "compare_accuracy": "Per-task eval accuracy vs step, mean over seeds per method",
+    "compare_weights": "Final task weights of every run",
+}
+
+
+def environment(threads: int) -> str:
+    """Machine, library versions and thread settings, for reading the time per step."""
+    import torch
+
+    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+              else f"CPU ({os.cpu_count()} cores visible)")
+    return (f"{device}; torch {torch.__version__}, Python {platform.python_version()}; "
+            f"torch threads {threads}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}")
+
+
+def settings(plan: GridPlan) -> list[str]:
+    """The shared settings of every run, in words."""
+    run = run_config_from_dict(plan.base).training
+    tasks = plan.base.get("tasks") or {}
+    eval_size = tasks.get("paper_test_per_task") if tasks.get("paper_test_sets") \
+        else tasks.get("eval_size")
+    return [
+        f"base config `{plan.base_path}`; start model `{plan.start.model_section['name_or_path']}`"
+        + (" (supervised warm start of the base config, trained once)"
+           if plan.start.warm_start else ""),
+        f"{run.max_steps} training steps of {run.resolved_prompts_per_step()} prompts × "
+        f"{run.num_generations} completions; learning rate {run.learning_rate:g}; loss "
+        f"{run.loss_type}; ε {run.epsilon:g}; zero-gradient filter {run.zero_gradient_filter}",
+        f"eval every {run.eval_steps} steps: {eval_size or '?'} prompts per task × "
+        f"{run.num_generations_eval} samples at temperature {run.eval_temperature:g}",
+    ]
+
+
+def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> Path:
+    """Write ``results.md``, ``results.json`` and ``figures/`` into the grid directory."""
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    comparison = compare_grid(plan, options.thresholds)
+    command = "python benchmarks/mtgrpo_vs_baselines.py " + shlex.join(options.argv)
+    parts = [f"# MT-GRPO vs GRPO / DAPO / SEC ({plan.base_path.stem})", "",
+             f"Command: `{command}`", "", *(f"- {line}" for line in settings(plan)),
+             f"- machine: {environment(options.threads)}", "", "## Methods", "",
+             method_rows(plan), "", *_status_lines(plan, result, comparison)]
+    payload: dict[str, Any] = {"command": command, "failed": result.failed}
+    if comparison is not None:
+        checks = verdict(comparison.aggregate, comparison.summaries,
+                         list(dict.fromkeys(r.method.name for r in plan.runs
+                                            if r.method.is_mtgrpo)))
+        parts += _result_sections(comparison, checks, out)
+        payload.update(aggregate=json.loads(comparison.aggregate.to_json()),
+                       per_seed={str(k): json.loads(t.to_json())
+                                 for k, t in comparison.per_seed.items()},
+                       verdict=[dataclasses.asdict(c) for c in checks])
+    (out / "results.md").write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return out / "results.md"
+
+
+def _status_lines(plan: GridPlan, result: GridResult,
+                  comparison: Comparison | None) -> list[str]:
+    finished = set() if comparison is None else set(comparison.combined.labels)
+    waiting = [r.label for r in plan.runs if r.label not in finished
+               and r.label not in result.failed]
+    lines = [f"Runs: {len(finished)} of {len(plan.runs)} finished "
+             f"({len(result.executed)} trained by this invocation, {len(result.skipped)} "
+             "found finished)."]
+    if result.failed:
+        lines.append("Failed: " + "; ".join(f"`{k}` ({v})" for k, v in result.failed.items()))
+    if waiting:
+        lines.append("Not finished (left out of every table): " + ", ".join(waiting))
+    if comparison is None:
+        lines.append("\nNo run has finished, so there is nothing to compare yet.")
+    return [*lines, ""]
+
+
+def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path) -> list[str]:
+    from mtgrpo.reporting.plots import plot_comparison
+
+    figures = plot_comparison(comparison.combined, out / FIGURES_DIR,
+                              aggregate=comparison.aggregate)
+    aggregate = comparison.aggregate
+    parts = ["## Results (eval split)", "", paper_table(aggregate, comparison.summaries), "",
+             "- cells: mean ± sample std [min–max] over seeds, accuracies in %; steps→T%: mean "
+             "first eval step with worst-task accuracy ≥ T over the seeds that reached it "
+             "(reached / seeds); Δm%: relative change of the final per-task accuracy against "
+             "DAPO of the same seed; s/step: mean wall time of a training step; prompts/inf. "
+             "group: prompts generated per informative group", "",
+             "### Final accuracy per task (%)", "", per_task_table(aggregate), "",
+             "## Verdict", "",
+             render_verdict(checks) if checks else "No MT-GRPO method was run.\n",
+             "## Figures", ""]
+    for path in figures.written:
+        caption = _FIGURE_CAPTIONS.get(path.stem, path.stem.replace("_", " "))
+        parts += [f"{caption}:", "", f"![{caption}]({FIGURES_DIR}/{path.name})", ""]
+    parts += [f"- left out: {reason}" for reason in figures.skipped]
+    parts += ["", "## Per seed", ""]
+    for seed, table in comparison.per_seed.items():
+        parts += [f"### Seed {seed}", "", table.to_markdown()]
+    return parts
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 every run finished, 1 a run failed, 2 invalid options or config."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options = parse_options(argv)
+        if not options.dry_run:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+            for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
+                logging.getLogger(noisy).setLevel(logging.WARNING)
+        result = run_grid(options)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"mtgrpo_vs_baselines: {error}", file=sys.stderr)
+        return 2
+    if result.results is not None:
+        print(f"results: {result.results}")
+    return 1 if result.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The MT-GRPO vs baselines grid (``benchmarks/mtgrpo_vs_baselines.py``): the method table's
+overrides, option checks, the dry run, Δm% paired by seed, the verdict on hand-built
+summaries, and a smoke grid on the tiny model that resumes and skips finished runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mtgrpo.config import run_config_from_dict
+from mtgrpo.reporting.compare import RunSummary, aggregate_seeds
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "mtgrpo_vs_baselines.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("mtgrpo_vs_baselines", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_script()
+
+TASKS = ("countdown:easy", "arc_1d:easy")
+
+
+def write_config(tmp_path: Path, model_path: Path | str, **extra: Any) -> Path:
+    """A tiny grid base: two easy tasks, 2 prompts × 2 completions, 4 new tokens, eval and a
+    checkpoint every step, and a two-step supervised warm start."""
+    config = {
+        "model": {"name_or_path": str(model_path)},
+        "tasks": {"tasks": list(TASKS), "train_size": 8, "eval_size": 2, "workers": 0,
+                  "prompt_format": "chat", "cache_dir": str(tmp_path / "cache")},
+        "sft": {"num_examples": 2, "max_steps": 2, "per_device_train_batch_size": 4,
+                "learning_rate": 1e-3, "max_prompt_length": 256, "logging_steps": 1},
+        "output_dir": str(tmp_path / "unused"),
+        "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+        "per_device_train_batch_size": 4, "max_completion_length": 4, "max_prompt_length": 256,
+        "eval_steps": 1, "num_generations_eval": 1, "save_steps": 1, "learning_rate": 1e-3,
+        "task_weighting": "mt_grpo",
+        "task_weighting_params": {"lam": 0.5, "optimizer": "sgd", "step_size": 0.3},
+        "batch_construction": "ratio_preserving",
+        "batch_construction_params": {"oversample_factor": 2, "max_resample_rounds": 1,
+                                      "acceptance_aware": False},
+        "zero_gradient_filter": "none",
+        **extra,
+    }
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- method table
+
+
+def test_method_table_sets_the_intended_weighting_sampler_and_clip() -> None:
+    table = bench.method_table((0.25, 1.0))
+    assert list(table) == ["grpo", "dapo", "sec_grpo", "sec_dapo", "mtgrpo_l0.25", "mtgrpo_l1",
+                           "rp_uniform", "mtgrpo_no_rp"]
+    expected = {  # name: (weighting, batch construction, ε_high); None = symmetric (= ε)
+        "grpo": ("uniform", "iid", None), "dapo": ("uniform", "dynamic", 0.28),
+        "sec_grpo": ("sec", "iid", None), "sec_dapo": ("sec", "dynamic", 0.28),
+        "mtgrpo_l0.25": ("mt_grpo", "ratio_preserving", 0.28),
+        "mtgrpo_l1": ("mt_grpo", "ratio_preserving", 0.28),
+        "rp_uniform": ("uniform", "ratio_preserving", 0.28),
+        "mtgrpo_no_rp": ("mt_grpo", "dynamic", 0.28),
+    }
+    base = {"task_weighting": "uniform", "batch_construction": "iid"}
+    for name, (weighting, sampler, eps) in expected.items():
+        overrides = bench.method_overrides(table[name], base)
+        assert (overrides["task_weighting"], overrides["batch_construction"],
+                overrides["epsilon_high"]) == (weighting, sampler, eps), name
+    lams = {name: bench.method_overrides(table[name], base)["task_weighting_params"].get("lam")
+            for name in table}
+    assert lams == {"grpo": None, "dapo": None, "sec_grpo": None, "sec_dapo": None,
+                    "mtgrpo_l0.25": 0.25, "mtgrpo_l1": 1.0, "rp_uniform": None,
+                    "mtgrpo_no_rp": 0.25}  # the ablation uses the first λ
+    assert [m.name for m in table.values() if m.is_mtgrpo] == ["mtgrpo_l0.25", "mtgrpo_l1"]
+
+
+def test_parameters_are_inherited_only_where_they_apply() -> None:
+    table = bench.method_table((0.25,))
+    base = {"task_weighting": "mtgrpo",  # an alias of mt_grpo
+            "task_weighting_params": {"lam": 0.5, "optimizer": "sgd", "step_size": 0.3},
+            "batch_construction": "rp",
+            "batch_construction_params": {"oversample_factor": 2, "max_resample_rounds": 4,
+                                          "acceptance_aware": False}}
+    mt = bench.method_overrides(table["mtgrpo_l0.25"], base)
+    assert mt["task_weighting_params"] == {"lam": 0.25, "optimizer": "sgd", "step_size": 0.3}
+    assert mt["batch_construction_params"] == base["batch_construction_params"]
+    dapo = bench.method_overrides(table["dapo"], base)
+    assert dapo["task_weighting_params"] == {}
+    # dynamic sampling shares M_os and N_rs with the RP-sampler, not its AAS switch
+    assert dapo["batch_construction_params"] == {"oversample_factor": 2, "max_resample_rounds": 4}
+    assert bench.method_overrides(table["grpo"], base)["batch_construction_params"] == {}
+    assert bench.method_overrides(table["sec_dapo"], base)["task_weighting_params"] == {}
+    # on a base without MT-GRPO, MT-GRPO runs with the released code's settings
+    uniform = bench.method_overrides(table["mtgrpo_l0.25"], {"task_weighting": "uniform"})
+    assert uniform["task_weighting_params"] == {**bench.MTGRPO_DEFAULT_PARAMS, "lam": 0.25}
+
+
+def test_every_method_resolves_to_a_valid_run_config() -> None:
+    base = {"model": "m", "task_weighting": "mt_grpo", "batch_construction": "ratio_preserving",
+            "batch_construction_params": {"oversample_factor": 2, "acceptance_aware": False}}
+    for method in bench.method_table().values():
+        run = run_config_from_dict({**base, **bench.method_overrides(method, base)})
+        expected = 0.2 if method.epsilon_high is None else 0.28
+        assert run.training.resolved_epsilon_high == expected, method.name
+
+
+def test_select_methods_keeps_table_order_and_expands_mtgrpo() -> None:
+    table = bench.method_table((0.25, 1.0))
+    chosen = bench.select_methods(table, ["mtgrpo", "grpo"])
+    assert [m.name for m in chosen] == ["grpo", "mtgrpo_l0.25", "mtgrpo_l1"]
+    with pytest.raises(ValueError, match="unknown method 'grpp'; valid methods: grpo, dapo"):
+        bench.select_methods(table, ["grpp"])
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--seeds", "1,1"], "distinct integers"),
+    (["--seeds", "one"], "comma-separated integers"),
+    (["--lambdas", "0.25,-1"], "finite λ >= 0"),
+    (["--lambdas", "0.3,0.3"], "repeats a value"),
+    (["--set", "learning_rate"], "key=value"),
+    (["--methods", "dapo,ppo"], "unknown method 'ppo'"),
+    (["--thresholds", "50"], "fractions in"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--max-steps", "0"], "--max-steps must be a positive integer"),
+])
+def test_bad_options_say_the_rule(argv: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        bench.parse_options(argv)
+
+
+def test_a_config_without_evaluation_is_refused_before_any_work(tmp_path, capsys) -> None:
+    config = write_config(tmp_path, "unused-model", eval_steps=0)
+    code = bench.main(["--config", str(config), "--out", str(tmp_path / "grid")])
+    assert code == 2
+    assert "add --set eval_steps=N" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
+
+
+# ----------------------------------------------------------------------------- dry run
+
+
+def test_dry_run_lists_every_run_with_its_overrides_and_trains_nothing(tmp_path, capsys) -> None:
+    config = write_config(tmp_path, "unused-model")
+    out = tmp_path / "grid"
+    code = bench.main(["--config", str(config), "--out", str(out), "--dry-run",
+                       "--methods", "grpo,mtgrpo", "--lambdas", "0.25", "--seeds", "1,2",
+                       "--set", "learning_rate=0.01"])
+    assert code == 0
+    text = capsys.readouterr().out
+    for label in ("grpo-seed1", "grpo-seed2", "mtgrpo_l0.25-seed1", "mtgrpo_l0.25-seed2"):
+        assert f"{label}  " in text  # the label, padded before its state
+    assert "{task_weighting: uniform, task_weighting_params: {}, batch_construction: iid" in text
+    assert "[new]" in text
+    assert "lam: 0.25" in text
+    assert "seed: 2" in text
+    assert f"start model: {out / 'warm_start' / 'sft' / 'model'}" in text
+    assert "4 runs, 0 already done" in text
+    assert not out.exists()
+
+
+def test_runs_load_the_shared_warm_start_without_sft(tmp_path) -> None:
+    config = write_config(tmp_path, "base-model", model={"name_or_path": "x", "tiny": True,
+                                                         "tiny_options": {"hidden_size": 32}})
+    plan = bench.plan_grid(bench.parse_options(["--config", str(config), "--out",
+                                                str(tmp_path / "g"), "--max-steps", "5"]))
+    assert plan.start.tiny_dir == tmp_path / "g" / "warm_start" / "base-model"
+    for run in plan.runs:
+        assert "sft" not in run.config
+        assert run.config["model"]["name_or_path"] == str(
+            tmp_path / "g" / "warm_start" / "sft" / "model")
+        assert run.config["model"]["tiny"] is False
+        assert run.config["max_steps"] == 5
+        assert run.config["output_dir"] == str(tmp_path / "g" / run.label)
+
+
+# ----------------------------------------------------------------------------- Δm% by seed
+
+
+def _fake_run(run, accuracy: dict[str, float], max_steps: int) -> None:
+    """A finished run directory: its config and a log with the final eval step."""
+    run.run_dir.mkdir(parents=True)
+    resolved = run_config_from_dict(run.config).to_dict()
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    records = [{"step": step, "split": "train", "time/step": 1.0}
+               for step in range(1, max_steps + 1)]
+    records.append({"step": max_steps, "split": "eval",
+                    **{f"tasks/{t}/accuracy": a for t, a in accuracy.items()}})
+    (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_delta_m_pairs_every_run_with_dapo_of_the_same_seed(tmp_path) -> None:
+    config = write_config(tmp_path, "unused-model")
+    plan = bench.plan_grid(bench.parse_options(
+        ["--config", str(config), "--out", str(tmp_path / "g"), "--methods", "grpo,dapo",
+         "--seeds", "1,2"]))
+    dapo = {1: {"countdown:easy": 0.2, "arc_1d:easy": 0.4},
+            2: {"countdown:easy": 0.5, "arc_1d:easy": 0.25}}
+    factor = {1: 1.1, 2: 0.8}  # grpo: +10 % on every task for seed 1, −20 % for seed 2
+    for run in plan.runs:
+        base = dapo[run.seed]
+        accuracy = base if run.method.name == "dapo" else \
+            {t: a * factor[run.seed] for t, a in base.items()}
+        _fake_run(run, accuracy, plan.max_steps)
+    comparison = bench.compare_grid(plan, (0.3,))
+    assert comparison.aggregate.baseline == "dapo (same seed)"
+    delta = {m.method: m.delta_m for m in comparison.aggregate.methods}
+    # grpo: Δm% = +10 (seed 1) and −20 (seed 2): mean −5, sample std sqrt(450) = 21.21
+    assert delta["grpo"].mean == pytest.approx(-5.0, abs=1e-9)
+    assert delta["grpo"].std == pytest.approx(math.sqrt(450.0), abs=1e-9)
+    assert (delta["dapo"].mean, delta["dapo"].std) == (0.0, 0.0)
+    # the worst task: countdown for seeds 1 (0.2 < 0.4) and arc for seed 2 (0.25 < 0.5)
+    table = bench.paper_table(comparison.aggregate, comparison.summaries)
+    assert "| worst task (most often) |" in table
+    assert "| countdown:easy (1/2) |" in table  # a tie goes to the suite's first task
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+def summary(label: str, worst: float, average: float, steps: dict[float, int | None],
+            worst_task: str = "countdown:easy") -> RunSummary:
+    """A hand-built run summary: only the numbers the verdict reads are meaningful."""
+    return RunSummary(
+        label=label, run_dir=None, method=None, split="eval", tasks=TASKS, last_step=100,
+        final_step=100, final_accuracy={}, final_worst=worst, final_worst_task=worst_task,
+        final_average=average, best_worst=worst, best_worst_step=100,
+        best_worst_task=worst_task, best_average=average, best_average_step=100,
+        steps_to_threshold=steps)
+
+
+def _checks(runs: list[RunSummary], methods=("mtgrpo_l1",)):
+    aggregate = aggregate_seeds(runs)
+    return {(c.method, c.question.split(" (")[0]): c
+            for c in bench.verdict(aggregate, runs, list(methods))}
+
+
+def test_steps_by_majority_counts_never_as_infinite() -> None:
+    # sorted [20, 40, inf]: two of three seeds had reached it by step 40
+    assert bench.steps_by_majority([40, None, 20]) == 40
+    assert bench.steps_by_majority([None, None, 10]) == math.inf
+    assert bench.steps_by_majority([30, None]) == math.inf  # one of two is no majority
+    assert bench.steps_by_majority([30, 10, 40, 20]) == 30  # three of four
+    assert bench.steps_by_majority([7]) == 7
+    assert bench.steps_by_majority([]) == math.inf
+
+
+def test_verdict_when_mtgrpo_wins_everywhere() -> None:
+    runs = [
+        # mtgrpo worst mean 0.51, avg 0.60; dapo worst 0.52 (within 2 points), avg 0.62
+        summary("mtgrpo_l1-seed1", 0.50, 0.60, {0.3: 20, 0.5: 60}),
+        summary("mtgrpo_l1-seed2", 0.52, 0.60, {0.3: 30, 0.5: 80}),
+        summary("grpo-seed1", 0.30, 0.50, {0.3: 90, 0.5: None}),
+        summary("grpo-seed2", 0.28, 0.52, {0.3: None, 0.5: None}),
+        summary("dapo-seed1", 0.52, 0.62, {0.3: 40, 0.5: None}),
+        summary("dapo-seed2", 0.52, 0.62, {0.3: 50, 0.5: None}),
+    ]
+    checks = _checks(runs)
+    assert checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"].answer is True
+    assert "the seed ranges do not overlap" in checks[
+        "mtgrpo_l1", "Final worst-task accuracy above GRPO's"].evidence
+    assert checks["mtgrpo_l1", "Final worst-task accuracy at least DAPO's"].answer is True
+    # average 0.60 against the best 0.62: exactly 2 points below counts as within
+    assert checks["mtgrpo_l1", "Final average accuracy within 2 points of the best method"
+                  ].answer is True
+    # 30 %: by majority mtgrpo step 30 (sorted [20, 30]), grpo never ([90, inf]), dapo 50
+    at30 = checks["mtgrpo_l1", "Worst task at 30% in fewer steps than GRPO and DAPO"]
+    assert at30.answer is True
+    assert at30.evidence == ("step by which most seeds got there: mtgrpo_l1 step 30 (2/2 "
+                             "reached), grpo never (1/2 reached), dapo step 50 (2/2 reached)")
+    # 50 %: mtgrpo by step 80 ([60, 80]); neither baseline ever
+    at50 = checks["mtgrpo_l1", "Worst task at 50% in fewer steps than GRPO and DAPO"]
+    assert at50.answer is True
+
+
+def test_verdict_says_no_when_mtgrpo_falls_short() -> None:
+    runs = [
+        summary("mtgrpo_l1-seed1", 0.40, 0.50, {0.3: 80}),
+        summary("grpo-seed1", 0.45, 0.55, {0.3: 40}),
+        summary("dapo-seed1", 0.425, 0.70, {0.3: 80}),  # 2.5 points above: not matched
+    ]
+    checks = _checks(runs)
+    assert checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"].answer is False
+    assert checks["mtgrpo_l1", "Final worst-task accuracy at least DAPO's"].answer is False
+    average = checks["mtgrpo_l1", "Final average accuracy within 2 points of the best method"]
+    assert average.answer is False
+    assert "dapo's 70.0%: 20.0 points below" in average.evidence
+    # a tie with DAPO (both step 80) is not "fewer steps"
+    assert checks["mtgrpo_l1", "Worst task at 30% in fewer steps than GRPO and DAPO"
+                  ].answer is False
+    text = bench.render_verdict(list(checks.values()))
+    assert "- Final worst-task accuracy above GRPO's? **No.** 40.0%" in text
+
+
+def test_verdict_is_undecided_without_baselines_and_no_without_runs() -> None:
+    runs = [summary("mtgrpo_l1-seed1", 0.4, 0.5, {0.3: 10})]
+    checks = _checks(runs, methods=("mtgrpo_l1", "mtgrpo_l2"))
+    assert checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"].answer is None
+    assert checks["mtgrpo_l1", "Worst task at 30% in fewer steps than GRPO and DAPO"
+                  ].answer is None
+    missing = checks["mtgrpo_l2", "Finished with an eval accuracy for every task"]
+    assert missing.answer is False
+    assert "**Undecided.**" in bench.render_verdict(list(checks.values()))
+
+
+# ----------------------------------------------------------------------------- smoke grid
+
+
+def _drop_last_step(run_dir: Path, step: int) -> None:
+    """Simulate a crash just before ``step`` was saved: no checkpoint, no records of it."""
+    shutil.rmtree(run_dir / f"checkpoint-{step}")
+    log = run_dir / "metrics.jsonl"
+    kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] < step]
+    log.write_text("".join(line + "\n" for line in kept))
+
+
+def test_smoke_grid_trains_once_resumes_and_skips_finished_runs(tmp_path, tiny_model_dir,
+                                                                capsys) -> None:
+    out = tmp_path / "grid"
+    argv = ["--config", str(write_config(tmp_path, tiny_model_dir)), "--out", str(out),
+            "--methods", "grpo,mtgrpo", "--lambdas", "0.25", "--seeds", "1",
+            "--thresholds", "0.1,0.2"]
+    first = bench.run_grid(bench.parse_options(argv))
+    assert (first.executed, first.skipped, first.failed) == (
+        ["grpo-seed1", "mtgrpo_l0.25-seed1"], [], {})
+    warm = out / "warm_start" / "sft" / "model"
+    for label in first.executed:
+        resolved = yaml.safe_load((out / label / "config.yaml").read_text())
+        assert resolved["model"]["name_or_path"] == str(warm)
+        assert "sft" not in resolved
+        assert resolved["seed"] == 1
+    text = (out / "results.md").read_text()
+    for section in ("## Methods", "## Results (eval split)", "## Verdict", "## Per seed",
+                    "**mtgrpo_l0.25**", "steps→10% (reached)", "worst task (most often)"):
+        assert section in text
+    assert "Command: `python benchmarks/mtgrpo_vs_baselines.py --config" in text
+    assert (out / "figures" / "compare_worst.png").is_file()
+    assert json.loads((out / "results.json").read_text())["verdict"]
+
+    second = bench.run_grid(bench.parse_options(argv))
+    assert (second.executed, second.skipped) == ([], ["grpo-seed1", "mtgrpo_l0.25-seed1"])
+
+    _drop_last_step(out / "grpo-seed1", 2)
+    third = bench.run_grid(bench.parse_options(argv))
+    assert (third.executed, third.skipped) == (["grpo-seed1"], ["mtgrpo_l0.25-seed1"])
+    assert third.plan.runs[0].state.status == "resume"
+    assert third.plan.runs[0].state.checkpoint == out / "grpo-seed1" / "checkpoint-1"
+    assert (out / "grpo-seed1" / "checkpoint-2" / "trainer_state.json").is_file()
+
+    changed = bench.main([*argv, "--set", "learning_rate=0.5"])
+    assert changed == 2
+    assert "was trained with a different config (learning_rate: 0.001 -> 0.5)" in \
+        capsys.readouterr().err
+
+
+def test_a_failing_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, capsys) -> None:
+    trained = []
+
+    def fake_run(planned) -> None:
+        if planned.method.name == "grpo":
+            raise RuntimeError("out of memory")
+        trained.append(planned.label)
+
+    monkeypatch.setattr(bench, "prepare_start", lambda plan: None)
+    monkeypatch.setattr(bench, "execute_run", fake_run)
+    out = tmp_path / "grid"
+    code = bench.main(["--config", str(write_config(tmp_path, "unused-model")), "--out", str(out),
+                       "--methods", "grpo,dapo", "--seeds", "1,2"])
+    assert code == 1
+    assert trained == ["dapo-seed1", "dapo-seed2"]
+    text = (out / "results.md").read_text()
+    assert "Failed: `grpo-seed1` (RuntimeError: out of memory); `grpo-seed2`" in text
+    assert "Not finished (left out of every table): dapo-seed1, dapo-seed2" in text
+    assert "No run has finished" in text
+    assert json.loads((out / "results.json").read_text())["failed"]["grpo-seed2"] == \
+        "RuntimeError: out of memory"
