@@ -93,7 +93,7 @@ from typing import Any
 
 import yaml
 
-from mtgrpo.config import apply_overrides, run_config_from_dict
+from mtgrpo.config import load_run_config, run_config_from_dict
 from mtgrpo.recipes import recipe_path
 from mtgrpo.reporting.compare import (
     ComparisonTable,
@@ -378,28 +378,23 @@ class PlannedRun:
 @dataclass(frozen=True)
 class GridPlan:
     base_path: Path
-    base: dict[str, Any]  # base config mapping after --set / --max-steps
+    base: dict[str, Any]  # resolved base config mapping (after --set / --max-steps)
     start: SharedStart
     max_steps: int  # of every run
     runs: tuple[PlannedRun, ...]
 
 
 def load_base(options: GridOptions) -> tuple[Path, dict[str, Any]]:
-    """The base config mapping: recipe or file, then ``--set``, then ``--max-steps``.
+    """The base config, resolved: recipe or file, then ``--set``, then ``--max-steps``.
 
-    Checked as a whole run config; the comparison needs per-task eval accuracy, so a config
-    without evaluation is refused here, before any work.
+    Returned as the mapping a run directory's ``config.yaml`` holds. The comparison needs
+    per-task eval accuracy, so a config without evaluation is refused here, before any work.
     """
     path = recipe_path(options.config)
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a run config must be a mapping of options")
-    if isinstance(raw.get("model"), str):
-        raw["model"] = {"name_or_path": raw["model"]}
-    raw = apply_overrides(raw, [f"--{item}" for item in options.sets])
+    overrides = [f"--{item}" for item in options.sets]
     if options.max_steps is not None:
-        raw["max_steps"] = options.max_steps
-    run = run_config_from_dict(raw)
+        overrides.append(f"--max_steps={options.max_steps}")
+    run = load_run_config(path, overrides)
     if run.training.eval_steps < 1:
         raise ValueError(
             f"the comparison is made on the eval split, but {path.name} has eval_steps="
@@ -407,7 +402,7 @@ def load_base(options: GridOptions) -> tuple[Path, dict[str, Any]]:
     if run.sft and not run.tasks:
         raise ValueError("the sft section warm-starts on a task suite's gold answers; the base "
                          "config needs a tasks section")
-    return path, raw
+    return path, run.to_dict()
 
 
 def shared_start(base: Mapping[str, Any], out: Path) -> SharedStart:
@@ -439,7 +434,7 @@ def plan_grid(options: GridOptions) -> GridPlan:
     """Every run of the grid, validated, with its state on disk; nothing is trained."""
     base_path, base = load_base(options)
     start = shared_start(base, options.out)
-    max_steps = run_config_from_dict(base).training.max_steps
+    max_steps = int(base["max_steps"])
     runs = []
     for method in select_methods(method_table(options.lambdas), options.methods):
         for seed in options.seeds:
@@ -459,9 +454,14 @@ def plan_grid(options: GridOptions) -> GridPlan:
 # ----------------------------------------------------------------------------- run states
 
 
-def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A config mapping as ``config.yaml`` holds it, without the keys a resume changes."""
-    resolved = run_config_from_dict(config).to_dict()
+def written_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``run_training`` writes to ``config.yaml`` for ``config``, without the keys a
+    resume changes."""
+    from mtgrpo.trainer.run import _model_kwargs
+
+    run = run_config_from_dict(config)
+    run.training.model_init_kwargs = _model_kwargs(run)  # run_training writes them so
+    resolved = run.to_dict()
     for key in _RESUME_KEYS:
         resolved.pop(key, None)
     return yaml.safe_load(yaml.safe_dump(resolved, sort_keys=False))
@@ -474,7 +474,7 @@ def _check_same_config(run_dir: Path, config: Mapping[str, Any]) -> None:
     old = yaml.safe_load(written.read_text(encoding="utf-8")) or {}
     for key in _RESUME_KEYS:
         old.pop(key, None)
-    new = _comparable(config)
+    new = written_config(config)
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if changed:
         details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:5])

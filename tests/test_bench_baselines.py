@@ -38,7 +38,7 @@ def write_config(tmp_path: Path, model_path: Path | str, **extra: Any) -> Path:
     """A tiny grid base: two easy tasks, 2 prompts × 2 completions, 4 new tokens, eval and a
     checkpoint every step, and a two-step supervised warm start."""
     config = {
-        "model": {"name_or_path": str(model_path)},
+        "model": {"name_or_path": str(model_path), "dtype": "float32"},
         "tasks": {"tasks": list(TASKS), "train_size": 8, "eval_size": 2, "workers": 0,
                   "prompt_format": "chat", "cache_dir": str(tmp_path / "cache")},
         "sft": {"num_examples": 2, "max_steps": 2, "per_device_train_batch_size": 4,
@@ -193,7 +193,7 @@ def test_runs_load_the_shared_warm_start_without_sft(tmp_path) -> None:
 def _fake_run(run, accuracy: dict[str, float], max_steps: int) -> None:
     """A finished run directory: its config and a log with the final eval step."""
     run.run_dir.mkdir(parents=True)
-    resolved = run_config_from_dict(run.config).to_dict()
+    resolved = bench.written_config(run.config)
     (run.run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     records = [{"step": step, "split": "train", "time/step": 1.0}
                for step in range(1, max_steps + 1)]
