@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup-env.sh
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/python -m pytest "$@"
