@@ -33,12 +33,17 @@ strategy's defaults (α 0.5, τ 0.2, the SEC paper's multi-task setting). Every 
 the base ``batch_construction_params`` it accepts (so DAPO and MT-GRPO share ``M_os`` and
 ``N_rs``). Loss, learning rate, batch sizes, filter and evaluation are the base config's.
 
-The default λ values are 0.25 and 1.0 (:data:`DEFAULT_LAMBDAS`). 0.25 is the paper's best
-three-task value; the paper's values were tuned for Qwen2.5-3B at learning rate 1e-6, where
-the improvement signal ``I_k`` is small against ``λ J_k``. A small model at a learning rate
-near 1e-4 changes its per-task objective far more per step, so the same λ leans the update
-towards improvement; 1.0 is the robust end, where the reward term dominates the signal as
-it does in the paper's large-λ nine-task runs (0.9, 1.2).
+The default λ values are 0.25 and 1.0 (:data:`DEFAULT_LAMBDAS`). λ weighs the reward term
+``λ J_k`` against the improvement ``I_k`` (clipped to ±0.1) in the signal ``s_k``; what moves
+the weights is how the signals differ between tasks. The paper tuned 0.2 / 0.25 for Qwen2.5-3B
+at learning rate 1e-6; a tiny model at 1e-4 changes its per-task objective far more per step.
+Measured on a quickstart-like CPU run (tiny model with a learned vocabulary, warm start, then
+20 MT-GRPO steps on countdown / arc_1d / zebra_puzzles at easy, λ 0.25, Adam): the median
+``|I_k|`` per task was 0.011 to 0.074 (a quarter of arc_1d's steps at the clip), and the
+accuracy gap between tasks about 0.3. With λ 0.25 the reward term's gap (about 0.075) is of the
+order of the improvement differences: the balanced setting, the paper's best three-task value.
+With λ 1.0 it is 0.3, three times the clip, so the reward term decides: the worst-task-robust
+end, as the paper's large λ (0.9, 1.2) in its nine-task runs.
 
 Grid mechanics:
 

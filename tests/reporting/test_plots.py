@@ -375,6 +375,8 @@ def test_compare_weight_curves_panel_per_method_and_skips_unweighted(tmp_path: P
     steps = np.arange(1, 13)
     np.testing.assert_allclose(lines["grpo:zebra"].get_ydata(), (1 + 0.1 * steps) / 3,
                                atol=1e-12)
+    # the shared y axis reaches the largest weight of any panel: (1 + 0.1 · 12) / 3
+    assert all(ax.get_ylim()[1] >= 2.2 / 3 for ax in visible)
     assert drawn.skipped == ("compare_weight_curves: uniform: no tasks/<task>/weight logged",)
     alone = COMPARISON_FIGURES.get("compare_weight_curves")(compare_runs([no_weights]), None, 0)
     assert alone.figure is None

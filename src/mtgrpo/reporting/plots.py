@@ -572,14 +572,16 @@ def compare_weight_curves_figure(table: ComparisonTable, aggregate: SeedAggregat
         return Drawn(None, ("compare_weight_curves: no run logged task weights",))
     colours = task_colours(table.tasks)
     figure, axes = _group_panels(len(logged))
+    top = 1.0 / len(table.tasks)
     for ax, (name, members) in zip(axes.flat, logged.items(), strict=False):
         for task in table.tasks:
             series = [table.histories[m].task_series(task, "weight", "train") for m in members]
-            _curve(ax, seed_mean(series)[0], colours[task], smoothing=0.0, label=task,
-                   gid=f"{name}:{task}")
+            mean = seed_mean(series)[0]
+            _curve(ax, mean, colours[task], smoothing=0.0, label=task, gid=f"{name}:{task}")
+            top = max(top, float(np.max(mean.values, initial=0.0)))
         ax.axhline(1.0 / len(table.tasks), color="grey", linestyle=":", linewidth=1.2)
-        ax.set_ylim(bottom=0.0)
         _finish(ax, title=name, ylabel="task weight z_k")
+    axes[0, 0].set_ylim(0.0, min(1.02, 1.1 * top))  # shared y: every panel's curves inside
     for ax in list(axes.flat)[len(logged):]:
         ax.set_visible(False)
     handles, labels = axes[0, 0].get_legend_handles_labels()
