@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_suite", "prepare_model", "run_training"]
 
 _SUITE_OPTIONS = ("train_size", "eval_size", "seed", "prompt_format", "answer_format",
-                  "think_prefix", "system_prompt", "workers", "cache_dir", "item_timeout_s")
+                  "think_prefix", "system_prompt", "workers", "cache_dir", "item_timeout_s",
+                  "max_retries")
 _TASK_KEYS = (*_SUITE_OPTIONS, "suite", "tasks", "reward_scheme", "paper_test_sets",
               "paper_test_per_task")
 

@@ -73,6 +73,28 @@ def _check_context_length(model: Any, args: GRPOConfig) -> None:
         )
 
 
+_RUN_OUTPUTS = ("metrics.jsonl", "completions.jsonl", "rollouts.jsonl", "config.yaml")
+
+
+def _set_aside_previous_run(output_dir: Path) -> Path | None:
+    """A fresh run in a directory that holds an earlier run: move the earlier run's logs and
+    checkpoints into ``previous-<time>/`` (nothing is deleted) so the new logs start clean."""
+    old = [output_dir / name for name in _RUN_OUTPUTS if (output_dir / name).exists()]
+    old += ckpt.list_checkpoints(output_dir)
+    if not old:
+        return None
+    stamp = time.strftime("previous-%Y%m%d-%H%M%S")
+    target, number = output_dir / stamp, 1
+    while target.exists():
+        target, number = output_dir / f"{stamp}-{number}", number + 1
+    target.mkdir()
+    for path in old:
+        path.rename(target / path.name)
+    logger.warning("%s held an earlier run; its logs and checkpoints were moved to %s "
+                   "(use resume_from_checkpoint to continue it instead)", output_dir, target)
+    return target
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -494,6 +516,8 @@ class GRPOTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if args.resume_from_checkpoint:
             self._resume(args.resume_from_checkpoint)
+        elif self.is_main_process:
+            _set_aside_previous_run(self.output_dir)
         writer = trackers = None
         if self.is_main_process:
             self._write_config()
