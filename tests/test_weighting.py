@@ -790,8 +790,11 @@ def test_task_stats_from_rollouts_hand_values():
 
 
 def test_improvement_by_task_sums_the_change_per_task():
-    # task 0: (0.3 - 0.1) + (0.0 - 0.4) = -0.2; task 1: 0.5 - 0.5 = 0; task 2 absent
-    improvement = improvement_by_task(
-        np.array([0, 1, 0]), np.array([0.1, 0.5, 0.4]), np.array([0.3, 0.5, 0.0]), 3
-    )
-    np.testing.assert_allclose(improvement, [-0.2, 0.0, np.nan], atol=1e-12)
+    # task 0: (0.3 - 0.1) + (0.0 - 0.4) = -0.2 summed, -0.1 as a mean over its 2 samples;
+    # task 1: 0.5 - 0.5 = 0; task 2 absent
+    args = (np.array([0, 1, 0]), np.array([0.1, 0.5, 0.4]), np.array([0.3, 0.5, 0.0]), 3)
+    np.testing.assert_allclose(improvement_by_task(*args, reduction="sum"),
+                               [-0.2, 0.0, np.nan], atol=1e-12)
+    np.testing.assert_allclose(improvement_by_task(*args), [-0.1, 0.0, np.nan], atol=1e-12)
+    with pytest.raises(ValueError, match="'mean' \\(paper\\) or 'sum' \\(code\\)"):
+        improvement_by_task(*args, reduction="max")

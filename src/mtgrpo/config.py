@@ -184,6 +184,9 @@ class GRPOConfig:
     task_weighting_params: dict[str, Any] = _help(
         "Parameters of the task weighting, e.g. {lam: 0.25, optimizer: adam}.",
         default_factory=dict)
+    improvement_reduction: str = _help(
+        "MT-GRPO's I_k over a task's samples: mean (paper text) or sum (released code, use "
+        "with improvement_clip).", default="mean")
     batch_construction: str = _help("iid, dynamic (DAPO) or ratio_preserving (MT-GRPO).",
                                     default="iid")
     batch_construction_params: dict[str, Any] = _help(
@@ -267,6 +270,7 @@ class GRPOConfig:
             "on_long_prompt": (self.on_long_prompt, ON_LONG_PROMPT),
             "none_handling": (self.none_handling, ("neutral", "zero")),
             "on_unscorable": (self.on_unscorable, ("raise", "zero_advantage")),
+            "improvement_reduction": (self.improvement_reduction, ("mean", "sum")),
         }
         for name, (value, valid) in choices.items():
             if value not in valid:

@@ -221,21 +221,33 @@ class TaskStats:
         return fields
 
 
+IMPROVEMENT_REDUCTIONS = ("mean", "sum")
+
+
 def improvement_by_task(
-    task_ids: np.ndarray, before: np.ndarray, after: np.ndarray, num_tasks: int
+    task_ids: np.ndarray, before: np.ndarray, after: np.ndarray, num_tasks: int,
+    reduction: str = "mean",
 ) -> np.ndarray:
-    """MT-GRPO's ``I_k = Σ_{j∈k} J_j(θ_{t+1}) − Σ_{j∈k} J_j(θ_t)`` on the same samples.
+    """MT-GRPO's improvement ``I_k``: the change of task k's GRPO objective across the update,
+    on the same samples.
 
     ``task_ids [n]``, ``before [n]`` and ``after [n]`` the per-sequence GRPO objective of the
-    trained samples before and after the policy update. The released code uses the summed
-    per-sequence loss (minus this), hence a sum over the task's samples rather than a mean.
-    Returns ``[K]``, ``NaN`` for tasks without trained samples.
+    trained samples before and after the policy update. ``reduction="mean"`` (the paper's text:
+    ``J_k`` is an expectation over the task's samples) averages the change over task k's
+    samples, so ``I_k`` does not grow with the number of samples a task has in the batch;
+    ``"sum"`` is the released code (minus the change of the *summed* per-sequence loss), which
+    relies on clipping ``I_k`` to ±0.1 / ±0.2. Returns ``[K]``, ``NaN`` for tasks without
+    trained samples.
     """
+    if reduction not in IMPROVEMENT_REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} must be 'mean' (paper) or 'sum' (code)")
     task_ids = np.asarray(task_ids, dtype=np.int64)
     change = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     total = np.bincount(task_ids, weights=change, minlength=num_tasks)  # [K]
-    present = np.bincount(task_ids, minlength=num_tasks) > 0
-    return np.where(present, total, np.nan)
+    count = np.bincount(task_ids, minlength=num_tasks)
+    if reduction == "mean":
+        total = total / np.maximum(count, 1)
+    return np.where(count > 0, total, np.nan)
 
 
 # ---------------------------------------------------------------------------------------------

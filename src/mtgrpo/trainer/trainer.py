@@ -289,7 +289,7 @@ class GRPOTrainer:
         if not rows:
             return np.full(k, math.nan)
         t, b, a = (np.array(col) for col in zip(*rows, strict=True))
-        return improvement_by_task(t, b, a, k)
+        return improvement_by_task(t, b, a, k, self.args.improvement_reduction)
 
     def training_step(self) -> dict[str, Any]:
         """Build a batch, update the policy and the task weights; return the step's metrics."""
