@@ -28,10 +28,11 @@ name                    weighting     batch              ε_high    paper
 Parameters a method does not fix are inherited from the base config so that the methods
 differ only where the table says: a method whose weighting is the base config's keeps the
 base ``task_weighting_params`` (λ replaced); MT-GRPO on a base with another weighting uses the
-released code's Exp-1 settings (:data:`MTGRPO_DEFAULT_PARAMS`); SEC on such a base uses the
-strategy's defaults (α 0.5, τ 0.2, the SEC paper's multi-task setting). Every sampler takes
-the base ``batch_construction_params`` it accepts (so DAPO and MT-GRPO share ``M_os`` and
-``N_rs``). Loss, learning rate, batch sizes, filter and evaluation are the base config's.
+released code's Exp-1 settings (:data:`MTGRPO_DEFAULT_PARAMS`, with ``I_k`` summed over the
+samples and clipped); SEC on such a base uses the strategy's defaults (α 0.5, τ 0.2, the SEC
+paper's multi-task setting). Every sampler takes the base ``batch_construction_params`` it
+accepts (so DAPO and MT-GRPO share ``M_os`` and ``N_rs``). Loss, learning rate, batch sizes,
+filter and evaluation are the base config's.
 
 Defaults chosen for the quickstart (measured on it: the shared warm start, then 40 MT-GRPO
 steps at its own λ 0.5, seed 1; ``--methods mtgrpo --lambdas 0.5 --max-steps 40 --set
@@ -63,7 +64,7 @@ Grid mechanics:
 - Run ``<method>-seed<k>`` writes to ``<out>/<method>-seed<k>/`` with ``seed: k``. A run whose
   ``checkpoint-<max_steps>`` exists, or whose ``metrics.jsonl`` holds the final step, is
   skipped; a run with an earlier checkpoint resumes from it (``resume_from_checkpoint``); a
-  run directory without a checkpoint starts again (its old log is kept aside). A run
+  run directory without a checkpoint starts again (the trainer sets the old logs aside). A run
   directory written with a different config is refused before any training: mixing settings
   in one table would compare different experiments.
 - A run that raises is recorded and the grid goes on; the exit status is then 1.
@@ -96,7 +97,6 @@ import os
 import platform
 import shlex
 import sys
-import time
 import traceback
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -139,6 +139,7 @@ MTGRPO_DEFAULT_PARAMS: Mapping[str, Any] = {
     "optimizer": "adam", "step_size": 0.025, "damping": 1e-5, "improvement_clip": 0.1,
     "reward_ema": 0.5,
 }
+MTGRPO_DEFAULT_REDUCTION = "sum"  # the released code sums I_k over samples (clipped above)
 WARM_START_DIR = "warm_start"
 FIGURES_DIR = "figures"
 METRICS_FILE = "metrics.jsonl"
@@ -239,21 +240,26 @@ def method_overrides(method: Method, base: Mapping[str, Any]) -> dict[str, Any]:
     (λ); sampler parameters are the base's that the method's sampler accepts.
     """
     weighting = WEIGHTINGS.canonical(method.task_weighting)
-    if WEIGHTINGS.canonical(str(base.get("task_weighting", "uniform"))) == weighting:
+    inherited = WEIGHTINGS.canonical(str(base.get("task_weighting", "uniform"))) == weighting
+    released_code = weighting == "mt_grpo" and not inherited
+    if inherited:
         weighting_params = dict(base.get("task_weighting_params") or {})
     else:
-        weighting_params = dict(MTGRPO_DEFAULT_PARAMS) if weighting == "mt_grpo" else {}
+        weighting_params = dict(MTGRPO_DEFAULT_PARAMS) if released_code else {}
     weighting_params.update(method.weighting_params)
     accepted = _sampler_options(method.batch_construction)
     sampler_params = {key: value for key, value in
                       (base.get("batch_construction_params") or {}).items() if key in accepted}
-    return {
+    overrides = {
         "task_weighting": weighting,
         "task_weighting_params": weighting_params,
         "batch_construction": SAMPLERS.canonical(method.batch_construction),
         "batch_construction_params": sampler_params,
         "epsilon_high": method.epsilon_high,
     }
+    if released_code:
+        overrides["improvement_reduction"] = MTGRPO_DEFAULT_REDUCTION
+    return overrides
 
 
 # ----------------------------------------------------------------------------- options
@@ -573,21 +579,12 @@ def prepare_start(plan: GridPlan) -> Path:
     return name
 
 
-def _set_aside_stale_log(run_dir: Path) -> None:
-    """A run restarted from scratch must not append to the log of its lost attempt."""
-    log = run_dir / METRICS_FILE
-    if log.is_file():
-        log.rename(log.with_name(f"metrics.restarted.{int(time.time())}.jsonl"))
-
-
 def execute_run(planned: PlannedRun) -> None:
     """Train one run of the grid (from scratch or from its checkpoint)."""
     import torch
 
     from mtgrpo.trainer.run import run_training
 
-    if planned.state.status == "new":
-        _set_aside_stale_log(planned.run_dir)
     logger.info("%s: %s", planned.label, "resuming from " + str(planned.state.checkpoint)
                 if planned.state.status == "resume" else "training")
     try:
@@ -886,6 +883,14 @@ def environment(threads: int) -> str:
             f"torch threads {threads}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}")
 
 
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (a portable record)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def settings(plan: GridPlan) -> list[str]:
     """The shared settings of every run, in words."""
     run = run_config_from_dict(plan.base).training
@@ -893,7 +898,8 @@ def settings(plan: GridPlan) -> list[str]:
     eval_size = tasks.get("paper_test_per_task") if tasks.get("paper_test_sets") \
         else tasks.get("eval_size")
     return [
-        f"base config `{plan.base_path}`; start model `{plan.start.model_section['name_or_path']}`"
+        f"base config `{_display(plan.base_path)}`; start model "
+        f"`{plan.start.model_section['name_or_path']}`"
         + (" (supervised warm start of the base config, trained once)"
            if plan.start.warm_start else ""),
         f"{run.max_steps} training steps of {run.resolved_prompts_per_step()} prompts × "

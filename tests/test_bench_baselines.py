@@ -107,6 +107,8 @@ def test_parameters_are_inherited_only_where_they_apply() -> None:
     # on a base without MT-GRPO, MT-GRPO runs with the released code's settings
     uniform = bench.method_overrides(table["mtgrpo_l0.25"], {"task_weighting": "uniform"})
     assert uniform["task_weighting_params"] == {**bench.MTGRPO_DEFAULT_PARAMS, "lam": 0.25}
+    assert uniform["improvement_reduction"] == "sum"  # the clip is meant for the summed I_k
+    assert "improvement_reduction" not in mt  # the base's own reduction stays
 
 
 def test_every_method_resolves_to_a_valid_run_config() -> None:
