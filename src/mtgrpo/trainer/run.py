@@ -143,15 +143,31 @@ def _model_kwargs(run: RunConfig) -> dict[str, Any]:
     return init
 
 
-_SFT_DATA_KEYS = ("num_examples", "template", "reasoning", "lora")
+_SFT_DATA_KEYS = ("num_examples", "template", "reasoning", "lora", "seed_offset")
+
+
+def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int) -> list[dict]:
+    """Problems for the warm start: generated with another seed than GRPO's training problems
+    (so GRPO trains on problems the warm start never answered) and excluding every problem of
+    the evaluation split."""
+    from mtgrpo.tasks import TaskSuite
+
+    spec = dict(run.tasks or {})
+    options = {k: spec[k] for k in _SUITE_OPTIONS if k in spec}
+    options.update(seed=int(spec.get("seed", 0)) + offset, train_size=per_task,
+                   eval_size=int(spec.get("eval_size", 200)))
+    with TaskSuite(suite.tasks, exclude=suite.eval.rows(), **options) as warm:
+        return warm.train.rows()
 
 
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
-    """Supervised warm start on the suite's training problems with gold answers.
+    """Supervised warm start on generated problems with gold answers.
 
     The ``sft`` section holds ``num_examples`` (per task, default 256), ``template`` and
     ``reasoning`` (see ``mtgrpo sft``), ``lora`` (a LoRA config to train and merge, default
-    full fine-tuning) and any :class:`~mtgrpo.sft.SFTConfig` field. The result is cached in
+    full fine-tuning), ``seed_offset`` (the warm start's problems come from the task seed plus
+    this, default 1,000,003: other problems than GRPO trains on, none of the evaluation
+    split's) and any :class:`~mtgrpo.sft.SFTConfig` field. The result is cached in
     ``<output_dir>/sft``: a finished warm start with the same settings is reused.
     """
     import json
@@ -169,9 +185,8 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     if done.is_file() and json.loads(done.read_text()) == fingerprint:
         logger.info("reusing the warm start in %s", out)
         return str(out / "model")
-    per_task = int(data.get("num_examples", 256))
-    rows = [suite.train.task(task).get(i) for task in suite.task_ids
-            for i in range(min(per_task, len(suite.train.task(task))))]
+    rows = _warm_start_rows(run, suite, int(data.get("num_examples", 256)),
+                            int(data.get("seed_offset", 1_000_003)))
     pairs = solutions_from_rows(rows, data.get("template", "think_answer"),
                                 reasoning=data.get("reasoning", "restate"))
     lora = data.get("lora")
