@@ -1,0 +1,45 @@
+"""The warm start of a run: problems other than GRPO's, none of the evaluation split's."""
+
+from __future__ import annotations
+
+from mtgrpo.config import run_config_from_dict
+from mtgrpo.reporting import read_metrics
+from mtgrpo.trainer.run import _warm_start_rows, build_suite, run_training
+
+TASKS = {"tasks": ["countdown:easy"], "train_size": 12, "eval_size": 6, "workers": 0,
+         "prompt_format": "chat"}
+
+
+def _question(row) -> str:
+    return row["prompt"][-1]["content"]
+
+
+def test_warm_start_problems_avoid_the_eval_split(tmp_path):
+    tasks = {**TASKS, "cache_dir": str(tmp_path / "cache")}
+    run = run_config_from_dict({"tasks": tasks, "model": "unused"})
+    with build_suite(tasks) as suite:
+        warm = _warm_start_rows(run, suite, per_task=12, offset=7)
+        train = {_question(r) for r in suite.train.rows()}
+        evaluation = {_question(r) for r in suite.eval.rows()}
+    questions = {_question(r) for r in warm}
+    assert len(warm) == 12
+    assert not questions & evaluation
+    assert questions != train  # another seed: mostly other problems
+
+
+def test_a_run_with_a_warm_start_trains_from_it_and_reuses_it(tmp_path, tiny_model_dir):
+    config = {
+        "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"),
+        "tasks": {**TASKS, "cache_dir": str(tmp_path / "cache")},
+        "sft": {"num_examples": 8, "template": "answer_only", "max_steps": 2,
+                "per_device_train_batch_size": 4, "learning_rate": 1e-3},
+        "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
+        "max_prompt_length": 300, "max_completion_length": 8, "save_steps": 0,
+    }
+    run_training(run_config_from_dict(config))
+    marker = tmp_path / "run" / "sft" / "warm_start.json"
+    first = marker.stat().st_mtime_ns
+    assert (tmp_path / "run" / "sft" / "model" / "config.json").is_file()
+    run_training(run_config_from_dict(config))
+    assert marker.stat().st_mtime_ns == first  # the cached warm start was reused
+    assert read_metrics(tmp_path / "run", split="train")[0]["step"] == 1
