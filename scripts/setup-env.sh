@@ -12,7 +12,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 py="${MTGRPO_PYTHON:-python3}"
 stamp="$venv/.mtgrpo-installed"
-want="$(cat "$root/pyproject.toml" | sha1sum | cut -d' ' -f1)"
+want="$(cat "$root/pyproject.toml" "$root/scripts/setup-env.sh" | sha1sum | cut -d" " -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
@@ -36,7 +36,7 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
         fi
     fi
 fi
-echo "[setup] installing mtgrpo (editable) with its test tools" >&2
-"${pip[@]}" install -e "$root[dev]"
+echo "[setup] installing mtgrpo (editable) with its test tools, gguf and TRL (for the parity tests)" >&2
+"${pip[@]}" install -e "$root[dev,gguf,bench]"
 "$venv/bin/python" -c "import mtgrpo, torch" 
 echo "$want" > "$stamp"

@@ -27,6 +27,7 @@ def test_defaults_match_build_tiny_model() -> None:
 
 
 def test_builds_the_requested_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gguf")
     out = tmp_path / "qwen"
     argv = [str(out), "--arch", "qwen2", "--hidden-size", "32", "--num-heads", "2",
             "--num-kv-heads", "1", "--num-layers", "1", "--seed", "3", "--gguf"]
@@ -46,6 +47,20 @@ def test_invalid_shape_exits_2_with_the_rule(
     args = _parse([str(tmp_path / "m"), "--hidden-size", "30", "--num-heads", "4"])
     assert tiny_model.run(args) == 2
     assert "hidden_size (30) must be a multiple of num_heads (4)" in capsys.readouterr().err
+
+
+def test_gguf_without_the_package_exits_2_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    out = tmp_path / "m"
+    assert tiny_model.run(_parse([str(out), "--gguf"])) == 2
+    assert "pip install gguf" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_unknown_arch_is_an_argparse_error() -> None:

@@ -49,9 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the model; exit status 2 (with the rule broken on stderr) for invalid sizes."""
+    from mtgrpo.models.loading import _require_gguf
     from mtgrpo.models.tiny import build_tiny_model, write_tiny_gguf
 
     try:
+        if args.gguf:
+            _require_gguf()  # before building anything
         corpus = None
         if args.corpus is not None:
             from pathlib import Path
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             corpus=corpus,
             vocab_size=args.vocab_size,
         )
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, ImportError) as err:
         print(f"mtgrpo tiny-model: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote tiny {args.arch} model to {out}")
