@@ -49,7 +49,6 @@ please send your PIN`` in one clause does); paraphrases outside the phrase lists
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 from collections.abc import Sequence
@@ -60,6 +59,7 @@ from typing import Any
 from mtgrpo._registry import Registry
 from mtgrpo.rewards import RewardFunction, conditioned
 from mtgrpo.rewards.verifiers.answer import completion_text
+from mtgrpo.tasks.data import write_jsonl_splits
 
 __all__ = [
     "CHANNELS",
@@ -524,15 +524,7 @@ def write_prompts(
             f"only {len(evaluation)} evaluation messages differ from the {train_size} training "
             f"ones; lower eval_size={eval_size} or train_size"
         )
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for name, rows in (("train", train), ("eval", evaluation[:eval_size])):
-        path = out / f"{name}.jsonl"
-        with path.open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(row) + "\n" for row in rows)
-        written[name] = path
-    return written
+    return write_jsonl_splits(out_dir, {"train": train, "eval": evaluation[:eval_size]})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -559,15 +559,32 @@ def compare_weights_figure(table: ComparisonTable, aggregate: SeedAggregateTable
     return Drawn(figure, skipped)
 
 
+def _groups_logging(table: ComparisonTable, aggregate: SeedAggregateTable | None, metric: str,
+                    figure_name: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """The run groups of which some member logged ``tasks/<task>/<metric>``, and a skip note
+    for each group that did not."""
+    groups = _groups(table, aggregate)
+    logged = {name: members for name, members in groups.items()
+              if any(table.histories[m].tasks_with(metric, "train") for m in members)}
+    skipped = tuple(f"{figure_name}: {name}: no tasks/<task>/{metric} logged"
+                    for name in groups if name not in logged)
+    return logged, skipped
+
+
+def _close_panels(figure: Figure, axes: np.ndarray, used: int, title: str) -> None:
+    """Hide the unused panels; one legend (the first panel's) and the title for the figure."""
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right upper", fontsize=8)
+    figure.suptitle(title, fontweight="bold")
+
+
 @COMPARISON_FIGURES.register("compare_weight_curves")
 def compare_weight_curves_figure(table: ComparisonTable, aggregate: SeedAggregateTable | None,
                                  smoothing: float) -> Drawn:
     """One panel per run or method: each task's weight ``z_k`` vs step (mean over seeds)."""
-    groups = _groups(table, aggregate)
-    logged = {name: members for name, members in groups.items()
-              if any(table.histories[m].tasks_with("weight", "train") for m in members)}
-    skipped = tuple(f"compare_weight_curves: {name}: no tasks/<task>/weight logged"
-                    for name in groups if name not in logged)
+    logged, skipped = _groups_logging(table, aggregate, "weight", "compare_weight_curves")
     if not logged:
         return Drawn(None, ("compare_weight_curves: no run logged task weights",))
     colours = task_colours(table.tasks)
@@ -582,11 +599,7 @@ def compare_weight_curves_figure(table: ComparisonTable, aggregate: SeedAggregat
         ax.axhline(1.0 / len(table.tasks), color="grey", linestyle=":", linewidth=1.2)
         _finish(ax, title=name, ylabel="task weight z_k")
     axes[0, 0].set_ylim(0.0, min(1.02, 1.1 * top))  # shared y: every panel's curves inside
-    for ax in list(axes.flat)[len(logged):]:
-        ax.set_visible(False)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right upper", fontsize=8)
-    figure.suptitle("Task weights (dotted: uniform 1/K)", fontweight="bold")
+    _close_panels(figure, axes, len(logged), "Task weights (dotted: uniform 1/K)")
     return Drawn(figure, skipped)
 
 
@@ -598,11 +611,7 @@ def compare_composition_figure(table: ComparisonTable, aggregate: SeedAggregateT
     The target is ``tasks/<t>/target_share`` where logged, else the weight; both are means
     over the seeds, and the realised share is smoothed over its raw points.
     """
-    groups = _groups(table, aggregate)
-    logged = {name: members for name, members in groups.items()
-              if any(table.histories[m].tasks_with("batch_share", "train") for m in members)}
-    skipped = tuple(f"compare_composition: {name}: no tasks/<task>/batch_share logged"
-                    for name in groups if name not in logged)
+    logged, skipped = _groups_logging(table, aggregate, "batch_share", "compare_composition")
     if not logged:
         return Drawn(None, ("compare_composition: no run logged its batch composition",))
     colours = task_colours(table.tasks)
@@ -620,12 +629,8 @@ def compare_composition_figure(table: ComparisonTable, aggregate: SeedAggregateT
                    linestyle="--", gid=f"target:{name}:{task}")
         ax.set_ylim(-0.02, 1.02)
         _finish(ax, title=name, ylabel="share of the trained batch")
-    for ax in list(axes.flat)[len(logged):]:
-        ax.set_visible(False)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right upper", fontsize=8)
-    figure.suptitle("Batch composition: realised share (solid) vs target (dashed)",
-                    fontweight="bold")
+    _close_panels(figure, axes, len(logged),
+                  "Batch composition: realised share (solid) vs target (dashed)")
     return Drawn(figure, skipped)
 
 

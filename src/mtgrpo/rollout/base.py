@@ -25,6 +25,8 @@ __all__ = [
     "SamplingParams",
     "check_num_samples",
     "check_prompt_ids",
+    "check_weights_version",
+    "load_partial_state",
     "make_backend",
 ]
 
@@ -164,6 +166,25 @@ def check_num_samples(num_samples: object) -> int:
     if not _is_int(num_samples) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     return num_samples
+
+
+def check_weights_version(version: object) -> int:
+    """Validate the ``version`` passed to a backend's ``update_weights`` (an int >= 0)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an int >= 0, got {version!r}")
+    return version
+
+
+def load_partial_state(model: Any, state: Mapping[str, Any]) -> None:
+    """Copy ``state`` into ``model`` in place; a partial state dict (e.g. adapter weights only)
+    is fine, keys the model lacks are an error."""
+    result = model.load_state_dict(dict(state), strict=False)
+    if result.unexpected_keys:
+        raise ValueError(
+            f"state dict has {len(result.unexpected_keys)} key(s) the generation model "
+            f"lacks, e.g. {result.unexpected_keys[:3]}; pass the state dict of the same "
+            "model (peft models: get_peft_model_state_dict is not the full state dict)"
+        )
 
 
 def check_prompt_ids(prompt_ids: object, vocab_size: int | None = None) -> list[list[int]]:

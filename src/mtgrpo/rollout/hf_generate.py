@@ -37,6 +37,8 @@ from mtgrpo.rollout.base import (
     SamplingParams,
     check_num_samples,
     check_prompt_ids,
+    check_weights_version,
+    load_partial_state,
 )
 
 if TYPE_CHECKING:
@@ -258,20 +260,13 @@ class HFGenerateBackend:
         dict loaded into the current model (a partial one, e.g. adapter weights only, is
         allowed; keys the model does not have are an error).
         """
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        check_weights_version(version)
         if isinstance(model_or_state, torch.nn.Module):
             if not callable(getattr(model_or_state, "generate", None)):
                 raise TypeError(f"{type(model_or_state).__name__} has no generate()")
             self.model = model_or_state
         elif isinstance(model_or_state, Mapping):
-            result = self.model.load_state_dict(dict(model_or_state), strict=False)
-            if result.unexpected_keys:
-                raise ValueError(
-                    f"state dict has {len(result.unexpected_keys)} key(s) the generation model "
-                    f"lacks, e.g. {result.unexpected_keys[:3]}; pass the state dict of the same "
-                    "model (peft models: get_peft_model_state_dict is not the full state dict)"
-                )
+            load_partial_state(self.model, model_or_state)
         else:
             raise TypeError(
                 "update_weights takes a model or a state dict, got "

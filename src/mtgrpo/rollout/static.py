@@ -86,6 +86,8 @@ from mtgrpo.rollout.base import (
     SamplingParams,
     check_num_samples,
     check_prompt_ids,
+    check_weights_version,
+    load_partial_state,
 )
 from mtgrpo.rollout.hf_generate import _as_id_list, _eval_mode, _generation_owner, _seeded
 from mtgrpo.rollout.static_decoders import (
@@ -626,19 +628,12 @@ class StaticCacheBackend:
         merging / switching adapters changes what a graph recorded: the next ``generate``
         notices (parameter addresses, adapter state) and captures again.
         """
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        check_weights_version(version)
         if isinstance(model_or_state, nn.Module):
             if model_or_state is not self.model:
                 self._attach(model_or_state)
         elif isinstance(model_or_state, Mapping):
-            result = self.model.load_state_dict(dict(model_or_state), strict=False)
-            if result.unexpected_keys:
-                raise ValueError(
-                    f"state dict has {len(result.unexpected_keys)} key(s) the generation model "
-                    f"lacks, e.g. {result.unexpected_keys[:3]}; pass the state dict of the same "
-                    "model (peft models: get_peft_model_state_dict is not the full state dict)"
-                )
+            load_partial_state(self.model, model_or_state)
         else:
             raise TypeError(
                 f"update_weights takes a model or a state dict, got {type(model_or_state).__name__}"

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from mtgrpo.config import _coerce
 
 __all__ = ["ON_LONG_EXAMPLE", "SFTConfig"]
 
@@ -175,21 +176,4 @@ class SFTConfig:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise ValueError(f"unknown sft option(s): {', '.join(hints)}")
-        return cls(**_numbers_from_strings(cls, values))
-
-
-def _numbers_from_strings(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    out = dict(values)
-    for name, value in values.items():
-        if not isinstance(value, str):
-            continue
-        kinds = set(typing.get_args(hints[name])) or {hints[name]}
-        for kind in (int, float):
-            if kind in kinds:
-                try:
-                    out[name] = kind(value)
-                    break
-                except ValueError:
-                    continue
-    return out
+        return cls(**_coerce(cls, values))

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FILE_SUFFIXES", "load_rows"]
+__all__ = ["FILE_SUFFIXES", "load_rows", "write_jsonl_splits"]
 
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv")
 
@@ -166,3 +166,19 @@ def _with_task(row: dict[str, Any], number: int, task_column: str) -> dict[str, 
         raise ValueError(f"row {number} has task {task!r}; a task id must be a non-empty string")
     row["task"] = task
     return row
+
+
+def write_jsonl_splits(
+    out_dir: str | os.PathLike[str], splits: Mapping[str, Iterable[Mapping[str, Any]]]
+) -> dict[str, Path]:
+    """Write each split's rows to ``out_dir/<split>.jsonl`` (UTF-8, one JSON object a line);
+    return the paths by split. ``out_dir`` is created if needed."""
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for split, rows in splits.items():
+        path = out / f"{split}.jsonl"
+        with path.open("w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        written[split] = path
+    return written

@@ -33,14 +33,13 @@ the files the example config trains and evaluates on.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mtgrpo.rewards.verifiers.answer import MAX_NUMBER_CHARS, completion_text, extract_answer
-from mtgrpo.tasks.data import FILE_SUFFIXES, _read_file
+from mtgrpo.tasks.data import FILE_SUFFIXES, _read_file, write_jsonl_splits
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, format_prompt
 
 __all__ = [
@@ -342,15 +341,7 @@ def write_gsm8k(
         "train": load_gsm8k(source, "train", **options),
         "test": load_gsm8k(source, "test", limit=eval_limit, **options),
     }
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for split, rows in splits.items():
-        path = out / f"{split}.jsonl"
-        with path.open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-        written[split] = path
-    return written
+    return write_jsonl_splits(out_dir, splits)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
