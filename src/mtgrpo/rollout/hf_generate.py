@@ -138,22 +138,8 @@ class HFGenerateBackend:
             raise TypeError(f"{type(model).__name__} has no generate(); pass a causal LM")
         self.model = model
         self.max_batch_size = max_batch_size
-        generation_config = getattr(_generation_owner(model), "generation_config", None)
-        if eos_token_ids is None:
-            eos = _as_id_list(getattr(generation_config, "eos_token_id", None))
-            eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
-            eos_token_ids = list(dict.fromkeys(eos))
-        if not eos_token_ids:
-            raise ValueError(
-                "no EOS token id found in the model's generation config or the tokenizer; "
-                "pass eos_token_ids=[...]"
-            )
-        self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(generation_config, "pad_token_id", None)
-        # Padding is masked out and cut from the outputs, so any id works; EOS is conventional.
-        self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+        self.eos_token_ids: tuple[int, ...]
+        self.eos_token_ids, self.pad_token_id = _special_ids(model, tokenizer, eos_token_ids)
         self.weights_version: int | None = None
 
     @property
@@ -273,6 +259,28 @@ class HFGenerateBackend:
                 f"{type(model_or_state).__name__}"
             )
         self.weights_version = version
+
+
+def _special_ids(
+    model: torch.nn.Module, tokenizer: Any, eos_token_ids: Sequence[int] | None
+) -> tuple[tuple[int, ...], int]:
+    """EOS ids (generation config, then tokenizer, unless given) and the pad id."""
+    generation_config = getattr(_generation_owner(model), "generation_config", None)
+    if eos_token_ids is None:
+        eos = _as_id_list(getattr(generation_config, "eos_token_id", None))
+        eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
+        eos_token_ids = list(dict.fromkeys(eos))
+    if not eos_token_ids:
+        raise ValueError(
+            "no EOS token id found in the model's generation config or the tokenizer; "
+            "pass eos_token_ids=[...]"
+        )
+    eos_ids = tuple(int(t) for t in eos_token_ids)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(generation_config, "pad_token_id", None)
+    # Padding is masked out and cut from the outputs, so any id works; EOS is conventional.
+    return eos_ids, int(pad) if pad is not None else eos_ids[0]
 
 
 def _cut_at_stop(generated: list[list[int]], stop_ids: set[int]) -> tuple[list[int], list[bool]]:

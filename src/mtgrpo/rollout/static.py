@@ -89,7 +89,7 @@ from mtgrpo.rollout.base import (
     check_weights_version,
     load_partial_state,
 )
-from mtgrpo.rollout.hf_generate import _as_id_list, _eval_mode, _generation_owner, _seeded
+from mtgrpo.rollout.hf_generate import _eval_mode, _seeded, _special_ids
 from mtgrpo.rollout.static_decoders import (
     DECODERS,
     StaticDecoder,
@@ -731,28 +731,6 @@ def _check_options(**options: object) -> None:
             raise TypeError(f"{name} must be {kind}, got {value!r}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _special_ids(
-    model: nn.Module, tokenizer: Any, eos_token_ids: Sequence[int] | None
-) -> tuple[tuple[int, ...], int]:
-    """EOS ids (generation config, then tokenizer, unless given) and the pad id, as "hf"."""
-    generation_config = getattr(_generation_owner(model), "generation_config", None)
-    if eos_token_ids is None:
-        eos = _as_id_list(getattr(generation_config, "eos_token_id", None))
-        eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
-        eos_token_ids = list(dict.fromkeys(eos))
-    if not eos_token_ids:
-        raise ValueError(
-            "no EOS token id found in the model's generation config or the tokenizer; "
-            "pass eos_token_ids=[...]"
-        )
-    eos_ids = tuple(int(t) for t in eos_token_ids)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(generation_config, "pad_token_id", None)
-    # Padding is masked out and cut from the outputs, so any id works; EOS is conventional.
-    return eos_ids, int(pad) if pad is not None else eos_ids[0]
 
 
 def _weights_fingerprint(lm: nn.Module) -> tuple[Any, ...]:
