@@ -128,6 +128,10 @@ class GRPOConfig:
     num_iterations: int = _help("μ: passes over each generation batch.", default=1)
     max_tokens_per_microbatch: int | None = _help(
         "Pack micro-batches by this padded-token budget instead of a row count.", default=None)
+    max_padding_fraction: float = _help(
+        "Length bucketing: rows are grouped longest first and a new micro-batch starts when "
+        "more than this fraction of the next row would be padding. 1.0 turns it off.",
+        default=0.25)
 
     # ------------------------------------------------------------------ generation
     max_prompt_length: int | None = _help("Prompts longer than this many tokens are "
@@ -250,6 +254,7 @@ class GRPOConfig:
             "warmup_ratio": 0 <= self.warmup_ratio < 1,
             "advantage_epsilon": self.advantage_epsilon >= 0,
             "eval_temperature": self.eval_temperature >= 0,
+            "max_padding_fraction": 0 < self.max_padding_fraction <= 1,
         }
         for name, ok in checks.items():
             if not ok:

@@ -79,9 +79,41 @@ def test_two_part_widths_add_the_longest_prompt_and_the_longest_completion() -> 
     assert plan_micro_batches([[8, 2], [7, 3]], 24) == [[0, 1]]  # width 8 + 3 = 11, 22 <= 24
 
 
+def test_max_padding_buckets_rows_of_similar_length() -> None:
+    lengths = [100, 90, 80, 70, 60, 50, 40, 10]
+    # off (1.0): one micro-batch of 8 rows, 8 x 100 = 800 padded tokens for 500 real ones
+    assert plan_micro_batches(lengths, 10_000) == [list(range(8))]
+    # 0.25: a row joins while its own tokens fill >= 75 % of the width:
+    # 100, 90, 80 | 70, 60 (60 >= 52.5) | 50, 40 | 10 (10 < 30)
+    plan = plan_micro_batches(lengths, 10_000, max_padding=0.25)
+    assert plan == [[0, 1, 2], [3, 4], [5, 6], [7]]
+    assert sum(len(rows) * padded_width(lengths, rows) for rows in plan) == 300 + 140 + 100 + 10
+    # the padding bound works with the row cap and on [N, 2] widths (prompt + completion)
+    assert plan_micro_batches([8, 8, 8, 7], 100, max_rows=2, max_padding=0.25) == [[0, 1], [2, 3]]
+    assert plan_micro_batches([[4, 6], [1, 9], [4, 2]], 100, max_padding=0.25) == [[0, 1], [2]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    max_padding=st.floats(0.05, 1.0),
+)
+def test_max_padding_bounds_every_rows_padding(lengths: list[int], max_padding: float) -> None:
+    plan = plan_micro_batches(lengths, 10**6, max_padding=max_padding)
+    assert sorted(row for rows in plan for row in rows) == list(range(len(lengths)))
+    for rows in plan:
+        width = padded_width(lengths, rows)
+        assert all(lengths[row] >= (1 - max_padding) * width for row in rows)
+    # never more tokens computed than without bucketing
+    assert sum(len(rows) * padded_width(lengths, rows) for rows in plan) <= len(lengths) * max(
+        lengths)
+
+
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
+        (([1, 2], 10, None, 0.0), ValueError, r"max_padding must be a fraction in \(0, 1\]"),
+        (([1, 2], 10, None, 1.5), ValueError, "max_padding must be a fraction"),
         (([1, 2], 0), ValueError, "max_tokens_per_micro_batch must be a positive int"),
         (([1, 2], 10, 0), ValueError, "max_rows must be a positive int or None"),
         (([1, -2], 10), ValueError, "lengths must be >= 0"),

@@ -118,6 +118,7 @@ class PolicyUpdater:
         plan = plan_micro_batches(
             lengths, budget or _UNBOUNDED_TOKENS,
             max_rows=None if budget else self.args.per_device_train_batch_size,
+            max_padding=self.args.max_padding_fraction,
         )
         return [[rows[i] for i in micro] for micro in plan]
 
