@@ -181,6 +181,23 @@ def test_gguf_file_loads_to_the_same_model(tiny_model_dir: Path, tiny_gguf_file:
     torch.testing.assert_close(_logits(from_mapping), _logits(original), rtol=0, atol=1e-6)
 
 
+def test_a_model_from_gguf_trains_saves_and_reloads_as_plain_safetensors(
+    tiny_gguf_file: Path, tmp_path: Path
+) -> None:
+    model = load_model(tiny_gguf_file)
+    # transformers' GGUF quantizer is gone: the weights are ordinary float tensors
+    assert getattr(model, "hf_quantizer", None) is None
+    assert getattr(model.config, "quantization_config", None) is None
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())
+    loss = model(input_ids=torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    model.save_pretrained(tmp_path / "saved")  # refused while the quantizer was attached
+    assert "quantization_config" not in (tmp_path / "saved" / "config.json").read_text()
+    reloaded = load_model(tmp_path / "saved")
+    torch.testing.assert_close(_logits(reloaded), _logits(model), rtol=0, atol=0)
+
+
 def test_qwen2_gguf_round_trip(tiny_qwen2_model_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("gguf")
     path = write_tiny_gguf(tiny_qwen2_model_dir, tmp_path / "qwen2.gguf")

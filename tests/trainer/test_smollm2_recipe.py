@@ -94,7 +94,12 @@ def test_recipe_runs_on_cpu_at_tiny_sizes(tmp_path: Path) -> None:
     tasks = sorted({key.split("/")[1] for key in train[0] if key.startswith("tasks/")})
     assert len(tasks) == 3
     for record in train:
-        assert math.isfinite(record["loss"])
+        # at these sizes every group may have zero gradient (the model barely warm-started):
+        # the step then says it skipped the update instead of logging a loss
+        if record.get("update_skipped") == 1.0:
+            assert "loss" not in record
+        else:
+            assert math.isfinite(record["loss"])
         weights = [record[f"tasks/{task}/weight"] for task in tasks]
         assert math.isclose(sum(weights), 1.0, abs_tol=1e-6)
     evaluation = read_metrics(out, split="eval")

@@ -384,7 +384,10 @@ def load_model(
         dtype=torch_dtype,
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
+        **_gguf_dequantize_options(source.gguf_file),
     )
+    if source.gguf_file is not None:
+        _detach_gguf_quantizer(model)
     if source.is_local and source.gguf_file is not None:
         # transformers records the directory; record the file so that load_tokenizer(model)
         # finds the tokenizer inside the GGUF rather than a directory without config.json. A
@@ -399,6 +402,41 @@ def load_model(
     model.train(for_training)
     model.requires_grad_(for_training)
     return model
+
+
+def _gguf_dequantize_options(gguf_file: str | None) -> dict[str, Any]:
+    """Ask transformers (5.x, whose GGUF loader can keep weights in their quantised blocks) to
+    unpack every weight into a plain float model: the only form that can be trained."""
+    if gguf_file is None:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always dequantise GGUF files
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
+
+
+def _detach_gguf_quantizer(model: PreTrainedModel) -> None:
+    """Make a dequantised GGUF model an ordinary float model (savable, trainable).
+
+    transformers keeps its GGUF quantizer attached after unpacking the weights, and
+    ``save_pretrained`` then refuses the model ("quantized with gguf and is not serializable")
+    although every weight is a plain float tensor; the saved config would also name the GGUF
+    quantizer. Both are dropped here; weights that transformers left packed are an error.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or type(quantizer).__name__ != "GgufHfQuantizer":
+        return
+    packed = getattr(quantizer, "packed_modules", None)
+    if packed:
+        raise ValueError(
+            f"transformers kept {len(packed)} module(s) of the GGUF file in quantised blocks; "
+            "mtgrpo trains float weights only. Load the file with dequantisation (transformers "
+            "GgufConfig(dequantize=True)) or convert it to safetensors first"
+        )
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
 
 
 def _prepare_loaded_model(

@@ -51,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "LOGIT_TRANSFORM_FIELDS",
+    "PROMPT_SHARING_MODEL_TYPES",
     "LogprobOutput",
     "LogprobPath",
     "LogprobRoute",
@@ -241,6 +242,7 @@ def sequence_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     compute_entropy: bool = False,
     path: Literal["auto", "chunked_head", "model_forward"] = "auto",
+    share_prompts: bool = True,
 ) -> LogprobOutput:
     """Log-probabilities of the last ``completion_length`` tokens of every row.
 
@@ -259,6 +261,15 @@ def sequence_logprobs(
     Mixed precision: the chunked route calls the backbone and head modules, not the model's
     forward, so a forward wrapper's autocast (accelerate's) does not apply; call this inside
     ``accelerator.autocast()`` (as TRL does) when training with autocast.
+
+    Shared prompts (``share_prompts``, on the chunked route): the ``G`` completions of a GRPO
+    group share one prompt, so the backbone runs once per distinct prompt and its key/value
+    cache is repeated for the rows that share it, before the completions run on top of it.
+    Autograd sums the rows' gradients into the shared prompt pass, so log-probs and gradients
+    equal those of the full forward up to float rounding, for a fraction of the prompt tokens'
+    cost. Used when at most half the rows have distinct prompts, the backbone is a
+    :data:`PROMPT_SHARING_MODEL_TYPES` model with a plain (non-sliding) cache and gradient
+    checkpointing is off; otherwise every row runs in full.
     """
     _check_sequence_inputs(input_ids, attention_mask, completion_length)
     _check_scoring_options(temperature, chunk_size)
@@ -268,6 +279,8 @@ def sequence_logprobs(
         logps_full, entropy_full = _chunked_head_scores(
             route, input_ids, attention_mask, position_ids, completion_length,
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
+            prompt_rows=_shared_prompt_rows(route, input_ids, attention_mask, completion_length)
+            if share_prompts else None,
         )  # fmt: skip
     else:
         logps_full, entropy_full = _model_forward_scores(
@@ -359,8 +372,13 @@ def _chunked_head_scores(
     temperature: float,
     chunk_size: int,
     compute_entropy: bool,
+    prompt_rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """The direct route: the backbone once, then the head on scored positions chunk by chunk."""
+    """The direct route: the backbone once, then the head on scored positions chunk by chunk.
+
+    ``prompt_rows`` (``[U]`` row indices, one per distinct prompt, and ``[N]`` each row's
+    index into them, see :func:`_shared_prompt_rows`) switches on the shared-prompt forward.
+    """
     backbone, head = route.backbone, route.head
     assert backbone is not None
     assert head is not None
@@ -370,12 +388,17 @@ def _chunked_head_scores(
     ) -> tuple[Tensor, Tensor | None]:
         targets = input_ids[:, -length:]  # [N, L]
         scored = attention_mask[:, -length:].bool()  # [N, L]
-        hidden = backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        ).last_hidden_state[:, -length - 1 : -1]  # [N, L, H]: the state before each token
+        if prompt_rows is None:
+            hidden = backbone(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            ).last_hidden_state[:, -length - 1 : -1]  # [N, L, H]: the state before each token
+        else:
+            hidden = _shared_prompt_hidden(
+                backbone, input_ids, attention_mask, position_ids, length, *prompt_rows
+            )
         # Only scored positions reach the head: padding costs no [V]-wide work at all.
         logps, entropy = _chunked_scores(
             _head_scorer(head, temperature, compute_entropy),
@@ -395,6 +418,78 @@ def _chunked_head_scores(
         return score(**inputs)
     with _forward_replaced(route.via.module, score):
         return route.via(**inputs)
+
+
+# Model types whose backbone accepts a key/value cache built from a shared prompt pass and
+# attends from the completions to it exactly as in one full forward (checked by tests on each).
+PROMPT_SHARING_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _shared_prompt_rows(
+    route: LogprobRoute, input_ids: Tensor, attention_mask: Tensor, length: int
+) -> tuple[Tensor, Tensor] | None:
+    """``(first row of each distinct prompt [U], each row's prompt index [N])``, or ``None``
+    when sharing does not apply (see :func:`sequence_logprobs`)."""
+    backbone = route.backbone
+    config = getattr(backbone, "config", None)
+    width = input_ids.shape[1] - length
+    if (
+        config is None
+        or getattr(config, "model_type", None) not in PROMPT_SHARING_MODEL_TYPES
+        or (getattr(config, "sliding_window", None) is not None
+        and getattr(config, "use_sliding_window", True))
+        or getattr(backbone, "gradient_checkpointing", False)
+        or width < 1
+        or input_ids.shape[0] < 2
+    ):
+        return None
+    prompts = torch.cat([input_ids[:, :width] * attention_mask[:, :width],
+                         attention_mask[:, :width]], dim=1)
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    if 2 * unique.shape[0] > input_ids.shape[0]:
+        return None
+    first = torch.full((unique.shape[0],), input_ids.shape[0], dtype=torch.long,
+                       device=input_ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(input_ids.shape[0],
+                                                          device=input_ids.device), "amin")
+    return first, inverse
+
+
+def _shared_prompt_hidden(
+    backbone: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    length: int,
+    first: Tensor,
+    inverse: Tensor,
+) -> Tensor:
+    """``[N, L, H]`` hidden states before each completion token, the prompts run once each."""
+    from transformers import DynamicCache
+
+    width = input_ids.shape[1] - length
+    prompt = backbone(
+        input_ids=input_ids[first, :width],
+        attention_mask=attention_mask[first, :width],
+        position_ids=position_ids[first, :width],
+        use_cache=True,
+    )  # fmt: skip
+    cache = prompt.past_key_values
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        raise RuntimeError(f"shared prompts need a plain DynamicCache, got {type(cache).__name__}")
+    repeated = DynamicCache(
+        ddp_cache_data=[(layer.keys[inverse], layer.values[inverse]) for layer in layers]
+    )
+    completion = backbone(
+        input_ids=input_ids[:, width:],
+        attention_mask=attention_mask,
+        position_ids=position_ids[:, width:],
+        past_key_values=repeated,
+        use_cache=True,
+    ).last_hidden_state  # [N, L, H]
+    last_prompt = prompt.last_hidden_state[inverse, -1:]  # [N, 1, H]: predicts token 0
+    return torch.cat([last_prompt, completion[:, :-1]], dim=1)
 
 
 @contextmanager
