@@ -257,14 +257,19 @@ def _emit(
 
 
 def _decode_step(
-    decoder: StaticDecoder, slot: _Slot, program: _StepProgram, pad_token_id: int
+    decoder: StaticDecoder,
+    slot: _Slot,
+    program: _StepProgram,
+    pad_token_id: int,
+    visible: int | None = None,
 ) -> None:
     """One token for every row of ``slot``: feed, forward, sample, record; all in place and
-    without reading anything on the host (this is the function a CUDA graph records)."""
+    without reading anything on the host (this is the function a CUDA graph records).
+    ``visible`` (eager steps only): the cache columns written so far, this token's included."""
     buffers = slot.buffers
     buffers.visible.index_fill_(1, buffers.column, 0.0)  # the fed token's column is visible
     logits = decoder.decode(
-        slot.cache, buffers.tokens, buffers.positions, buffers.mask, buffers.column
+        slot.cache, buffers.tokens, buffers.positions, buffers.mask, buffers.column, visible
     )
     _emit(buffers, program, logits, pad_token_id)
     buffers.positions.add_(1)
@@ -450,7 +455,7 @@ class StaticCacheBackend:
             step = self._step_function(slot, program, capturable)
             emitted = self._decode_loop(step, slot.buffers.done, max_new_tokens)
         else:
-            emitted, compacted = self._decode_compacting(slot, program, max_new_tokens)
+            emitted, compacted = self._decode_compacting(slot, program, max_new_tokens, width)
             if compacted:  # its cache now holds fewer rows than the slot's shape: rebuild later
                 del self._slots[self._slot_key(rows, columns)]
         return _read_back(slot.buffers, real_rows, emitted, rule.with_logprobs)
@@ -542,13 +547,14 @@ class StaticCacheBackend:
         return emitted
 
     def _decode_compacting(
-        self, slot: _Slot, program: _StepProgram, max_new_tokens: int
+        self, slot: _Slot, program: _StepProgram, max_new_tokens: int, width: int
     ) -> tuple[int, bool]:
         """Eager decoding that stops computing finished rows: at each host read (every
         ``sync_every`` steps), once at most ``compact_below`` of the decoded rows are active,
         the active rows' cache and state are gathered into a smaller batch. Outputs are written
         back to the slot's buffers (in the slot's row order) at the end. Returns the tokens
-        emitted and whether any compaction happened."""
+        emitted and whether any compaction happened. Each step attends only to the ``width``
+        prompt columns and the tokens fed so far (the cache's later columns are empty)."""
         sync_every = self._sync_every(slot.buffers.done.device)
         live, rows = slot, None  # rows: the slot row of each live row, once compacted
         emitted = 1
@@ -560,8 +566,9 @@ class StaticCacheBackend:
             if active < decoded and active <= self.compact_below * decoded:
                 live, rows = _compacted(slot, live, rows)
             burst = min(sync_every, max_new_tokens - emitted)
-            for _ in range(burst):
-                _decode_step(self._decoder, live, program, self.pad_token_id)
+            for offset in range(burst):
+                _decode_step(self._decoder, live, program, self.pad_token_id,
+                             visible=width + emitted + offset)
             emitted += burst
         if rows is not None:
             slot.buffers.write_rows(rows, live.buffers)

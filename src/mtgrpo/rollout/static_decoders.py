@@ -75,7 +75,8 @@ class StaticDecoder(Protocol):
     ) -> Tensor: ...
 
     def decode(
-        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
+        visible: int | None = None,
     ) -> Tensor: ...
 
 
@@ -193,12 +194,16 @@ class ModelForwardDecoder:
         return output.logits[:, -1]
 
     def decode(
-        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
+        visible: int | None = None,
     ) -> Tensor:
         """One token per row: ``tokens, positions: [n, 1]``, ``mask: [n, 1, 1, C]`` -> ``[n, V]``.
 
         ``column`` (``[1]``) is where the token's key/value go; here the cache's own counter
-        decides, and the backend keeps the two equal.
+        decides, and the backend keeps the two equal. ``visible`` (eager decoding only: the
+        number of cache columns written so far, this token's included) lets a decoder attend
+        to those columns only; the columns after them are masked out anyway. This decoder
+        attends to all ``C`` (the model's own attention over its ``StaticCache``).
         """
         output = self.lm(
             input_ids=tokens,
@@ -240,15 +245,21 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         )
 
     def decode(
-        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
+        visible: int | None = None,
     ) -> Tensor:
+        """As :meth:`ModelForwardDecoder.decode`; with ``visible``, attention reads only the
+        first ``visible`` cache columns (the same result: the others are masked out)."""
+        if visible is not None:
+            mask = mask[..., :visible]
         backbone = self.lm.model
         hidden = backbone.embed_tokens(tokens)  # [n, 1, H]
         cos_sin = backbone.rotary_emb(hidden, positions)
         layers = backbone.layers[: backbone.config.num_hidden_layers]
         for layer, stored in zip(layers, cache.layers, strict=True):
             attended = self._attend(
-                layer.self_attn, layer.input_layernorm(hidden), cos_sin, mask, stored, column
+                layer.self_attn, layer.input_layernorm(hidden), cos_sin, mask, stored, column,
+                visible,
             )
             hidden = hidden + attended
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -262,6 +273,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         mask: Tensor,
         stored: Any,
         column: Tensor,
+        visible: int | None = None,
     ) -> Tensor:
         input_shape = hidden.shape[:-1]  # (n, 1)
         head_shape = (*input_shape, -1, attn.head_dim)
@@ -276,8 +288,11 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         query, key = self._rotary(query, key, cos, sin)
         stored.keys.index_copy_(2, column, key)  # [n, kv_heads, C, d]
         stored.values.index_copy_(2, column, value)
+        keys, values = stored.keys, stored.values
+        if visible is not None:
+            keys, values = keys[:, :, :visible], values[:, :, :visible]
         output, _ = self._attention(
-            attn, query, stored.keys, stored.values, mask, dropout=0.0, scaling=attn.scaling
+            attn, query, keys, values, mask, dropout=0.0, scaling=attn.scaling
         )
         return attn.o_proj(output.reshape(*input_shape, -1).contiguous())
 
