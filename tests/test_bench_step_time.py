@@ -145,9 +145,15 @@ def test_memory_probe_sees_a_step_allocation():
     probe = bench.MemoryProbe(torch.device("cpu"))
     if not probe.rss_resettable:
         pytest.skip("/proc/self/clear_refs is not writable here")
+    import mmap
+
     probe.start()
-    block = torch.ones(16 * 2**20)  # 64 MiB of float32, every page written
-    del block
+    # 64 MiB of fresh anonymous pages, every page written. (Not a tensor: the C allocator may
+    # serve a tensor from memory an earlier test freed but left resident, so RSS need not rise.)
+    block = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
     # The peak RSS rose by the 64 MiB block even though it is freed before stop().
     assert probe.stop() >= 60
 
