@@ -267,7 +267,7 @@ class GRPOConfig:
 
     def _check_choices(self) -> None:
         from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS
-        from mtgrpo.weighting import WEIGHTINGS
+        from mtgrpo.weighting import IMPROVEMENT_REDUCTIONS, WEIGHTINGS
 
         choices = {
             "loss_type": (self.loss_type, LOSS_TYPES),
@@ -275,7 +275,7 @@ class GRPOConfig:
             "on_long_prompt": (self.on_long_prompt, ON_LONG_PROMPT),
             "none_handling": (self.none_handling, ("neutral", "zero")),
             "on_unscorable": (self.on_unscorable, ("raise", "zero_advantage")),
-            "improvement_reduction": (self.improvement_reduction, ("mean", "sum")),
+            "improvement_reduction": (self.improvement_reduction, IMPROVEMENT_REDUCTIONS),
         }
         for name, (value, valid) in choices.items():
             if value not in valid:

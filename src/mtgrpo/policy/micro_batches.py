@@ -52,14 +52,7 @@ def plan_micro_batches(
     (the default) turns it off.
     """
     table = _length_table(lengths)
-    _check_budget(max_tokens_per_micro_batch, max_rows)
-    if isinstance(max_padding, bool) or not isinstance(max_padding, (int, float)) or not (
-        0 < max_padding <= 1
-    ):
-        raise ValueError(
-            f"max_padding must be a fraction in (0, 1] (1: no length bucketing), got "
-            f"{max_padding!r}"
-        )
+    _check_budget(max_tokens_per_micro_batch, max_rows, max_padding)
     order = sorted(range(len(table)), key=lambda row: (-sum(table[row]), row))
     plan: list[list[int]] = []
     current: list[int] = []
@@ -199,7 +192,9 @@ def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _check_budget(max_tokens_per_micro_batch: int, max_rows: int | None) -> None:
+def _check_budget(
+    max_tokens_per_micro_batch: int, max_rows: int | None, max_padding: float = 1.0
+) -> None:
     if not _is_positive_int(max_tokens_per_micro_batch):
         raise ValueError(
             f"max_tokens_per_micro_batch must be a positive int (padded tokens per "
@@ -207,6 +202,13 @@ def _check_budget(max_tokens_per_micro_batch: int, max_rows: int | None) -> None
         )
     if max_rows is not None and not _is_positive_int(max_rows):
         raise ValueError(f"max_rows must be a positive int or None, got {max_rows!r}")
+    if isinstance(max_padding, bool) or not isinstance(max_padding, (int, float)) or not (
+        0 < max_padding <= 1
+    ):
+        raise ValueError(
+            f"max_padding must be a fraction in (0, 1] (1: no length bucketing), got "
+            f"{max_padding!r}"
+        )
 
 
 def _check_policy_batch(batch: PolicyBatch) -> None:

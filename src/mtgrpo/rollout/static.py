@@ -80,6 +80,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from mtgrpo.policy.logprobs import position_ids_from_attention_mask
 from mtgrpo.rollout.base import (
     BACKENDS,
     GenerationOutput,
@@ -467,7 +468,7 @@ class StaticCacheBackend:
         input_ids, attention_mask = self._left_pad(prompts, rows, width)  # [n, P], [n, P]
         slot.start(attention_mask, real_rows=len(prompts))
         return self._decoder.prefill(
-            slot.cache, input_ids, attention_mask, _position_ids(attention_mask)
+            slot.cache, input_ids, attention_mask, position_ids_from_attention_mask(attention_mask)
         )
 
     def _prefill_shared(
@@ -490,7 +491,7 @@ class StaticCacheBackend:
         slot.start(attention_mask.index_select(0, source), real_rows=sum(samples))
         shared = DynamicCache(config=self._lm.config)
         logits = self._decoder.prefill(
-            shared, input_ids, attention_mask, _position_ids(attention_mask)
+            shared, input_ids, attention_mask, position_ids_from_attention_mask(attention_mask)
         )  # [u, V]
         for stored, prefilled in zip(slot.cache.layers, shared.layers, strict=True):
             stored.update(
@@ -702,10 +703,6 @@ def _expansion_index(samples: list[int], rows: int, device: torch.device) -> Ten
     padding = torch.zeros(rows - len(source), dtype=torch.long)
     return torch.cat([source, padding]).to(device)
 
-
-def _position_ids(attention_mask: Tensor) -> Tensor:
-    """``cumsum(mask) - 1`` (``generate``'s rule: left padding does not shift positions)."""
-    return (attention_mask.cumsum(-1) - 1).clamp_min_(0)
 
 
 def _read_back(
