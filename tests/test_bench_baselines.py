@@ -4,11 +4,9 @@ summaries, and a smoke grid on the tiny model that resumes and skips finished ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,9 @@ import yaml
 
 from mtgrpo.config import run_config_from_dict
 from mtgrpo.reporting.compare import RunSummary, aggregate_seeds
+from script_loader import load_script
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "mtgrpo_vs_baselines.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("mtgrpo_vs_baselines", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_script("benchmarks/mtgrpo_vs_baselines.py")
 
 TASKS = ("countdown:easy", "arc_1d:easy")
 

@@ -4,31 +4,19 @@ settings. TRL is a benchmark-only extra, so the module skips without it."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from script_loader import load_script
+
 pytest.importorskip("trl")
 # transformers' deprecation notices for the gradient_checkpointing options TRL itself uses.
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_time_vs_trl.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("step_time_vs_trl", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_script("benchmarks/step_time_vs_trl.py")
 
 # Tiny settings: the project's default tiny shape, 2 prompts x 2 completions, 4 new tokens.
 TINY_ARGS = [

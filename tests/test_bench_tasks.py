@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tasks.py"
+from script_loader import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_tasks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+bench = load_script("benchmarks/bench_tasks.py")
 
 
 def test_prints_a_rate_row_per_task(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _load()
     assert bench.main(["--tasks", "arc_1d:easy,countdown:easy", "--seconds", "0.05",
                        "--min-items", "2", "--score-rows", "4"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -32,6 +23,5 @@ def test_prints_a_rate_row_per_task(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_wrong_answer_differs_from_the_gold_one() -> None:
-    bench = _load()
     for answer in ("", "1", "12", "[1, 2]", "Alice"):
         assert bench._wrong(answer) != answer

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_config_reference_is_in_sync():
-    spec = importlib.util.spec_from_file_location("sync_readme", ROOT / "scripts/sync_readme.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/sync_readme.py")
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert module.synced(text) == text, "run: .venv/bin/python scripts/sync_readme.py"
 

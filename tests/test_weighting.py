@@ -3,11 +3,9 @@ absent-task rules, validation messages, the simplex property and state round tri
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +25,7 @@ from mtgrpo.weighting import (
     simplex_gradient,
     softmax,
 )
+from script_loader import load_script
 
 NAN = math.nan
 TIGHT = {"rtol": 0.0, "atol": 1e-12}
@@ -763,12 +762,7 @@ def test_failed_load_leaves_the_strategy_untouched():
 
 
 def test_benchmark_quick_run_reports_every_strategy():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_weighting.py"
-    spec = importlib.util.spec_from_file_location("bench_weighting", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/bench_weighting.py")
     rows = module.run(quick=True)
     assert {row["strategy"] for row in rows} == set(WEIGHTINGS.names())
     for row in rows:
