@@ -117,8 +117,10 @@ from mtgrpo.reporting.compare import (
     aggregate_seeds,
     compare_runs,
     load_run,
+    markdown_table,
     parse_thresholds,
 )
+from mtgrpo.reporting.metrics import read_metrics
 from mtgrpo.sampling import SAMPLERS
 from mtgrpo.weighting import WEIGHTINGS
 
@@ -505,14 +507,7 @@ def _check_same_config(run_dir: Path, config: Mapping[str, Any]) -> None:
 def _last_step(log: Path, split: str) -> int | None:
     if not log.is_file():
         return None
-    steps = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a crash
-            continue
-        if isinstance(record, dict) and record.get("split") == split:
-            steps.append(record.get("step"))
+    steps = [record.get("step") for record in read_metrics(log, split)]  # skips cut lines
     steps = [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
     return max(steps) if steps else None
 
@@ -823,17 +818,7 @@ def paper_table(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary]) 
         else:
             cell = "—"
         row.insert(at, cell)
-    return _markdown_table(headers, rows)
-
-
-def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
-                    numeric: bool = True) -> str:
-    """A Markdown table; with ``numeric`` every column but the first is right-aligned."""
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    align = ["---", *(("---:" if numeric else "---") for _ in headers[1:])]
-    return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, rows)])
+    return markdown_table(headers, rows)
 
 
 def per_task_table(aggregate: SeedAggregateTable) -> str:
@@ -841,7 +826,7 @@ def per_task_table(aggregate: SeedAggregateTable) -> str:
     rows = [[m.method, *("—" if m.final_accuracy.get(t) is None
                          else m.final_accuracy[t].format(100.0, 1) for t in aggregate.tasks)]
             for m in aggregate.methods]
-    return _markdown_table(["method", *aggregate.tasks], rows)
+    return markdown_table(["method", *aggregate.tasks], rows)
 
 
 def method_rows(plan: GridPlan) -> str:
@@ -857,7 +842,7 @@ def method_rows(plan: GridPlan) -> str:
         rows.append([name, run.method.description, o["task_weighting"],
                      _flow(o["task_weighting_params"]), o["batch_construction"],
                      _flow(o["batch_construction_params"]), eps])
-    return _markdown_table(["method", "what", "task weighting", "weighting params",
+    return markdown_table(["method", "what", "task weighting", "weighting params",
                             "batch construction", "batch params", "ε_high"], rows,
                            numeric=False)
 

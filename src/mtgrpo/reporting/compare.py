@@ -65,6 +65,7 @@ __all__ = [
     "compare_runs",
     "delta_m",
     "load_run",
+    "markdown_table",
     "method_of_label",
     "parse_thresholds",
     "run_report",
@@ -603,8 +604,8 @@ class ComparisonTable:
         return notes
 
     def to_markdown(self) -> str:
-        parts = [_markdown(*self.headline_rows()), "Final accuracy per task (%):",
-                 _markdown(*self.task_rows()), *(f"- {note}" for note in self.notes())]
+        parts = [markdown_table(*self.headline_rows()), "Final accuracy per task (%):",
+                 markdown_table(*self.task_rows()), *(f"- {note}" for note in self.notes())]
         return "\n\n".join(parts[:3]) + "\n\n" + "\n".join(parts[3:]) + "\n"
 
     def to_rich(self) -> Group:
@@ -856,7 +857,7 @@ class SeedAggregateTable:
         return headers, rows
 
     def to_markdown(self) -> str:
-        return _markdown(*self.rows()) + f"\n\n- {_SPREAD_NOTE}\n"
+        return markdown_table(*self.rows()) + f"\n\n- {_SPREAD_NOTE}\n"
 
     def to_rich(self) -> Group:
         from rich.console import Group
@@ -974,13 +975,15 @@ def _spread(spread: Spread | None, scale: float, digits: int = 1) -> str:
     return "—" if spread is None else spread.format(scale, digits)
 
 
-def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured Markdown table ('|' inside cells escaped)."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+                   numeric: bool = True) -> str:
+    """A GitHub-flavoured Markdown table ('|' inside cells escaped); with ``numeric`` every
+    column but the first is right-aligned (numbers)."""
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    align = ["---", *("---:" for _ in headers[1:])]  # numbers right-aligned
+    align = ["---", *(("---:" if numeric else "---") for _ in headers[1:])]
     return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, rows)])
 
 
