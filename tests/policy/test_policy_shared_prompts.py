@@ -1,6 +1,8 @@
 """The shared-prompt forward of ``sequence_logprobs``: each distinct prompt runs once, its
 key/value cache is repeated for the rows that share it, and the log-probs, entropies and
-gradients equal those of the full forward (``share_prompts=False``)."""
+gradients equal those of the full forward (``share_prompts=False``). The padding-free forward,
+which takes precedence where it applies, is switched off here (``pack=False``); it has its own
+tests in test_policy_packed.py."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def grouped_batch() -> tuple[torch.Tensor, torch.Tensor]:
 def scores_and_grads(model, input_ids, mask, *, share: bool):
     model.zero_grad()
     out = sequence_logprobs(model, input_ids, mask, COMPLETION, temperature=0.7,
-                            compute_entropy=True, share_prompts=share)
+                            compute_entropy=True, share_prompts=share, pack=False)
     weights = torch.linspace(-1.0, 2.0, out.logps.numel()).view_as(out.logps)
     ((out.logps * weights).sum() + out.entropy.sum()).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}

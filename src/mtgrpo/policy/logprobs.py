@@ -48,6 +48,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from mtgrpo.policy.packed import PackedLayout, packed_hidden, packed_layout, packed_mismatch
+
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "LOGIT_TRANSFORM_FIELDS",
@@ -109,7 +111,9 @@ class LogprobRoute:
 
     ``backbone`` and ``head`` are the modules the ``"chunked_head"`` path calls (``None`` on
     the ``"model_forward"`` path); ``via`` is the DDP wrapper whose forward the computation
-    runs inside, if any.
+    runs inside, if any; ``packed``: the backbone can run the padding-free forward of
+    :mod:`mtgrpo.policy.packed` (Llama family, ``sdpa``/``eager`` attention, no sliding window,
+    no gradient checkpointing).
     """
 
     path: LogprobPath
@@ -117,6 +121,7 @@ class LogprobRoute:
     backbone: nn.Module | None = None
     head: nn.Module | None = None
     via: nn.Module | None = None
+    packed: bool = False  # the backbone runs padding-free (mtgrpo.policy.packed)
 
 
 def position_ids_from_attention_mask(attention_mask: Tensor) -> Tensor:
@@ -229,7 +234,8 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     if _is_instance_of(getattr(head, "weight", None), "torch.distributed.tensor", "DTensor"):
         return LogprobRoute("model_forward", "the output head is sharded by FSDP2")
     reason = "plain causal LM head" + (" (called through the DDP forward)" if via else "")
-    return LogprobRoute("chunked_head", reason, backbone=backbone, head=head, via=via)
+    return LogprobRoute("chunked_head", reason, backbone=backbone, head=head, via=via,
+                        packed=packed_mismatch(backbone) is None)
 
 
 def sequence_logprobs(
@@ -243,6 +249,7 @@ def sequence_logprobs(
     compute_entropy: bool = False,
     path: Literal["auto", "chunked_head", "model_forward"] = "auto",
     share_prompts: bool = True,
+    pack: bool = True,
 ) -> LogprobOutput:
     """Log-probabilities of the last ``completion_length`` tokens of every row.
 
@@ -270,17 +277,31 @@ def sequence_logprobs(
     cost. Used when at most half the rows have distinct prompts, the backbone is a
     :data:`PROMPT_SHARING_MODEL_TYPES` model with a plain (non-sliding) cache and gradient
     checkpointing is off; otherwise every row runs in full.
+
+    Padding-free (``pack``, on the chunked route, for :attr:`LogprobRoute.packed` backbones:
+    the Llama family): the real tokens of the rows are packed into one sequence, each distinct
+    prompt once, and only attention sees the rows apart (:mod:`mtgrpo.policy.packed`), so
+    neither padding nor a repeated prompt costs a projection or an MLP. It needs TRL's layout
+    (left-padded prompts, right-padded completions, at least one prompt token per row) and
+    takes precedence over ``share_prompts``; a batch laid out otherwise runs padded.
     """
     _check_sequence_inputs(input_ids, attention_mask, completion_length)
     _check_scoring_options(temperature, chunk_size)
     route = _route_for(model, path)
     position_ids = position_ids_from_attention_mask(attention_mask)  # [N, T]
     if route.path == "chunked_head":
+        layout = None
+        if pack and route.packed:
+            width = input_ids.shape[1] - completion_length
+            layout = packed_layout(input_ids, attention_mask, position_ids, completion_length,
+                                   *_distinct_prompts(input_ids, attention_mask, width))
+        shared = share_prompts and layout is None
         logps_full, entropy_full = _chunked_head_scores(
             route, input_ids, attention_mask, position_ids, completion_length,
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
             prompt_rows=_shared_prompt_rows(route, input_ids, attention_mask, completion_length)
-            if share_prompts else None,
+            if shared else None,
+            layout=layout,
         )  # fmt: skip
     else:
         logps_full, entropy_full = _model_forward_scores(
@@ -372,12 +393,14 @@ def _chunked_head_scores(
     temperature: float,
     chunk_size: int,
     compute_entropy: bool,
-    prompt_rows: Tensor | None = None,
+    prompt_rows: tuple[Tensor, Tensor] | None = None,
+    layout: PackedLayout | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The direct route: the backbone once, then the head on scored positions chunk by chunk.
 
     ``prompt_rows`` (``[U]`` row indices, one per distinct prompt, and ``[N]`` each row's
-    index into them, see :func:`_shared_prompt_rows`) switches on the shared-prompt forward.
+    index into them, see :func:`_shared_prompt_rows`) switches on the shared-prompt forward;
+    ``layout`` on the padding-free one.
     """
     backbone, head = route.backbone, route.head
     assert backbone is not None
@@ -388,7 +411,9 @@ def _chunked_head_scores(
     ) -> tuple[Tensor, Tensor | None]:
         targets = input_ids[:, -length:]  # [N, L]
         scored = attention_mask[:, -length:].bool()  # [N, L]
-        if prompt_rows is None:
+        if layout is not None:
+            hidden = packed_hidden(backbone, layout)  # [M, H], scored positions only
+        elif prompt_rows is None:
             hidden = backbone(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -399,10 +424,12 @@ def _chunked_head_scores(
             hidden = _shared_prompt_hidden(
                 backbone, input_ids, attention_mask, position_ids, length, *prompt_rows
             )
+        if layout is None:
+            hidden = hidden[scored]  # [M, H]
         # Only scored positions reach the head: padding costs no [V]-wide work at all.
         logps, entropy = _chunked_scores(
             _head_scorer(head, temperature, compute_entropy),
-            hidden[scored],  # [M, H]
+            hidden,
             targets[scored],  # [M]
             chunk_size,
         )
@@ -443,11 +470,20 @@ def _shared_prompt_rows(
         or input_ids.shape[0] < 2
     ):
         return None
+    first, inverse = _distinct_prompts(input_ids, attention_mask, width)
+    if 2 * first.shape[0] > input_ids.shape[0]:
+        return None
+    return first, inverse
+
+
+def _distinct_prompts(
+    input_ids: Tensor, attention_mask: Tensor, width: int
+) -> tuple[Tensor, Tensor]:
+    """``(first row of each distinct prompt [U], each row's prompt index [N])``: rows whose
+    first ``width`` columns hold the same tokens under the same mask share a prompt."""
     prompts = torch.cat([input_ids[:, :width] * attention_mask[:, :width],
                          attention_mask[:, :width]], dim=1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    if 2 * unique.shape[0] > input_ids.shape[0]:
-        return None
     first = torch.full((unique.shape[0],), input_ids.shape[0], dtype=torch.long,
                        device=input_ids.device)
     first = first.scatter_reduce(0, inverse, torch.arange(input_ids.shape[0],

@@ -28,7 +28,6 @@ padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -37,6 +36,12 @@ import torch
 from torch import Tensor, nn
 
 from mtgrpo._registry import Registry
+from mtgrpo.models.llama_family import (
+    LLAMA_FAMILY,
+    SUPPORTED_ATTENTION,
+    llama_family_mismatch,
+    llama_functions,
+)
 
 __all__ = [
     "DECODERS",
@@ -48,21 +53,6 @@ __all__ = [
     "resolve_decoder",
     "unwrap_causal_lm",
 ]
-
-# Attention implementations whose mask is an additive [n, 1, q, C] tensor we can prepare
-# ourselves; flash / flex kernels take other mask formats (and FA2 unpads with a host sync).
-SUPPORTED_ATTENTION = ("sdpa", "eager")
-
-# Causal LM class name -> its transformers modeling module. These classes share one decoder
-# layer shape (pre-norm attention + MLP, rotary embedding, optional q/k norms) that
-# LlamaModulesDecoder re-composes; exact types are checked, so a subclass that overrides a
-# forward falls back to "model_forward".
-LLAMA_FAMILY: dict[str, str] = {
-    "LlamaForCausalLM": "transformers.models.llama.modeling_llama",
-    "MistralForCausalLM": "transformers.models.mistral.modeling_mistral",
-    "Qwen2ForCausalLM": "transformers.models.qwen2.modeling_qwen2",
-    "Qwen3ForCausalLM": "transformers.models.qwen3.modeling_qwen3",
-}
 
 
 class StaticDecoder(Protocol):
@@ -236,13 +226,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
                 f"decode path 'llama_modules' cannot serve this model: {reason}; use "
                 "decode_path='model_forward' (or 'auto')"
             )
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        modeling = importlib.import_module(LLAMA_FAMILY[type(lm).__name__])
-        self._rotary: Callable[..., tuple[Tensor, Tensor]] = modeling.apply_rotary_pos_emb
-        self._attention: Callable[..., tuple[Tensor, Any]] = ALL_ATTENTION_FUNCTIONS.get_interface(
-            lm.config._attn_implementation, modeling.eager_attention_forward
-        )
+        self._rotary, self._attention = llama_functions(lm.model)
 
     def decode(
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
@@ -295,29 +279,6 @@ class LlamaModulesDecoder(ModelForwardDecoder):
             attn, query, keys, values, mask, dropout=0.0, scaling=attn.scaling
         )
         return attn.o_proj(output.reshape(*input_shape, -1).contiguous())
-
-
-def llama_family_mismatch(lm: nn.Module) -> str | None:
-    """Why :class:`LlamaModulesDecoder` cannot serve ``lm`` (None when it can).
-
-    Every class on the path must be exactly the family's transformers class (a subclass may
-    change a forward this decoder re-composes).
-    """
-    name = type(lm).__name__
-    if name not in LLAMA_FAMILY:
-        return f"{name} is not one of {sorted(LLAMA_FAMILY)}"
-    modeling = importlib.import_module(LLAMA_FAMILY[name])
-    family = name.removesuffix("ForCausalLM")
-    expected: list[tuple[object, str]] = [
-        (lm, name),
-        (getattr(lm, "model", None), f"{family}Model"),
-    ]
-    for layer in getattr(lm.model, "layers", []):
-        expected += [(layer, f"{family}DecoderLayer"), (layer.self_attn, f"{family}Attention")]
-    for module, class_name in expected:
-        if type(module) is not getattr(modeling, class_name, None):
-            return f"{type(module).__name__} found where {class_name} was expected"
-    return None
 
 
 DECODERS: Registry[Callable[[nn.Module], StaticDecoder]] = Registry("static decode path")

@@ -26,6 +26,7 @@ from mtgrpo.policy import (
     per_sequence_objective,
     plan_micro_batches,
     policy_loss,
+    resolve_logprob_path,
     sequence_logprobs,
 )
 
@@ -115,10 +116,13 @@ class PolicyUpdater:
     def _plan(self, batch: PolicyBatch, rows: list[int]) -> list[list[int]]:
         lengths = batch.lengths()[rows]
         budget = self.args.max_tokens_per_microbatch
+        # A padding-free forward computes no padding: length buckets would only split rows
+        # (and their shared prompts) across more micro-batches.
+        packed = resolve_logprob_path(self.model).packed
         plan = plan_micro_batches(
             lengths, budget or _UNBOUNDED_TOKENS,
             max_rows=None if budget else self.args.per_device_train_batch_size,
-            max_padding=self.args.max_padding_fraction,
+            max_padding=1.0 if packed else self.args.max_padding_fraction,
         )
         return [[rows[i] for i in micro] for micro in plan]
 

@@ -1,0 +1,90 @@
+"""The Llama family of transformers causal LMs, as the code that re-composes their layers sees it.
+
+Llama, Mistral, Qwen2 and Qwen3 share one decoder-layer shape: pre-norm attention and MLP with
+residual connections, rotary position embedding, grouped-query attention, optional per-head
+q/k norms (Qwen3). Two places compose those layers from the model's own submodules instead of
+calling its ``forward``: the static generation backend's decode step
+(:class:`mtgrpo.rollout.static_decoders.LlamaModulesDecoder`) and the padding-free training
+forward (:mod:`mtgrpo.policy.packed`). Both call the same modules (so LoRA layers injected into
+the projections still apply), the family's own ``apply_rotary_pos_emb`` and transformers'
+attention function for the configured implementation; what they may serve is decided here.
+
+Importing this module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "LLAMA_FAMILY",
+    "SUPPORTED_ATTENTION",
+    "llama_backbone_mismatch",
+    "llama_family_mismatch",
+    "llama_functions",
+]
+
+# Attention implementations whose mask is an additive [n, 1, q, k] tensor we can prepare
+# ourselves; flash / flex kernels take other mask formats (and FA2 unpads with a host sync).
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+# Causal LM class name -> its transformers modeling module. Exact types are checked, so a
+# subclass that overrides a forward is not re-composed (its callers fall back to ``forward``).
+LLAMA_FAMILY: dict[str, str] = {
+    "LlamaForCausalLM": "transformers.models.llama.modeling_llama",
+    "MistralForCausalLM": "transformers.models.mistral.modeling_mistral",
+    "Qwen2ForCausalLM": "transformers.models.qwen2.modeling_qwen2",
+    "Qwen3ForCausalLM": "transformers.models.qwen3.modeling_qwen3",
+}
+_BACKBONES = {name.removesuffix("ForCausalLM") + "Model": name for name in LLAMA_FAMILY}
+
+
+def llama_family_mismatch(lm: Any) -> str | None:
+    """Why ``lm`` (a causal LM) cannot be re-composed from its modules; None when it can.
+
+    Every class on the path must be exactly the family's transformers class (a subclass may
+    change a forward that is re-composed).
+    """
+    name = type(lm).__name__
+    if name not in LLAMA_FAMILY:
+        return f"{name} is not one of {sorted(LLAMA_FAMILY)}"
+    expected = name.removesuffix("ForCausalLM") + "Model"
+    modeling = importlib.import_module(LLAMA_FAMILY[name])
+    if type(lm) is not getattr(modeling, name, None):
+        return f"{name} is a subclass, not {modeling.__name__}.{name}"
+    backbone = getattr(lm, "model", None)
+    if type(backbone).__name__ != expected:
+        return f"{type(backbone).__name__} found where {expected} was expected"
+    return llama_backbone_mismatch(backbone)
+
+
+def llama_backbone_mismatch(backbone: Any) -> str | None:
+    """Why a backbone (``LlamaModel``, ``Qwen2Model``, ...) cannot be re-composed; None when it
+    can: the backbone, every decoder layer and every attention block must be exactly the
+    family's classes."""
+    name = type(backbone).__name__
+    if name not in _BACKBONES:
+        return f"{name} is not one of {sorted(_BACKBONES)}"
+    modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[name]])
+    family = name.removesuffix("Model")
+    expected: list[tuple[object, str]] = [(backbone, name)]
+    for layer in getattr(backbone, "layers", []):
+        expected += [(layer, f"{family}DecoderLayer"), (layer.self_attn, f"{family}Attention")]
+    for module, class_name in expected:
+        if type(module) is not getattr(modeling, class_name, None):
+            return f"{type(module).__name__} found where {class_name} was expected"
+    return None
+
+
+def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(apply_rotary_pos_emb, attention)`` of a family backbone: its modeling module's rotary
+    function and transformers' attention function for ``config._attn_implementation``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[type(backbone).__name__]])
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+        backbone.config._attn_implementation, modeling.eager_attention_forward
+    )
+    return modeling.apply_rotary_pos_emb, attention

@@ -1,0 +1,246 @@
+"""Padding-free training forward for Llama-family backbones: every real token once, no padding.
+
+Notation: ``N`` rows, ``T`` columns (``W`` prompt columns, left-padded, then ``L`` completion
+columns, right-padded), ``U`` distinct prompts, ``M`` real tokens (each distinct prompt's once,
+plus every row's completion tokens), ``S`` attention segments, ``H`` hidden size.
+
+A GRPO micro-batch is mostly padding and repeated prompts: completions of one group range from a
+few tokens to the length cap, and the ``G`` rows of a group carry the same prompt. Here the
+tokens are packed into one ``[M, H]`` sequence: each distinct prompt's tokens once, then each
+row's completion tokens. Embedding, norms, projections, MLP and the LM head run on those ``M``
+tokens only. Attention is the one place where rows must stay apart; it runs on ``S = U + N'``
+segments gathered from the packed keys and values (``N'`` rows with at least one completion
+token):
+
+* prompt segment ``u``: queries = its prompt tokens, keys = the same, causal;
+* completion segment ``n``: queries = its completion tokens, keys = its prompt's tokens followed
+  by its own completion tokens, causal.
+
+Segments are padded to the longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]``
+keys/values, an additive ``[S, 1, Lq, Lk]`` mask), the attention function is the model's own
+(``sdpa`` or ``eager``), and the outputs of real queries are gathered back into packed order.
+Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
+forward of :mod:`mtgrpo.policy.logprobs`, so log-probabilities, entropies and gradients equal
+those of the model's padded forward up to float rounding (tests check them against it).
+
+The computation mirrors ``<Family>Model.forward``, ``<Family>DecoderLayer.forward`` and
+``<Family>Attention.forward`` of transformers 5.23, calling the model's own submodules (so LoRA
+layers still apply) and its ``apply_rotary_pos_emb``; :func:`packed_mismatch` says when it does
+not apply (another architecture, a sliding-window layer, gradient checkpointing, an attention
+implementation other than ``sdpa``/``eager``), and the caller then runs the padded forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from mtgrpo.models.llama_family import (
+    SUPPORTED_ATTENTION,
+    llama_backbone_mismatch,
+    llama_functions,
+)
+from mtgrpo.policy.micro_batches import plan_micro_batches
+
+__all__ = [
+    "ATTENTION_MAX_PADDING",
+    "AttentionGroup",
+    "PackedLayout",
+    "packed_hidden",
+    "packed_layout",
+    "packed_mismatch",
+]
+
+
+def packed_mismatch(backbone: nn.Module) -> str | None:
+    """Why ``backbone`` cannot run the packed forward (None when it can)."""
+    reason = llama_backbone_mismatch(backbone)
+    if reason is not None:
+        return reason
+    config = backbone.config
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in SUPPORTED_ATTENTION:
+        return f"attn_implementation {implementation!r} is not one of {SUPPORTED_ATTENTION}"
+    if getattr(backbone, "gradient_checkpointing", False):
+        return "gradient checkpointing is on (the padded forward checkpoints each layer)"
+    for layer in backbone.layers[: config.num_hidden_layers]:
+        if getattr(layer.self_attn, "sliding_window", None) is not None:
+            return "a layer uses sliding-window attention"
+    return None
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Segments that run through one attention call, padded to the group's longest.
+
+    ``query_index: [S, Lq]`` and ``key_index: [S, Lk]`` index packed tokens (0 where a segment
+    is shorter: those slots are masked or discarded); ``query_valid: [S * Lq]`` marks real
+    queries; ``mask: [S, 1, Lq, Lk]`` is True where a query may attend a key.
+    """
+
+    query_index: Tensor
+    key_index: Tensor
+    query_valid: Tensor
+    mask: Tensor
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where every packed token comes from and goes to (index tensors on the batch's device).
+
+    ``token_ids, positions: [M]``; ``groups``: the attention calls; ``order: [M]``: packed
+    token ``t``'s attention output is row ``order[t]`` of the groups' real queries
+    concatenated; ``predictor: [K]``: for each scored completion token (row-major over the
+    completion mask), the packed token whose hidden state predicts it.
+    """
+
+    token_ids: Tensor
+    positions: Tensor
+    groups: tuple[AttentionGroup, ...]
+    order: Tensor
+    predictor: Tensor
+
+
+# Attention segments are grouped like micro-batches: a new group when more than this fraction
+# of a segment's padded query x key block would be padding.
+ATTENTION_MAX_PADDING = 0.25
+
+
+def _starts(counts: Tensor) -> Tensor:
+    return torch.cumsum(counts, 0) - counts
+
+
+def packed_layout(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    length: int,
+    first: Tensor,
+    inverse: Tensor,
+) -> PackedLayout | None:
+    """The packed layout of a padded batch, or None when its padding is not TRL's layout.
+
+    ``first [U]`` is one row per distinct prompt and ``inverse [N]`` each row's prompt (pass
+    ``arange(N)`` twice for no sharing). The layout needs every prompt to be left-padded with
+    at least one real token and every completion right-padded (real tokens first), which is how
+    :meth:`~mtgrpo.policy.micro_batches.PolicyBatch.select` builds them.
+    """
+    width = input_ids.shape[1] - length
+    device = input_ids.device
+    prompt_mask = attention_mask[first, :width].bool()  # [U, W]
+    completion_mask = attention_mask[:, width:].bool()  # [N, L]
+    prompt_len = prompt_mask.sum(1)
+    completion_len = completion_mask.sum(1)
+    columns = torch.arange(length, device=device)
+    left_padded = torch.equal(
+        prompt_mask, torch.arange(width, device=device) >= (width - prompt_len)[:, None]
+    )
+    right_padded = torch.equal(completion_mask, columns < completion_len[:, None])
+    if not (left_padded and right_padded) or bool((prompt_len == 0).any()):
+        return None
+    num_prompt_tokens = int(prompt_len.sum())
+    token_ids = torch.cat([input_ids[first, :width][prompt_mask],
+                           input_ids[:, width:][completion_mask]])
+    positions = torch.cat([position_ids[first, :width][prompt_mask],
+                           position_ids[:, width:][completion_mask]])
+    prompt_start = _starts(prompt_len)  # [U] into the packed tokens
+    completion_start = num_prompt_tokens + _starts(completion_len)  # [N]
+    rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
+    own_prompt = inverse[rows]
+    no_keys = torch.zeros_like(prompt_len)
+    # One entry per segment (prompt segments first): where its queries start and how many
+    # there are; its keys: the first `prompt_keys` from the prompt at `prompt_key_start`,
+    # then its own tokens from `own_key_start`; query j sits at sequence index offset + j.
+    segments = {
+        "query_start": torch.cat([prompt_start, completion_start[rows]]),
+        "query_count": torch.cat([prompt_len, completion_len[rows]]),
+        "prompt_key_start": torch.cat([prompt_start, prompt_start[own_prompt]]),
+        "prompt_keys": torch.cat([prompt_len, prompt_len[own_prompt]]),
+        "own_keys": torch.cat([no_keys, completion_len[rows]]),
+        # key j >= the prompt's length is the segment's own token j - prompt length
+        "own_key_start": torch.cat([prompt_start, completion_start[rows] - prompt_len[own_prompt]]),
+        "offset": torch.cat([no_keys, prompt_len[own_prompt]]),
+    }
+    spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
+    plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
+    groups = tuple(
+        _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()})
+        for part in plan
+    )
+    served = torch.cat([g.query_index.reshape(-1)[g.query_valid] for g in groups])
+    order = torch.empty_like(served)
+    order[served] = torch.arange(len(served), device=device)
+    last_prompt = prompt_start + prompt_len - 1  # [U]
+    predictor = torch.where(
+        columns == 0, last_prompt[inverse][:, None], completion_start[:, None] + columns - 1
+    )[completion_mask]
+    return PackedLayout(token_ids=token_ids, positions=positions, groups=groups, order=order,
+                        predictor=predictor)
+
+
+def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
+    query_count = segment["query_count"]
+    key_count = segment["prompt_keys"] + segment["own_keys"]
+    device = query_count.device
+    jq = torch.arange(int(query_count.max()), device=device)
+    jk = torch.arange(int(key_count.max()), device=device)
+    query_valid = jq < query_count[:, None]  # [S, Lq]
+    query_index = torch.where(query_valid, segment["query_start"][:, None] + jq, 0)
+    key_index = torch.where(
+        jk < segment["prompt_keys"][:, None],
+        segment["prompt_key_start"][:, None] + jk,
+        segment["own_key_start"][:, None] + jk,
+    )
+    key_valid = jk < key_count[:, None]  # [S, Lk]
+    causal = jk[None, None, :] <= (segment["offset"][:, None] + jq)[:, :, None]  # [S, Lq, Lk]
+    return AttentionGroup(
+        query_index=query_index,
+        key_index=torch.where(key_valid, key_index, 0),
+        query_valid=query_valid.reshape(-1),
+        mask=(causal & key_valid[:, None, :]).unsqueeze(1),
+    )
+
+
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(dtype).min)
+
+
+def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
+    """Final-norm hidden states ``[K, H]`` that predict each scored completion token."""
+    rotary, attention = llama_functions(backbone)
+    hidden = backbone.embed_tokens(layout.token_ids[None])  # [1, M, H]
+    cos, sin = backbone.rotary_emb(hidden, layout.positions[None])
+    # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
+    sdpa = backbone.config._attn_implementation == "sdpa"
+    masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
+    for layer in backbone.layers[: backbone.config.num_hidden_layers]:
+        attn = layer.self_attn
+        normed = layer.input_layernorm(hidden)
+        shape = (1, normed.shape[1], -1, attn.head_dim)
+        query = attn.q_proj(normed).view(shape)
+        key = attn.k_proj(normed).view(shape)
+        q_norm = getattr(attn, "q_norm", None)
+        if q_norm is not None:  # Qwen3 normalises each head before the rotary embedding
+            query, key = q_norm(query), attn.k_norm(key)
+        query, key = query.transpose(1, 2), key.transpose(1, 2)  # [1, heads, M, d]
+        value = attn.v_proj(normed).view(shape).transpose(1, 2)
+        query, key = rotary(query, key, cos, sin)
+        outputs = []
+        for group, mask in zip(layout.groups, masks, strict=True):
+            output, _ = attention(
+                attn,
+                query[0][:, group.query_index].transpose(0, 1),  # [S, heads, Lq, d]
+                key[0][:, group.key_index].transpose(0, 1),  # [S, kv_heads, Lk, d]
+                value[0][:, group.key_index].transpose(0, 1),
+                mask,
+                dropout=attn.attention_dropout if attn.training else 0.0,
+                scaling=attn.scaling,
+            )  # [S, Lq, heads, d]
+            outputs.append(output.reshape(group.query_valid.shape[0], -1)[group.query_valid])
+        output = torch.cat(outputs)[layout.order]  # [M, heads * d], packed order
+        hidden = hidden + attn.o_proj(output[None])
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return backbone.norm(hidden)[0][layout.predictor]

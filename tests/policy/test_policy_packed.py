@@ -1,0 +1,175 @@
+"""The padding-free forward of ``sequence_logprobs`` (mtgrpo.policy.packed): every real token runs
+once (each distinct prompt once), and the log-probs, entropies and gradients equal those of the
+model's own padded forward (``pack=False, share_prompts=False``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from mtgrpo.policy import sequence_logprobs
+from mtgrpo.policy.logprobs import (
+    _distinct_prompts,
+    position_ids_from_attention_mask,
+    resolve_logprob_path,
+)
+from mtgrpo.policy.packed import packed_layout, packed_mismatch
+
+VOCAB, PROMPT, COMPLETION = 61, 6, 7
+
+
+def tiny(family: str, attn: str = "sdpa") -> torch.nn.Module:
+    torch.manual_seed(3)
+    sizes = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**sizes),
+        "qwen2": lambda: transformers.Qwen2Config(**sizes),
+        "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **sizes),
+        "mistral": lambda: transformers.MistralConfig(sliding_window=None, **sizes),
+    }
+    config = configs[family]()
+    config._attn_implementation = attn
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts (0, 2 and 4 left pads) shared by three rows each, rows interleaved, plus
+    one row with a prompt of its own; completions of 7, 5, 1 and 0 tokens (an all-padding row,
+    as a masked-out truncated completion leaves it)."""
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(1, VOCAB, (4, PROMPT), generator=generator)
+    prompt_mask = torch.ones(4, PROMPT, dtype=torch.long)
+    prompt_mask[1, :2] = 0
+    prompt_mask[2, :4] = 0
+    prompt_mask[3, :1] = 0
+    of_row = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 3])
+    completions = torch.randint(1, VOCAB, (len(of_row), COMPLETION), generator=generator)
+    completion_mask = torch.ones_like(completions)
+    completion_mask[1, 5:] = 0
+    completion_mask[5, 1:] = 0
+    completion_mask[7, :] = 0
+    completion_mask[9, 3:] = 0
+    input_ids = torch.cat([prompts[of_row] * prompt_mask[of_row], completions * completion_mask], 1)
+    return input_ids, torch.cat([prompt_mask[of_row], completion_mask], 1)
+
+
+def scores_and_grads(model, input_ids, mask, *, pack: bool):
+    model.zero_grad()
+    out = sequence_logprobs(model, input_ids, mask, COMPLETION, temperature=0.7,
+                            compute_entropy=True, pack=pack, share_prompts=False)
+    weights = torch.linspace(-1.0, 2.0, out.logps.numel()).view_as(out.logps)
+    ((out.logps * weights).sum() + out.entropy.sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.logps.detach(), out.entropy.detach(), grads
+
+
+def mlp_tokens(model) -> tuple[list[int], object]:
+    """Tokens per call of the first layer's MLP, and the hook's handle."""
+    seen: list[int] = []
+    handle = model.model.layers[0].mlp.register_forward_hook(
+        lambda module, args, output: seen.append(args[0].shape[:-1].numel())
+    )
+    return seen, handle
+
+
+def assert_same(packed, padded) -> None:
+    torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed[1], padded[1], rtol=0, atol=1e-5)
+    assert packed[2].keys() == padded[2].keys()
+    for name, grad in padded[2].items():
+        torch.testing.assert_close(packed[2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_forward_equals_the_padded_forward(family: str, attn: str) -> None:
+    model = tiny(family, attn)
+    assert resolve_logprob_path(model).packed
+    input_ids, mask = batch()
+    padded = scores_and_grads(model, input_ids, mask, pack=False)
+    seen, handle = mlp_tokens(model)
+    packed = scores_and_grads(model, input_ids, mask, pack=True)
+    handle.remove()
+    # the four distinct prompts once (6 + 4 + 2 + 5 tokens), then the completions' real tokens
+    assert seen == [6 + 4 + 2 + 5 + int(mask[:, PROMPT:].sum())]
+    assert_same(packed, padded)
+    assert bool((packed[0][mask[:, PROMPT:] == 0] == 0).all())
+    assert bool((packed[0][mask[:, PROMPT:] == 1] != 0).all())
+
+
+def test_packed_forward_under_lora_applies_the_adapter() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny("llama"), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"],
+        init_lora_weights=False,
+    ))
+    assert resolve_logprob_path(model).packed
+    input_ids, mask = batch()
+    padded = scores_and_grads(model, input_ids, mask, pack=False)
+    packed = scores_and_grads(model, input_ids, mask, pack=True)
+    assert_same(packed, padded)
+    assert any("lora" in name for name in packed[2])
+    with model.disable_adapter(), torch.no_grad():
+        base = sequence_logprobs(model, input_ids, mask, COMPLETION, temperature=0.7).logps
+    assert not torch.allclose(base, packed[0], atol=1e-3)
+
+
+def test_attention_groups_cover_every_token_once() -> None:
+    input_ids, mask = batch()
+    first, inverse = _distinct_prompts(input_ids, mask, PROMPT)
+    layout = packed_layout(input_ids, mask, position_ids_from_attention_mask(mask), COMPLETION,
+                           first, inverse)
+    assert layout is not None
+    served = torch.cat([g.query_index.reshape(-1)[g.query_valid] for g in layout.groups])
+    total = 17 + int(mask[:, PROMPT:].sum())
+    assert sorted(served.tolist()) == list(range(total))
+    assert torch.equal(served[layout.order], torch.arange(total))
+    # each distinct prompt's tokens, its positions restarting at 0; then the completions'
+    prompt_lengths = mask[first, :PROMPT].sum(1).tolist()
+    assert sorted(prompt_lengths) == [2, 4, 5, 6]
+    starts = [sum(prompt_lengths[:u]) for u in range(4)]
+    assert layout.positions[:17].tolist() == [j for n in prompt_lengths for j in range(n)]
+    assert layout.positions[17:24].tolist() == list(range(6, 13))  # row 0: 6 prompt tokens
+    row0 = input_ids[0, PROMPT:]
+    assert torch.equal(layout.token_ids[17:24], row0)
+    # a predictor per scored token: the last prompt token for the first completion token
+    assert layout.predictor.shape == (int(mask[:, PROMPT:].sum()),)
+    assert layout.predictor[:7].tolist() == [starts[int(inverse[0])] + 5, *range(17, 23)]
+
+
+def test_padding_that_is_not_trl_layout_runs_padded_with_the_same_result() -> None:
+    model = tiny("llama")
+    input_ids, mask = batch()
+    holed = mask.clone()
+    holed[0, PROMPT + 2] = 0  # a hole inside a completion: not right-padded
+    first, inverse = _distinct_prompts(input_ids, holed, PROMPT)
+    positions = position_ids_from_attention_mask(holed)
+    assert packed_layout(input_ids, holed, positions, COMPLETION, first, inverse) is None
+    seen, handle = mlp_tokens(model)
+    packed = scores_and_grads(model, input_ids, holed, pack=True)
+    handle.remove()
+    assert seen == [input_ids.numel()]  # the padded forward ran
+    assert_same(packed, scores_and_grads(model, input_ids, holed, pack=False))
+
+
+def test_models_the_packed_forward_cannot_serve_fall_back() -> None:
+    model = tiny("llama")
+    model.gradient_checkpointing_enable()
+    assert "gradient checkpointing" in packed_mismatch(model.model)
+    assert not resolve_logprob_path(model).packed
+    model.gradient_checkpointing_disable()
+    assert resolve_logprob_path(model).packed
+    qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1,  # layer 1 slides
+    ))
+    assert packed_mismatch(qwen.model) == "a layer uses sliding-window attention"
+    assert "attn_implementation" in packed_mismatch(tiny("llama", "flex_attention").model)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
+    assert not resolve_logprob_path(gpt2).packed
+    assert "GPT2Model is not one of" in packed_mismatch(gpt2.transformer)
