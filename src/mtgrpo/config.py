@@ -130,7 +130,8 @@ class GRPOConfig:
         "Pack micro-batches by this padded-token budget instead of a row count.", default=None)
     max_padding_fraction: float = _help(
         "Length bucketing: rows are grouped longest first and a new micro-batch starts when "
-        "more than this fraction of the next row would be padding. 1.0 turns it off.",
+        "more than this fraction of the next row would be padding. 1.0 turns it off. Ignored "
+        "for models the update runs padding-free (Llama, Mistral, Qwen2, Qwen3).",
         default=0.25)
 
     # ------------------------------------------------------------------ generation

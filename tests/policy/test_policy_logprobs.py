@@ -388,18 +388,6 @@ def test_prompt_learning_peft_falls_back_to_the_model_forward() -> None:
 # --- distributed wrappers -----------------------------------------------------------------
 
 
-@pytest.fixture
-def single_process_group(tmp_path):
-    """A one-process gloo group on CPU, enough to build a real DistributedDataParallel."""
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available in this build")
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.usefixtures("single_process_group")
 def test_ddp_is_called_so_its_hooks_run_and_the_chunked_path_is_kept() -> None:
     from torch.nn.parallel import DistributedDataParallel

@@ -173,3 +173,14 @@ def test_models_the_packed_forward_cannot_serve_fall_back() -> None:
         vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
     assert not resolve_logprob_path(gpt2).packed
     assert "GPT2Model is not one of" in packed_mismatch(gpt2.transformer)
+
+
+@pytest.mark.usefixtures("single_process_group")
+def test_fsdp2_sharded_parameters_fall_back() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny("llama")
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))  # the root: layer classes unchanged
+    assert type(model.model.layers[0]) is transformers.models.llama.modeling_llama.LlamaDecoderLayer
+    assert packed_mismatch(model.model) == "parameters are sharded DTensors (FSDP2)"

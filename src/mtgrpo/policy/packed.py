@@ -27,7 +27,8 @@ The computation mirrors ``<Family>Model.forward``, ``<Family>DecoderLayer.forwar
 ``<Family>Attention.forward`` of transformers 5.23, calling the model's own submodules (so LoRA
 layers still apply) and its ``apply_rotary_pos_emb``; :func:`packed_mismatch` says when it does
 not apply (another architecture, a sliding-window layer, gradient checkpointing, an attention
-implementation other than ``sdpa``/``eager``), and the caller then runs the padded forward.
+implementation other than ``sdpa``/``eager``, parameters sharded by FSDP2), and the caller
+then runs the padded forward.
 """
 
 from __future__ import annotations
@@ -65,10 +66,21 @@ def packed_mismatch(backbone: nn.Module) -> str | None:
         return f"attn_implementation {implementation!r} is not one of {SUPPORTED_ATTENTION}"
     if getattr(backbone, "gradient_checkpointing", False):
         return "gradient checkpointing is on (the padded forward checkpoints each layer)"
+    if _sharded(backbone):
+        # FSDP2 gathers a layer's parameters in the layer's own forward, which is not called.
+        return "parameters are sharded DTensors (FSDP2)"
     for layer in backbone.layers[: config.num_hidden_layers]:
         if getattr(layer.self_attn, "sliding_window", None) is not None:
             return "a layer uses sliding-window attention"
     return None
+
+
+def _sharded(backbone: nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in backbone.parameters())
 
 
 @dataclass(frozen=True)
