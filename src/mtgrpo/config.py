@@ -131,8 +131,14 @@ class GRPOConfig:
     max_padding_fraction: float = _help(
         "Length bucketing: rows are grouped longest first and a new micro-batch starts when "
         "more than this fraction of the next row would be padding. 1.0 turns it off. Ignored "
-        "for models the update runs padding-free (Llama, Mistral, Qwen2, Qwen3).",
+        "when the update runs padding-free (padding_free).",
         default=0.25)
+    padding_free: bool = _help(
+        "Policy forwards without padding where the model allows it (Llama, Mistral, Qwen2, "
+        "Qwen3 with sdpa or eager attention, no sliding window, no gradient checkpointing): "
+        "each distinct prompt and every completion token run once, rows apart only in "
+        "attention. Same log-probs and gradients; false: padded, length-bucketed micro-batches.",
+        default=True)
 
     # ------------------------------------------------------------------ generation
     max_prompt_length: int | None = _help("Prompts longer than this many tokens are "

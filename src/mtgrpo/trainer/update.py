@@ -118,7 +118,7 @@ class PolicyUpdater:
         budget = self.args.max_tokens_per_microbatch
         # A padding-free forward computes no padding: length buckets would only split rows
         # (and their shared prompts) across more micro-batches.
-        packed = resolve_logprob_path(self.model).packed
+        packed = self.args.padding_free and resolve_logprob_path(self.model).packed
         plan = plan_micro_batches(
             lengths, budget or _UNBOUNDED_TOKENS,
             max_rows=None if budget else self.args.per_device_train_batch_size,
@@ -131,7 +131,7 @@ class PolicyUpdater:
             return sequence_logprobs(
                 model, part.input_ids, part.attention_mask, part.completion_length,
                 temperature=self.args.temperature, chunk_size=self.chunk_size,
-                compute_entropy=entropy,
+                compute_entropy=entropy, pack=self.args.padding_free,
             )
 
     @torch.no_grad()
