@@ -4,6 +4,7 @@ model's own padded forward (``pack=False, share_prompts=False``)."""
 
 from __future__ import annotations
 
+import logprob_helpers
 import pytest
 import torch
 import transformers
@@ -56,13 +57,9 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def scores_and_grads(model, input_ids, mask, *, pack: bool):
-    model.zero_grad()
-    out = sequence_logprobs(model, input_ids, mask, COMPLETION, temperature=0.7,
-                            compute_entropy=True, pack=pack, share_prompts=False)
-    weights = torch.linspace(-1.0, 2.0, out.logps.numel()).view_as(out.logps)
-    ((out.logps * weights).sum() + out.entropy.sum()).backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return out.logps.detach(), out.entropy.detach(), grads
+    return logprob_helpers.scores_and_grads(
+        model, input_ids, mask, COMPLETION, pack=pack, share_prompts=False
+    )
 
 
 def mlp_tokens(model) -> tuple[list[int], object]:

@@ -6,11 +6,11 @@ tests in test_policy_packed.py."""
 
 from __future__ import annotations
 
+import logprob_helpers
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from mtgrpo.policy import sequence_logprobs
 from mtgrpo.policy.logprobs import _shared_prompt_rows, resolve_logprob_path
 
 VOCAB, PROMPT, COMPLETION, GROUP = 61, 6, 5, 3
@@ -44,13 +44,9 @@ def grouped_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def scores_and_grads(model, input_ids, mask, *, share: bool):
-    model.zero_grad()
-    out = sequence_logprobs(model, input_ids, mask, COMPLETION, temperature=0.7,
-                            compute_entropy=True, share_prompts=share, pack=False)
-    weights = torch.linspace(-1.0, 2.0, out.logps.numel()).view_as(out.logps)
-    ((out.logps * weights).sum() + out.entropy.sum()).backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    return out.logps.detach(), out.entropy.detach(), grads
+    return logprob_helpers.scores_and_grads(
+        model, input_ids, mask, COMPLETION, share_prompts=share, pack=False
+    )
 
 
 def count_backbone_rows(model) -> tuple[list[int], object]:
