@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "LLAMA_FAMILY",
     "SUPPORTED_ATTENTION",
+    "attention_inputs",
     "llama_backbone_mismatch",
     "llama_family_mismatch",
     "llama_functions",
@@ -88,3 +89,24 @@ def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., An
         backbone.config._attn_implementation, modeling.eager_attention_forward
     )
     return modeling.apply_rotary_pos_emb, attention
+
+
+def attention_inputs(
+    attn: Any, hidden: Any, cos_sin: tuple[Any, Any], rotary: Callable[..., Any]
+) -> tuple[Any, Any, Any]:
+    """Query, key and value of ``<Family>Attention.forward`` for ``hidden [b, s, H]``.
+
+    Projections viewed per head, the per-head q/k norms where the family has them (Qwen3,
+    before the rotary embedding), transposed to ``[b, heads, s, d]`` (key and value
+    ``[b, kv_heads, s, d]``), rotary embedding on query and key with ``cos_sin`` from the
+    backbone's ``rotary_emb`` and the family's ``rotary`` (see :func:`llama_functions`).
+    """
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)
+    query = attn.q_proj(hidden).view(shape)
+    key = attn.k_proj(hidden).view(shape)
+    q_norm = getattr(attn, "q_norm", None)
+    if q_norm is not None:
+        query, key = q_norm(query), attn.k_norm(key)
+    value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+    query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), *cos_sin)
+    return query, key, value

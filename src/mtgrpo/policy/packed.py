@@ -16,9 +16,10 @@ token):
 * completion segment ``n``: queries = its completion tokens, keys = its prompt's tokens followed
   by its own completion tokens, causal.
 
-Segments are padded to the longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]``
-keys/values, an additive ``[S, 1, Lq, Lk]`` mask), the attention function is the model's own
-(``sdpa`` or ``eager``), and the outputs of real queries are gathered back into packed order.
+Segments of similar length are grouped (like length-bucketed micro-batches) and each group is
+padded to its longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]`` keys/values, a
+``[S, 1, Lq, Lk]`` mask: boolean for ``sdpa``, additive for ``eager``); the attention function is
+the model's own, and the outputs of real queries are gathered back into packed order.
 Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
 forward of :mod:`mtgrpo.policy.logprobs`, so log-probabilities, entropies and gradients equal
 those of the model's padded forward up to float rounding (tests check them against it).
@@ -40,6 +41,7 @@ from torch import Tensor, nn
 
 from mtgrpo.models.llama_family import (
     SUPPORTED_ATTENTION,
+    attention_inputs,
     llama_backbone_mismatch,
     llama_functions,
 )
@@ -224,22 +226,14 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     """Final-norm hidden states ``[K, H]`` that predict each scored completion token."""
     rotary, attention = llama_functions(backbone)
     hidden = backbone.embed_tokens(layout.token_ids[None])  # [1, M, H]
-    cos, sin = backbone.rotary_emb(hidden, layout.positions[None])
+    cos_sin = backbone.rotary_emb(hidden, layout.positions[None])
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
         attn = layer.self_attn
-        normed = layer.input_layernorm(hidden)
-        shape = (1, normed.shape[1], -1, attn.head_dim)
-        query = attn.q_proj(normed).view(shape)
-        key = attn.k_proj(normed).view(shape)
-        q_norm = getattr(attn, "q_norm", None)
-        if q_norm is not None:  # Qwen3 normalises each head before the rotary embedding
-            query, key = q_norm(query), attn.k_norm(key)
-        query, key = query.transpose(1, 2), key.transpose(1, 2)  # [1, heads, M, d]
-        value = attn.v_proj(normed).view(shape).transpose(1, 2)
-        query, key = rotary(query, key, cos, sin)
+        # query [1, heads, M, d]; key, value [1, kv_heads, M, d]
+        query, key, value = attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
         outputs = []
         for group, mask in zip(layout.groups, masks, strict=True):
             output, _ = attention(

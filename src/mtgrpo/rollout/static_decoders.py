@@ -37,15 +37,14 @@ from torch import Tensor, nn
 
 from mtgrpo._registry import Registry
 from mtgrpo.models.llama_family import (
-    LLAMA_FAMILY,
     SUPPORTED_ATTENTION,
+    attention_inputs,
     llama_family_mismatch,
     llama_functions,
 )
 
 __all__ = [
     "DECODERS",
-    "LLAMA_FAMILY",
     "LlamaModulesDecoder",
     "ModelForwardDecoder",
     "StaticDecoder",
@@ -259,17 +258,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         column: Tensor,
         visible: int | None = None,
     ) -> Tensor:
-        input_shape = hidden.shape[:-1]  # (n, 1)
-        head_shape = (*input_shape, -1, attn.head_dim)
-        query = attn.q_proj(hidden).view(head_shape)
-        key = attn.k_proj(hidden).view(head_shape)
-        q_norm = getattr(attn, "q_norm", None)
-        if q_norm is not None:  # Qwen3 normalises each head before the rotary embedding
-            query, key = q_norm(query), attn.k_norm(key)
-        query, key = query.transpose(1, 2), key.transpose(1, 2)  # [n, heads, 1, d]
-        value = attn.v_proj(hidden).view(head_shape).transpose(1, 2)
-        cos, sin = cos_sin
-        query, key = self._rotary(query, key, cos, sin)
+        query, key, value = attention_inputs(attn, hidden, cos_sin, self._rotary)  # [n, ., 1, d]
         stored.keys.index_copy_(2, column, key)  # [n, kv_heads, C, d]
         stored.values.index_copy_(2, column, value)
         keys, values = stored.keys, stored.values
@@ -278,7 +267,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         output, _ = self._attention(
             attn, query, keys, values, mask, dropout=0.0, scaling=attn.scaling
         )
-        return attn.o_proj(output.reshape(*input_shape, -1).contiguous())
+        return attn.o_proj(output.reshape(*hidden.shape[:-1], -1).contiguous())
 
 
 DECODERS: Registry[Callable[[nn.Module], StaticDecoder]] = Registry("static decode path")
