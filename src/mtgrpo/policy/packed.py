@@ -105,9 +105,10 @@ class PackedLayout:
     """Where every packed token comes from and goes to (index tensors on the batch's device).
 
     ``token_ids, positions: [M]``; ``groups``: the attention calls; ``order: [M]``: packed
-    token ``t``'s attention output is row ``order[t]`` of the groups' real queries
-    concatenated; ``predictor: [K]``: for each scored completion token (row-major over the
-    completion mask), the packed token whose hidden state predicts it.
+    token ``t``'s attention output is row ``order[t]`` of the groups' padded query slots
+    concatenated (``S * Lq`` rows per group, row-major); ``predictor: [K]``: for each scored
+    completion token (row-major over the completion mask), the packed token whose hidden state
+    predicts it.
     """
 
     token_ids: Tensor
@@ -183,9 +184,10 @@ def packed_layout(
         _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()})
         for part in plan
     )
-    served = torch.cat([g.query_index.reshape(-1)[g.query_valid] for g in groups])
-    order = torch.empty_like(served)
-    order[served] = torch.arange(len(served), device=device)
+    slots = torch.cat([g.query_index.reshape(-1) for g in groups])  # [sum of S * Lq]
+    valid = torch.cat([g.query_valid for g in groups])
+    order = torch.empty(len(token_ids), dtype=torch.long, device=device)
+    order[slots[valid]] = torch.nonzero(valid).squeeze(1)
     last_prompt = prompt_start + prompt_len - 1  # [U]
     predictor = torch.where(
         columns == 0, last_prompt[inverse][:, None], completion_start[:, None] + columns - 1
@@ -232,21 +234,34 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
         attn = layer.self_attn
-        # query [1, heads, M, d]; key, value [1, kv_heads, M, d]
-        query, key, value = attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
+        # query [heads, M, d]; key, value [kv_heads, M, d]
+        query, key, value = (
+            t.squeeze(0)
+            for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
+        )
         outputs = []
         for group, mask in zip(layout.groups, masks, strict=True):
             output, _ = attention(
                 attn,
-                query[0][:, group.query_index].transpose(0, 1),  # [S, heads, Lq, d]
-                key[0][:, group.key_index].transpose(0, 1),  # [S, kv_heads, Lk, d]
-                value[0][:, group.key_index].transpose(0, 1),
+                _segments(query, group.query_index),  # [S, heads, Lq, d]
+                _segments(key, group.key_index),  # [S, kv_heads, Lk, d]
+                _segments(value, group.key_index),
                 mask,
                 dropout=attn.attention_dropout if attn.training else 0.0,
                 scaling=attn.scaling,
             )  # [S, Lq, heads, d]
-            outputs.append(output.reshape(group.query_valid.shape[0], -1)[group.query_valid])
-        output = torch.cat(outputs)[layout.order]  # [M, heads * d], packed order
+            outputs.append(output.reshape(group.query_valid.shape[0], -1))
+        output = torch.cat(outputs).index_select(0, layout.order)  # [M, heads * d], packed order
         hidden = hidden + attn.o_proj(output[None])
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return backbone.norm(hidden)[0][layout.predictor]
+    return backbone.norm(hidden).squeeze(0).index_select(0, layout.predictor)
+
+
+def _segments(states: Tensor, index: Tensor) -> Tensor:
+    """``states: [heads, M, d]`` gathered by ``index: [S, Lq]`` into ``[S, heads, Lq, d]``.
+
+    ``index_select`` (backward: ``index_add_``) rather than advanced indexing, whose backward
+    is a slower accumulating ``index_put_``."""
+    heads, _, dim = states.shape
+    gathered = states.index_select(1, index.reshape(-1))  # [heads, S * Lq, d]
+    return gathered.view(heads, *index.shape, dim).transpose(0, 1)
