@@ -82,7 +82,9 @@ def test_greedy_equals_hf_batched_and_alone(
     alone = StaticCacheBackend(model, max_batch_size=1, decode_path=decode_path).generate(
         PROMPTS, params
     )
+    plain = StaticCacheBackend(model, decode_path=decode_path, transpose_weights=False)
     assert batched.completion_ids == expected.completion_ids == alone.completion_ids
+    assert plain.generate(PROMPTS, params).completion_ids == expected.completion_ids
     assert batched.finished == expected.finished == alone.finished
     assert batched.prompt_ids == PROMPTS
 
@@ -155,12 +157,20 @@ def test_other_architectures_pick_their_decode_path_and_equal_hf(
 def test_module_decode_step_equals_the_model_forward_bit_for_bit(
     family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
 ) -> None:
-    from transformers import StaticCache
-
     from mtgrpo.rollout.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
 
     paths = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
+    logits = [_one_decode_step(model, decoder)
+              for decoder in (ModelForwardDecoder(model), LlamaModulesDecoder(model))]
+    assert logits[0].shape == (3, model.config.vocab_size)
+    assert torch.equal(logits[0], logits[1])
+
+
+def _one_decode_step(model: torch.nn.Module, decoder: object) -> torch.Tensor:
+    """Prefill 3 prompts (one left-padded) into a fresh static cache, decode one token each."""
+    from transformers import StaticCache
+
     n, width, columns = 3, 5, 9
     input_ids = torch.randint(3, 250, (n, width), generator=torch.Generator().manual_seed(0))
     attention_mask = torch.ones((n, width), dtype=torch.long)
@@ -170,17 +180,84 @@ def test_module_decode_step_equals_the_model_forward_bit_for_bit(
     visible[:, :width].masked_fill_(attention_mask.bool(), 0.0)
     visible[:, width] = 0.0
     tokens, positions = torch.tensor([[7], [8], [9]]), attention_mask.sum(-1, keepdim=True)
-    column = torch.tensor([width])
-    logits = []
     with torch.inference_mode():
-        for decoder in (ModelForwardDecoder(model), LlamaModulesDecoder(model)):
-            cache = StaticCache(config=model.config, max_cache_len=columns)
-            decoder.prefill(cache, input_ids, attention_mask, position_ids)
-            logits.append(
-                decoder.decode(cache, tokens, positions, visible[:, None, None, :], column)
-            )
-    assert logits[0].shape == (n, model.config.vocab_size)
-    assert torch.equal(logits[0], logits[1])
+        cache = StaticCache(config=model.config, max_cache_len=columns)
+        decoder.prefill(cache, input_ids, attention_mask, position_ids)  # type: ignore[attr-defined]
+        return decoder.decode(  # type: ignore[attr-defined,no-any-return]
+            cache, tokens, positions, visible[:, None, None, :], torch.tensor([width])
+        )
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "llama+lora"])
+def test_decode_with_transposed_weights_equals_the_module_calls(
+    family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
+) -> None:
+    from mtgrpo.rollout.static_decoders import LlamaModulesDecoder
+
+    paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
+    model = _model(paths[family]) if family in paths else _in_memory_model(family)
+    lm = _random_lora(model).get_base_model() if family.endswith("lora") else model
+    decoder = LlamaModulesDecoder(lm)
+    plain = _one_decode_step(lm, decoder)
+    with decoder.transposed_weights():
+        transposed = _one_decode_step(lm, decoder)
+        copied = set(decoder._transposed)
+        with torch.no_grad():  # the step reads the copies taken on entry, not the modules
+            lm.lm_head.weight.mul_(-1.0)
+        frozen = _one_decode_step(lm, decoder)
+        with torch.no_grad():
+            lm.lm_head.weight.mul_(-1.0)
+    assert decoder._transposed == {}  # the copies are dropped on exit
+    torch.testing.assert_close(transposed, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(frozen, plain, rtol=1e-5, atol=1e-5)
+    layers = lm.config.num_hidden_layers
+    attn = lm.model.layers[0].self_attn
+    if family.endswith("lora"):  # the peft-wrapped projections are called as modules
+        assert copied == {lm.lm_head}
+        assert type(attn.q_proj).__name__ == "Linear"  # peft's lora.Linear
+        assert type(attn.q_proj) is not torch.nn.Linear
+    else:
+        assert len(copied) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer; LM head
+
+
+def test_hooked_projections_are_called_under_transposed_weights(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    calls: list[int] = []
+    mlp = model.model.layers[0].mlp
+    handle = mlp.down_proj.register_forward_hook(lambda *_: calls.append(1))
+    params = _greedy(6)
+    got = StaticCacheBackend(model, transpose_weights=True).generate(PROMPTS, params)
+    assert len(calls) >= 6  # the prefill and every decode step ran the hooked module
+    handle.remove()
+    expected = StaticCacheBackend(model, transpose_weights=False).generate(PROMPTS, params)
+    assert got.completion_ids == expected.completion_ids
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_grouped_query_decode_attention_equals_sdpa_with_repeated_heads(kv_heads: int) -> None:
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    from mtgrpo.rollout.static_decoders import _grouped_query_sdpa
+
+    rows, heads, columns, dim = 5, 4, 11, 8
+    generator = torch.Generator().manual_seed(kv_heads)
+    query = torch.randn(rows, heads, 1, dim, generator=generator)
+    keys, values = (torch.randn(rows, kv_heads, columns, dim, generator=generator) for _ in "kv")
+    mask = torch.zeros(rows, 1, 1, columns)
+    mask[1, ..., :3] = torch.finfo(torch.float32).min  # left padding
+    mask[:, ..., -2:] = torch.finfo(torch.float32).min  # columns not written yet
+    rep = heads // kv_heads
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(keys, rep), repeat_kv(values, rep), attn_mask=mask, scale=0.3
+    )  # [rows, heads, 1, dim]
+    got = _grouped_query_sdpa(query, keys, values, mask, 0.3)
+    assert got.shape == (rows, 1, heads * dim)
+    torch.testing.assert_close(got, expected.transpose(1, 2).reshape(rows, 1, -1),
+                               rtol=0, atol=1e-6)
+    # the masked columns are not read: changing them changes nothing
+    keys[:, :, -2:] += 100.0
+    torch.testing.assert_close(_grouped_query_sdpa(query, keys, values, mask, 0.3), got,
+                               rtol=0, atol=0)
 
 
 # -- log-probabilities and the sampling distribution -----------------------------------------
@@ -668,6 +745,9 @@ def test_bad_arguments_are_refused(tiny_model_dir: Path) -> None:
         StaticCacheBackend(model, compact_below=1.5)
     with pytest.raises(ValueError, match=r"use_cuda_graph must be True, False or 'auto', got 'on'"):
         StaticCacheBackend(model, use_cuda_graph="on")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"transpose_weights must be True, False or 'auto', "
+                                         r"got 'yes'"):  # fmt: skip
+        StaticCacheBackend(model, transpose_weights="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown decode_path 'fused'; valid: 'auto', "
                                          r"'llama_modules', 'model_forward'"):  # fmt: skip
         StaticCacheBackend(model, decode_path="fused")

@@ -92,7 +92,11 @@ def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., An
 
 
 def attention_inputs(
-    attn: Any, hidden: Any, cos_sin: tuple[Any, Any], rotary: Callable[..., Any]
+    attn: Any,
+    hidden: Any,
+    cos_sin: tuple[Any, Any],
+    rotary: Callable[..., Any],
+    project: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Query, key and value of ``<Family>Attention.forward`` for ``hidden [b, s, H]``.
 
@@ -100,13 +104,20 @@ def attention_inputs(
     before the rotary embedding), transposed to ``[b, heads, s, d]`` (key and value
     ``[b, kv_heads, s, d]``), rotary embedding on query and key with ``cos_sin`` from the
     backbone's ``rotary_emb`` and the family's ``rotary`` (see :func:`llama_functions`).
+    ``project(module, x)`` applies a projection module (default: ``module(x)``).
     """
+    if project is None:
+        project = _call
     shape = (*hidden.shape[:-1], -1, attn.head_dim)
-    query = attn.q_proj(hidden).view(shape)
-    key = attn.k_proj(hidden).view(shape)
+    query = project(attn.q_proj, hidden).view(shape)
+    key = project(attn.k_proj, hidden).view(shape)
     q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
         query, key = q_norm(query), attn.k_norm(key)
-    value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+    value = project(attn.v_proj, hidden).view(shape).transpose(1, 2)
     query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), *cos_sin)
     return query, key, value
+
+
+def _call(module: Any, hidden: Any) -> Any:
+    return module(hidden)
