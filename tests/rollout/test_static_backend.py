@@ -478,7 +478,7 @@ def test_finished_rows_are_compacted_away_without_changing_results(
     reference = StaticCacheBackend(model, compact_below=0, decode_path=decode_path).generate(
         PROMPTS, params
     )
-    backend = StaticCacheBackend(model, decode_path=decode_path)  # compact_below = 0.75
+    backend = StaticCacheBackend(model, decode_path=decode_path)  # default compact_below
     batch_sizes: list[int] = []
     original = backend._decoder.decode
     monkeypatch.setattr(backend._decoder, "decode",
@@ -490,7 +490,8 @@ def test_finished_rows_are_compacted_away_without_changing_results(
     assert out.completion_lengths == lengths
     for got, want in zip(out.logprobs or [], reference.logprobs or [], strict=True):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-6)
-    assert batch_sizes == _compacted_batch_sizes(lengths, 20, 0.75)
+    assert backend.compact_below == 0.9
+    assert batch_sizes == _compacted_batch_sizes(lengths, 20, backend.compact_below)
     assert batch_sizes[-1] == 1  # it really shrank, down to the one running row
     assert backend._slots == {}  # a compacted cache is not kept for reuse
     again = backend.generate(PROMPTS, params)

@@ -314,7 +314,7 @@ class StaticCacheBackend:
         length_bucket: int | None = None,
         max_cached_shapes: int = 8,
         graph_warmup_steps: int = 3,
-        compact_below: float = 0.75,
+        compact_below: float = 0.9,
         transpose_weights: bool | Literal["auto"] = "auto",
     ) -> None:
         _check_options(
