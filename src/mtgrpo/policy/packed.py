@@ -19,7 +19,9 @@ token):
 Segments of similar length are grouped (like length-bucketed micro-batches) and each group is
 padded to its longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]`` keys/values, a
 ``[S, 1, Lq, Lk]`` mask: boolean for ``sdpa``, additive for ``eager``); the attention function is
-the model's own, and the outputs of real queries are gathered back into packed order.
+the model's own (on the CPU, ``sdpa`` is called with ``enable_gqa`` rather than through
+transformers' wrapper, which copies the key/value heads when a mask is given), and the outputs
+of real queries are gathered back into packed order.
 Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
 forward of :mod:`mtgrpo.policy.logprobs`, so log-probabilities, entropies and gradients equal
 those of the model's padded forward up to float rounding (tests check them against it).
@@ -232,6 +234,8 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
+    if sdpa and hidden.device.type == "cpu":
+        attention = _sdpa_with_grouped_heads
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
         attn = layer.self_attn
         # query [heads, M, d]; key, value [kv_heads, M, d]
@@ -255,6 +259,30 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
         hidden = hidden + attn.o_proj(output[None])
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return backbone.norm(hidden).squeeze(0).index_select(0, layout.predictor)
+
+
+def _sdpa_with_grouped_heads(
+    attn: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor,
+    dropout: float,
+    scaling: float,
+) -> tuple[Tensor, None]:
+    """transformers' ``sdpa_attention_forward`` for a boolean mask, with the key/value heads
+    shared by ``enable_gqa`` instead of copied by ``repeat_kv``: ``[S, Lq, heads, d]``.
+
+    transformers repeats the key/value heads whenever a mask is given (some CUDA kernels lack
+    grouped-query support); on the CPU the copy and its backward (a sum over the copies) cost
+    about a quarter of a group's attention forward and backward on the benchmark's model, with
+    the same gradients. Used on the CPU only (measured there).
+    """
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # [S, heads, Lq, d]
+    return output.transpose(1, 2).contiguous(), None
 
 
 def _segments(states: Tensor, index: Tensor) -> Tensor:
