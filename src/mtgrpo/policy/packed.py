@@ -236,6 +236,12 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
     if sdpa and hidden.device.type == "cpu":
         attention = _sdpa_with_grouped_heads
+    # Every group's slots in one index: one gather per tensor and layer (and one index_add_ in
+    # the backward, where a gather per group would sum a full-size gradient per group).
+    query_slots = torch.cat([g.query_index.reshape(-1) for g in layout.groups])
+    key_slots = torch.cat([g.key_index.reshape(-1) for g in layout.groups])
+    query_sizes = [g.query_index.numel() for g in layout.groups]
+    key_sizes = [g.key_index.numel() for g in layout.groups]
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
         attn = layer.self_attn
         # query [heads, M, d]; key, value [kv_heads, M, d]
@@ -243,13 +249,16 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
             t.squeeze(0)
             for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
         )
+        queries = query.index_select(1, query_slots).split(query_sizes, 1)
+        keys = key.index_select(1, key_slots).split(key_sizes, 1)
+        values = value.index_select(1, key_slots).split(key_sizes, 1)
         outputs = []
-        for group, mask in zip(layout.groups, masks, strict=True):
+        for group, mask, q, k, v in zip(layout.groups, masks, queries, keys, values, strict=True):
             output, _ = attention(
                 attn,
-                _segments(query, group.query_index),  # [S, heads, Lq, d]
-                _segments(key, group.key_index),  # [S, kv_heads, Lk, d]
-                _segments(value, group.key_index),
+                _segments(q, group.query_index),  # [S, heads, Lq, d]
+                _segments(k, group.key_index),  # [S, kv_heads, Lk, d]
+                _segments(v, group.key_index),
                 mask,
                 dropout=attn.attention_dropout if attn.training else 0.0,
                 scaling=attn.scaling,
@@ -285,11 +294,8 @@ def _sdpa_with_grouped_heads(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _segments(states: Tensor, index: Tensor) -> Tensor:
-    """``states: [heads, M, d]`` gathered by ``index: [S, Lq]`` into ``[S, heads, Lq, d]``.
-
-    ``index_select`` (backward: ``index_add_``) rather than advanced indexing, whose backward
-    is a slower accumulating ``index_put_``."""
-    heads, _, dim = states.shape
-    gathered = states.index_select(1, index.reshape(-1))  # [heads, S * Lq, d]
+def _segments(gathered: Tensor, index: Tensor) -> Tensor:
+    """``gathered: [heads, S * Lq, d]`` (the states at ``index``'s slots, row-major) viewed as
+    ``[S, heads, Lq, d]``."""
+    heads, _, dim = gathered.shape
     return gathered.view(heads, *index.shape, dim).transpose(0, 1)
