@@ -598,6 +598,26 @@ def test_graph_path_leaves_no_trace_of_its_warm_up(
     assert cpu_graphs.calls == 2  # one token: prefill only, nothing to capture
 
 
+def test_graph_steps_never_read_transposed_weight_copies(
+    tiny_model_dir: Path, cpu_graphs: _StandInCapture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real graph would replay the addresses of the copies made by the call that captured it,
+    # freed when that call ended: graph decoding must use the modules' own weights.
+    model = _model(tiny_model_dir)
+    copies: dict[bool, list[int]] = {}
+    for graphs in (True, False):
+        backend = StaticCacheBackend(model, use_cuda_graph=graphs, transpose_weights=True)
+        decoder, seen = backend._decoder, copies.setdefault(graphs, [])
+        original = decoder.decode
+        monkeypatch.setattr(decoder, "decode", lambda *args, decoder=decoder, original=original,
+                            seen=seen, **kw: seen.append(len(decoder._transposed))
+                            or original(*args, **kw))  # fmt: skip
+        backend.generate(PROMPTS, _greedy(8))
+    assert cpu_graphs.calls == 1
+    assert set(copies[True]) == {0}
+    assert min(copies[False]) > 0
+
+
 def test_graphs_are_recaptured_when_parameters_are_reassigned(
     tiny_model_dir: Path, cpu_graphs: _StandInCapture
 ) -> None:

@@ -297,7 +297,9 @@ class StaticCacheBackend:
     ``transpose_weights``: decode with transposed copies of the projection weights
     (:meth:`~mtgrpo.rollout.static_decoders.LlamaModulesDecoder.transposed_weights`: about a
     quarter less matrix-product time on a CPU, one more copy of those weights in memory while
-    ``generate`` runs); ``"auto"``: on the CPU, ``True``: on any device, ``False``: never.
+    ``generate`` runs); ``"auto"``: on the CPU, ``True``: whenever decoding is eager (never
+    with CUDA graphs, which would replay the copies of the call that captured them),
+    ``False``: never.
     """
 
     def __init__(
@@ -410,7 +412,7 @@ class StaticCacheBackend:
             # casts it recorded: the model runs in its own dtype whatever the caller's autocast.
             torch.autocast(device.type, enabled=False),
             _seeded(params.seed, device),
-            self._weights_layout(device),
+            self._weights_layout(device, graphs),
         ):
             if graphs:
                 self._forget_stale_graphs()
@@ -615,9 +617,11 @@ class StaticCacheBackend:
             attention_mask[row, width - len(prompt) :] = 1
         return input_ids.to(self._device), attention_mask.to(self._device)
 
-    def _weights_layout(self, device: torch.device) -> AbstractContextManager[None]:
+    def _weights_layout(self, device: torch.device, graphs: bool) -> AbstractContextManager[None]:
+        """The decoder's transposed weight copies for this call, when wanted and decoding is
+        eager: a captured graph would keep reading the copies of the call that recorded it."""
         wanted = self.transpose_weights
-        if wanted is True or (wanted == "auto" and device.type == "cpu"):
+        if not graphs and (wanted is True or (wanted == "auto" and device.type == "cpu")):
             return self._decoder.transposed_weights()
         return nullcontext()
 
