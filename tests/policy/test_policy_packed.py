@@ -20,10 +20,10 @@ from mtgrpo.policy.packed import packed_layout, packed_mismatch
 VOCAB, PROMPT, COMPLETION = 61, 6, 7
 
 
-def tiny(family: str, attn: str = "sdpa") -> torch.nn.Module:
+def tiny(family: str, attn: str = "sdpa", kv_heads: int = 2) -> torch.nn.Module:
     torch.manual_seed(3)
     sizes = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": kv_heads}
     configs = {
         "llama": lambda: transformers.LlamaConfig(**sizes),
         "qwen2": lambda: transformers.Qwen2Config(**sizes),
@@ -94,6 +94,25 @@ def test_packed_forward_equals_the_padded_forward(family: str, attn: str) -> Non
     assert_same(packed, padded)
     assert bool((packed[0][mask[:, PROMPT:] == 0] == 0).all())
     assert bool((packed[0][mask[:, PROMPT:] == 1] != 0).all())
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])  # multi-query; one key/value head per query head
+def test_packed_forward_equals_the_padded_forward_for_other_head_groupings(kv_heads: int) -> None:
+    model = tiny("llama", kv_heads=kv_heads)
+    input_ids, mask = batch()
+    assert_same(scores_and_grads(model, input_ids, mask, pack=True),
+                scores_and_grads(model, input_ids, mask, pack=False))
+
+
+def test_gathers_off_the_cpu_use_advanced_indexing() -> None:
+    from mtgrpo.policy.packed import _gather
+
+    states = torch.arange(24.0).view(2, 4, 3)
+    index = torch.tensor([3, 0, 3])
+    assert torch.equal(_gather(states, 1, index), states[:, index])
+    assert torch.equal(_gather(states, 0, index[:2] % 2), states[[1, 0]])
+    on_meta = _gather(states.to("meta"), 1, index.to("meta"))  # the non-CPU branch
+    assert on_meta.shape == (2, 3, 3)
 
 
 def test_packed_forward_under_lora_applies_the_adapter() -> None:

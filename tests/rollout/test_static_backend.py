@@ -220,6 +220,38 @@ def test_decode_with_transposed_weights_equals_the_module_calls(
         assert len(copied) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer; LM head
 
 
+def test_transposed_weights_respect_the_size_cap_and_other_decoders(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny_model_dir)
+    params = _greedy(6)
+    expected = StaticCacheBackend(model, transpose_weights=False).generate(PROMPTS, params)
+    for cap, copied in ((0, False), (1 << 30, True)):  # "auto": copies only within the cap
+        monkeypatch.setattr(static_module, "_AUTO_TRANSPOSE_MAX_BYTES", cap)
+        backend = StaticCacheBackend(model)
+        seen = _copies_per_decode_step(backend, monkeypatch)
+        assert backend.generate(PROMPTS, params).completion_ids == expected.completion_ids
+        assert (min(seen) > 0) is copied
+    # the model's own forward has no copies to make: the option is a no-op there
+    forward = StaticCacheBackend(model, decode_path="model_forward", transpose_weights=True)
+    assert forward.generate(PROMPTS, params).completion_ids == expected.completion_ids
+
+
+def _copies_per_decode_step(
+    backend: StaticCacheBackend, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """Record, at each decode step of ``backend``, how many weight copies its decoder holds."""
+    decoder, seen = backend._decoder, []
+    original = decoder.decode
+
+    def decode(*args: object, **options: object) -> torch.Tensor:
+        seen.append(len(decoder._transposed))  # type: ignore[attr-defined]
+        return original(*args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decoder, "decode", decode)
+    return seen
+
+
 def test_hooked_projections_are_called_under_transposed_weights(tiny_model_dir: Path) -> None:
     model = _model(tiny_model_dir)
     calls: list[int] = []
@@ -607,11 +639,7 @@ def test_graph_steps_never_read_transposed_weight_copies(
     copies: dict[bool, list[int]] = {}
     for graphs in (True, False):
         backend = StaticCacheBackend(model, use_cuda_graph=graphs, transpose_weights=True)
-        decoder, seen = backend._decoder, copies.setdefault(graphs, [])
-        original = decoder.decode
-        monkeypatch.setattr(decoder, "decode", lambda *args, decoder=decoder, original=original,
-                            seen=seen, **kw: seen.append(len(decoder._transposed))
-                            or original(*args, **kw))  # fmt: skip
+        copies[graphs] = _copies_per_decode_step(backend, monkeypatch)
         backend.generate(PROMPTS, _greedy(8))
     assert cpu_graphs.calls == 1
     assert set(copies[True]) == {0}
@@ -769,6 +797,9 @@ def test_bad_arguments_are_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"transpose_weights must be True, False or 'auto', "
                                          r"got 'yes'"):  # fmt: skip
         StaticCacheBackend(model, transpose_weights="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"transpose_weights must be True, False or 'auto', "
+                                         r"got 1"):  # fmt: skip
+        StaticCacheBackend(model, transpose_weights=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown decode_path 'fused'; valid: 'auto', "
                                          r"'llama_modules', 'model_forward'"):  # fmt: skip
         StaticCacheBackend(model, decode_path="fused")

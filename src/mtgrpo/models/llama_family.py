@@ -7,7 +7,10 @@ calling its ``forward``: the static generation backend's decode step
 (:class:`mtgrpo.rollout.static_decoders.LlamaModulesDecoder`) and the padding-free training
 forward (:mod:`mtgrpo.policy.packed`). Both call the same modules (so LoRA layers injected into
 the projections still apply), the family's own ``apply_rotary_pos_emb`` and transformers'
-attention function for the configured implementation; what they may serve is decided here.
+attention function for the configured implementation (on the CPU with ``sdpa``, torch's
+``scaled_dot_product_attention`` directly, the kernel that function calls; and the decode step
+may multiply by transposed copies of plain ``nn.Linear`` weights); what they may serve is
+decided here.
 
 Importing this module imports neither torch nor transformers.
 """

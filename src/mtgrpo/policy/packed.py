@@ -234,10 +234,12 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
-    if sdpa and hidden.device.type == "cpu":
+    on_cpu = hidden.device.type == "cpu"
+    if sdpa and on_cpu and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
-    # Every group's slots in one index: one gather per tensor and layer (and one index_add_ in
-    # the backward, where a gather per group would sum a full-size gradient per group).
+    # Every group's slots in one index: one gather per tensor and layer (and one gradient
+    # scatter in the backward, where a gather per group would sum a full-size gradient per
+    # group).
     query_slots = torch.cat([g.query_index.reshape(-1) for g in layout.groups])
     key_slots = torch.cat([g.key_index.reshape(-1) for g in layout.groups])
     query_sizes = [g.query_index.numel() for g in layout.groups]
@@ -249,9 +251,9 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
             t.squeeze(0)
             for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
         )
-        queries = query.index_select(1, query_slots).split(query_sizes, 1)
-        keys = key.index_select(1, key_slots).split(key_sizes, 1)
-        values = value.index_select(1, key_slots).split(key_sizes, 1)
+        queries = _gather(query, 1, query_slots).split(query_sizes, 1)
+        keys = _gather(key, 1, key_slots).split(key_sizes, 1)
+        values = _gather(value, 1, key_slots).split(key_sizes, 1)
         outputs = []
         for group, mask, q, k, v in zip(layout.groups, masks, queries, keys, values, strict=True):
             output, _ = attention(
@@ -264,10 +266,24 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
                 scaling=attn.scaling,
             )  # [S, Lq, heads, d]
             outputs.append(output.reshape(group.query_valid.shape[0], -1))
-        output = torch.cat(outputs).index_select(0, layout.order)  # [M, heads * d], packed order
+        output = _gather(torch.cat(outputs), 0, layout.order)  # [M, heads * d], packed order
         hidden = hidden + attn.o_proj(output[None])
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return backbone.norm(hidden).squeeze(0).index_select(0, layout.predictor)
+    return _gather(backbone.norm(hidden).squeeze(0), 0, layout.predictor)
+
+
+# ``enable_gqa`` arrived in torch 2.5; before it the CPU path keeps transformers' function.
+_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
+
+
+def _gather(states: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``states`` at ``index`` along ``dim``. On the CPU ``index_select``, whose backward
+    (``index_add_``) is faster than advanced indexing's accumulating ``index_put_``; elsewhere
+    advanced indexing, whose backward stays deterministic on CUDA where ``index_add_`` would
+    add the gradients of repeated indices (shared prompt keys) atomically, in any order."""
+    if states.device.type == "cpu":
+        return states.index_select(dim, index)
+    return states[(slice(None),) * dim + (index,)]
 
 
 def _sdpa_with_grouped_heads(

@@ -114,6 +114,9 @@ _GRAPH_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 _GRAPH_ROW_BUCKET = 8
 _GRAPH_LENGTH_BUCKET = 64
 _ACCELERATOR_SYNC_EVERY = 16
+# transpose_weights="auto" copies at most this much weight (a model of up to about 250 M
+# float32 projection parameters): beyond it the copies' memory weighs more than their speed.
+_AUTO_TRANSPOSE_MAX_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -297,9 +300,9 @@ class StaticCacheBackend:
     ``transpose_weights``: decode with transposed copies of the projection weights
     (:meth:`~mtgrpo.rollout.static_decoders.LlamaModulesDecoder.transposed_weights`: about a
     quarter less matrix-product time on a CPU, one more copy of those weights in memory while
-    ``generate`` runs); ``"auto"``: on the CPU, ``True``: whenever decoding is eager (never
-    with CUDA graphs, which would replay the copies of the call that captured them),
-    ``False``: never.
+    ``generate`` runs); ``"auto"``: on the CPU when the copies take at most 1 GiB, ``True``:
+    whenever decoding is eager (never with CUDA graphs, which would replay the copies of the
+    call that captured them), ``False``: never.
     """
 
     def __init__(
@@ -327,10 +330,7 @@ class StaticCacheBackend:
             max_cached_shapes=max_cached_shapes,
             graph_warmup_steps=graph_warmup_steps,
         )
-        if use_cuda_graph not in (True, False, "auto"):
-            raise ValueError(
-                f"use_cuda_graph must be True, False or 'auto', got {use_cuda_graph!r}"
-            )
+        _check_bool_or_auto("use_cuda_graph", use_cuda_graph)
         if decode_path != "auto" and decode_path not in DECODERS:
             raise ValueError(
                 f"unknown decode_path {decode_path!r}; valid: 'auto', "
@@ -343,10 +343,7 @@ class StaticCacheBackend:
                 f"compact_below must be a fraction in [0, 1] (0 = never compact), got "
                 f"{compact_below!r}"
             )
-        if transpose_weights not in (True, False, "auto"):
-            raise ValueError(
-                f"transpose_weights must be True, False or 'auto', got {transpose_weights!r}"
-            )
+        _check_bool_or_auto("transpose_weights", transpose_weights)
         self.max_batch_size = max_batch_size
         self.use_cuda_graph = use_cuda_graph
         self.decode_path = decode_path
@@ -621,8 +618,13 @@ class StaticCacheBackend:
         """The decoder's transposed weight copies for this call, when wanted and decoding is
         eager: a captured graph would keep reading the copies of the call that recorded it."""
         wanted = self.transpose_weights
-        if not graphs and (wanted is True or (wanted == "auto" and device.type == "cpu")):
-            return self._decoder.transposed_weights()
+        transposed = getattr(self._decoder, "transposed_weights", None)
+        if graphs or transposed is None or wanted is False:
+            return nullcontext()
+        if wanted is True:
+            return transposed()
+        if device.type == "cpu":  # "auto"
+            return transposed(max_bytes=_AUTO_TRANSPOSE_MAX_BYTES)
         return nullcontext()
 
     def _graphs_enabled(self, device: torch.device) -> bool:
@@ -743,6 +745,11 @@ def _read_back(
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _check_bool_or_auto(name: str, value: object) -> None:
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
 
 
 def _check_options(**options: object) -> None:

@@ -19,7 +19,14 @@ Two decoders, picked by name (:data:`DECODERS`):
   output dataclasses, decorators, ``Module.__call__`` of the decoder layers and attention
   blocks, mask preparation, the cache's ``update`` dispatch. On a CPU, where a small model's
   decode forward is mostly dispatch overhead, that is roughly a quarter of it. LoRA still
-  applies: peft injects its layers into the projection modules this decoder calls.
+  applies: peft injects its layers into the projection modules this decoder calls. Two CPU
+  departures: ``sdpa`` is called directly rather than through transformers' wrapper (the same
+  kernel and numbers), and inside :meth:`LlamaModulesDecoder.transposed_weights` (the backend's
+  default on the CPU) plain ``nn.Linear`` projections multiply by transposed weight copies,
+  equal to the module calls up to float rounding only.
+
+A decoder may also offer ``transposed_weights()`` (a context manager); the backend uses it
+when present.
 
 Both decoders prefill with the model's ``forward`` and a 2-D padding mask (transformers builds
 the causal mask over the cache's ``C`` columns), with position ids from the mask so that left
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -68,8 +75,6 @@ class StaticDecoder(Protocol):
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
         visible: int | None = None,
     ) -> Tensor: ...
-
-    def transposed_weights(self) -> AbstractContextManager[None]: ...
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -207,10 +212,6 @@ class ModelForwardDecoder:
         )
         return output.logits[:, -1]
 
-    def transposed_weights(self) -> AbstractContextManager[None]:
-        """Nothing to prepare: this decoder calls the model's ``forward``."""
-        return nullcontext()
-
 
 class LlamaModulesDecoder(ModelForwardDecoder):
     """The decode step of a Llama-family model, composed from its modules (module docstring).
@@ -219,9 +220,8 @@ class LlamaModulesDecoder(ModelForwardDecoder):
     5.23 line by line: ``x += attn(input_layernorm(x))``; ``x += mlp(post_attention_layernorm(x))``;
     attention: project, view ``[n, 1, heads, d]``, q/k norms where the family has them,
     transpose, rotary embedding, write key/value at ``column``, attention over all ``C``
-    columns under the additive mask, ``o_proj``. With ``sdpa`` on the CPU the attention call
-    stacks the query heads of each key/value head (:func:`_grouped_query_sdpa`): the same
-    numbers, fewer kernel blocks.
+    columns under the additive mask, ``o_proj``. With ``sdpa`` on the CPU the attention is
+    :func:`_grouped_query_sdpa` (the kernel call transformers makes, without its wrapper).
 
     Inside :meth:`transposed_weights` (the backend's default on the CPU) the projections and
     the LM head multiply by transposed copies of their weights instead of calling the
@@ -243,7 +243,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         self._transposed: dict[nn.Module, Tensor] = {}
 
     @contextmanager
-    def transposed_weights(self) -> Iterator[None]:
+    def transposed_weights(self, max_bytes: int | None = None) -> Iterator[None]:
         """Decode with ``[in, out]`` copies of the projection and LM-head weights.
 
         ``nn.Linear`` computes ``x @ W.T`` from its ``[out, in]`` weight; a decode step
@@ -255,13 +255,15 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         weights while a ``generate`` call runs. Only plain ``nn.Linear`` modules without hooks
         are copied; LoRA-wrapped (peft) projections and hooked modules are called as they are.
         Results equal the module calls up to float rounding (the products may be summed in
-        another order).
+        another order). ``max_bytes``: make no copies when they would take more than this
+        (the calls then run as without the context).
         """
-        self._transposed = {
-            module: module.weight.detach().t().contiguous()
-            for module in self._linears()
-            if _plain_linear(module)
-        }
+        modules = [module for module in self._linears() if _plain_linear(module)]
+        size = sum(module.weight.nbytes for module in modules)
+        if max_bytes is None or size <= max_bytes:
+            self._transposed = {
+                module: module.weight.detach().t().contiguous() for module in modules
+            }
         try:
             yield
         finally:
@@ -342,9 +344,11 @@ class LlamaModulesDecoder(ModelForwardDecoder):
 
 
 def _plain_linear(module: nn.Module) -> bool:
-    """A ``torch.nn.Linear`` itself (not a subclass or a peft wrapper) with no hooks."""
+    """A ``torch.nn.Linear`` itself (not a subclass or a peft wrapper) with no hooks and a
+    plain weight tensor (not a quantized tensor subclass)."""
     return (
         type(module) is nn.Linear
+        and type(module.weight) in (nn.Parameter, Tensor)
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and not hasattr(module, "_hf_hook")  # accelerate's offloading hook
@@ -370,11 +374,11 @@ def _grouped_query_sdpa(
     head's queries: ``query: [n, heads, 1, d]``, ``keys, values: [n, kv_heads, C, d]``, ``mask:
     [n, 1, 1, C]`` -> ``[n, 1, heads * d]``.
 
-    The same numbers as ``sdpa`` with ``enable_gqa`` (head ``h`` reads key/value head
-    ``h // (heads // kv_heads)``, as transformers' ``repeat_kv``), but the CPU kernel works
-    through ``n * kv_heads`` blocks of ``heads // kv_heads`` queries instead of ``n * heads``
-    blocks of one: about 20 % less time per call on the benchmark's model (8 heads, 4
-    key/value heads). Used on the CPU only (measured there).
+    Head ``h`` reads key/value head ``h // (heads // kv_heads)``, as with ``repeat_kv``. This
+    is the call transformers' ``sdpa_attention_forward`` makes for a one-token query (its
+    ``pack_gqa``; older versions repeated the key/value heads instead), without the wrapper's
+    per-call work: about 4 % of a ``generate`` call on the CPU benchmark's model. Used on the
+    CPU only (measured there).
     """
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]
