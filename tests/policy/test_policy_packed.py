@@ -143,6 +143,9 @@ def test_attention_groups_cover_every_token_once() -> None:
     total = 17 + int(mask[:, PROMPT:].sum())
     assert sorted(served.tolist()) == list(range(total))
     slots = torch.cat([g.query_index.reshape(-1) for g in layout.groups])
+    assert torch.equal(layout.query_slots, slots)
+    key_slots = torch.cat([g.key_index.reshape(-1) for g in layout.groups])
+    assert torch.equal(layout.key_slots, key_slots)
     valid = torch.cat([g.query_valid for g in layout.groups])
     assert bool(valid[layout.order].all())  # each token's output comes from a real query slot
     assert torch.equal(slots[layout.order], torch.arange(total))

@@ -110,7 +110,8 @@ class PackedLayout:
     token ``t``'s attention output is row ``order[t]`` of the groups' padded query slots
     concatenated (``S * Lq`` rows per group, row-major); ``predictor: [K]``: for each scored
     completion token (row-major over the completion mask), the packed token whose hidden state
-    predicts it.
+    predicts it. ``query_slots`` / ``key_slots``: every group's ``query_index`` / ``key_index``
+    flattened and concatenated, so that a layer gathers each tensor once for all groups.
     """
 
     token_ids: Tensor
@@ -118,6 +119,8 @@ class PackedLayout:
     groups: tuple[AttentionGroup, ...]
     order: Tensor
     predictor: Tensor
+    query_slots: Tensor
+    key_slots: Tensor
 
 
 # Attention segments are grouped like micro-batches: a new group when more than this fraction
@@ -186,16 +189,17 @@ def packed_layout(
         _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()})
         for part in plan
     )
-    slots = torch.cat([g.query_index.reshape(-1) for g in groups])  # [sum of S * Lq]
+    query_slots = torch.cat([g.query_index.reshape(-1) for g in groups])  # [sum of S * Lq]
     valid = torch.cat([g.query_valid for g in groups])
     order = torch.empty(len(token_ids), dtype=torch.long, device=device)
-    order[slots[valid]] = torch.nonzero(valid).squeeze(1)
+    order[query_slots[valid]] = torch.nonzero(valid).squeeze(1)
     last_prompt = prompt_start + prompt_len - 1  # [U]
     predictor = torch.where(
         columns == 0, last_prompt[inverse][:, None], completion_start[:, None] + columns - 1
     )[completion_mask]
     return PackedLayout(token_ids=token_ids, positions=positions, groups=groups, order=order,
-                        predictor=predictor)
+                        predictor=predictor, query_slots=query_slots,
+                        key_slots=torch.cat([g.key_index.reshape(-1) for g in groups]))
 
 
 def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
@@ -234,14 +238,10 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
     masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
-    on_cpu = hidden.device.type == "cpu"
-    if sdpa and on_cpu and _SDPA_HAS_GQA:
+    if sdpa and hidden.device.type == "cpu" and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
-    # Every group's slots in one index: one gather per tensor and layer (and one gradient
-    # scatter in the backward, where a gather per group would sum a full-size gradient per
-    # group).
-    query_slots = torch.cat([g.query_index.reshape(-1) for g in layout.groups])
-    key_slots = torch.cat([g.key_index.reshape(-1) for g in layout.groups])
+    # One gather per tensor and layer for all groups (and one gradient scatter in the
+    # backward, where a gather per group would sum a full-size gradient per group).
     query_sizes = [g.query_index.numel() for g in layout.groups]
     key_sizes = [g.key_index.numel() for g in layout.groups]
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
@@ -251,9 +251,9 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
             t.squeeze(0)
             for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
         )
-        queries = _gather(query, 1, query_slots).split(query_sizes, 1)
-        keys = _gather(key, 1, key_slots).split(key_sizes, 1)
-        values = _gather(value, 1, key_slots).split(key_sizes, 1)
+        queries = _gather(query, 1, layout.query_slots).split(query_sizes, 1)
+        keys = _gather(key, 1, layout.key_slots).split(key_sizes, 1)
+        values = _gather(value, 1, layout.key_slots).split(key_sizes, 1)
         outputs = []
         for group, mask, q, k, v in zip(layout.groups, masks, queries, keys, values, strict=True):
             output, _ = attention(
