@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Creates (once) the project's virtual environment in .venv and installs mtgrpo into it.
+# Creates (once) the project's virtual environment in .venv and installs mtgrpo into it, with
+# the tested versions of every dependency (requirements/lock.txt, written by scripts/lock.sh).
 #
 # On a machine without an NVIDIA GPU, the CPU build of torch is installed *before*
 # anything that depends on torch, so pip never pulls the multi-GB CUDA build.
-#   MTGRPO_TORCH_VERSION  torch version to install (default 2.13.0)
 #   MTGRPO_TORCH_INDEX    package index for the CPU build, e.g. https://download.pytorch.org/whl/cpu
 #                         (not needed where a local CPU wheel is on pip's find-links)
-#   MTGRPO_PYTHON         interpreter for the venv (default: python3)
+#   MTGRPO_PYTHON         interpreter for the venv (default: python3; 3.11 or newer)
+#   MTGRPO_VENV           where the venv lives (default: .venv in the repository)
+# The set-up re-runs when pyproject.toml, the lock or this script change.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv"
+venv="${MTGRPO_VENV:-$root/.venv}"
 py="${MTGRPO_PYTHON:-python3}"
+lock="$root/requirements/lock.txt"
 stamp="$venv/.mtgrpo-installed"
-want="$(cat "$root/pyproject.toml" "$root/scripts/setup-env.sh" | sha1sum | cut -d" " -f1)"
+want="$(cat "$root/pyproject.toml" "$lock" "$root/scripts/setup-env.sh" | sha1sum | cut -d" " -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
@@ -21,22 +24,31 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "[setup] creating $venv" >&2
     "$py" -m venv "$venv"
 fi
+"$venv/bin/python" - <<'PY' || exit 1
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"[setup] mtgrpo needs Python 3.11 or newer (transformers 5 and TRL do); this venv "
+             f"has {sys.version.split()[0]}: set MTGRPO_PYTHON to a newer interpreter and "
+             "remove the venv")
+PY
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+torch_version="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$lock" | head -1)"
+installed="$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)"
+if [ "$installed" != "$torch_version" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        echo "[setup] NVIDIA GPU found: installing torch with CUDA" >&2
-        "${pip[@]}" install "torch"
+        echo "[setup] NVIDIA GPU found: installing torch==$torch_version with CUDA" >&2
+        "${pip[@]}" install "torch==$torch_version"
     else
-        ver="${MTGRPO_TORCH_VERSION:-2.13.0}"
-        echo "[setup] no GPU: installing the CPU build torch==$ver first" >&2
+        echo "[setup] no GPU: installing the CPU build torch==$torch_version first" >&2
         if [ -n "${MTGRPO_TORCH_INDEX:-}" ]; then
-            "${pip[@]}" install "torch==$ver" --index-url "$MTGRPO_TORCH_INDEX"
+            "${pip[@]}" install "torch==$torch_version" --index-url "$MTGRPO_TORCH_INDEX"
         else
-            "${pip[@]}" install "torch==$ver"
+            "${pip[@]}" install "torch==$torch_version"
         fi
     fi
 fi
-echo "[setup] installing mtgrpo (editable) with its test tools, gguf and TRL (for the parity tests)" >&2
-"${pip[@]}" install -e "$root[dev,gguf,bench]"
-"$venv/bin/python" -c "import mtgrpo, torch" 
+echo "[setup] installing mtgrpo (editable) with the locked versions of its dependencies," \
+     "its test tools, gguf and TRL (for the parity tests)" >&2
+"${pip[@]}" install --constraint "$lock" -e "$root[dev,gguf,bench]"
+"$venv/bin/python" -c "import mtgrpo, torch"
 echo "$want" > "$stamp"
