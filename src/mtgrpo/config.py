@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
+
 __all__ = [
     "DataConfig",
     "GRPOConfig",
@@ -47,10 +49,15 @@ __all__ = [
     "reference_markdown",
 ]
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 TRACKERS = ("tensorboard", "wandb", "trackio")
-LR_SCHEDULERS = ("constant", "linear", "cosine")
 ON_LONG_PROMPT = ("truncate", "error")
+INTERVALS = ("no", "steps", "epoch")
+SAVE_INTERVALS = ("no", "steps", "epoch", "best")
+HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+ON_UNSCORABLE = ("auto", "raise", "warn", "zero_advantage")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 
 
 def _help(text: str, **kwargs: Any) -> Any:
@@ -58,31 +65,98 @@ def _help(text: str, **kwargs: Any) -> Any:
     return field(metadata={"help": text}, **kwargs)
 
 
+def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
+    """TRL's warnings about importance-sampling levels that do not fit the loss."""
+    import logging
+
+    log = logging.getLogger("mtgrpo.config")
+    if loss_type == "luspo" and level != "sequence":
+        log.warning("loss_type='luspo' is a sequence-level loss: set "
+                    "importance_sampling_level='sequence' to follow the paper's setup")
+    if loss_type == "vespo" and level != "token":
+        log.warning("loss_type='vespo' computes sequence-level weights itself: leave "
+                    "importance_sampling_level='token' (the default)")
+    if level == "sequence" and loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        log.warning(
+            "importance_sampling_level='sequence' with loss_type=%r: this loss sums per-token "
+            "terms, which weights each sequence by its completion length instead of optimising "
+            "the per-sequence objective; use loss_type='grpo' for GSPO", loss_type,
+        )
+
+
 @dataclass
-class GRPOConfig:
-    """Training options (TRL names where TRL has the option; see the module docstring)."""
+class GRPOConfig(TRLCompatibleFields):
+    """Training options (TRL names where TRL has the option; see the module docstring).
+
+    Every field of TRL 1.16's ``GRPOConfig`` (and so of transformers' ``TrainingArguments``)
+    is accepted: those declared here act; the few that cannot apply are declared in
+    :mod:`mtgrpo.config_compat` (no effect, with a warning when set, or refused with the
+    alternative). ``docs/coming-from-trl.md`` lists every default that differs from TRL's.
+    """
 
     # ------------------------------------------------------------------ output and logging
     output_dir: str = _help("Run directory: metrics, checkpoints, report.", default="runs/mtgrpo")
     run_name: str | None = _help("Name shown by trackers (default: output_dir's name).",
                                  default=None)
-    logging_steps: int = _help("Log metrics every N training steps.", default=1)
+    logging_strategy: str = _help("When to log: steps (every logging_steps), epoch or no "
+                                  "(the last step is always logged).", default="steps")
+    logging_steps: int | float = _help(
+        "Log metrics every N training steps (a value below 1: that fraction of all steps).",
+        default=1)
+    logging_first_step: bool = _help("Also log the first step.", default=False)
+    logging_nan_inf_filter: bool = _help(
+        "Leave NaN and infinite step losses out of train_loss (TRL's option).", default=True)
+    log_level: str = _help("Level of mtgrpo's and transformers' loggers on the main process: "
+                           "passive (leave as configured), debug, info, warning, error, "
+                           "critical.", default="passive")
+    log_level_replica: str = _help("The same on the other processes.", default="warning")
+    disable_tqdm: bool | None = _help("Hide the progress bar.", default=None)
     report_to: list[str] = _help(
         "Trackers besides metrics.jsonl: any of tensorboard, wandb, trackio (or 'none').",
         default_factory=list)
     log_completions: bool = _help("Write sampled completions to completions.jsonl.",
                                   default=False)
+    num_completions_to_print: int | None = _help(
+        "With log_completions: print this many of the step's completions at each log (None: "
+        "none are printed).", default=None)
+    include_num_input_tokens_seen: str | bool = _help(
+        "Count the prompt and completion tokens trained on (state.num_input_tokens_seen, "
+        "logged as num_input_tokens_seen): no, all (or true).", default="no")
     save_rollouts: bool = _help(
         "Write every group's rewards and advantages to rollouts.jsonl (the gradient-noise "
         "analysis reads it).", default=False)
-    save_steps: int = _help("Checkpoint every N training steps (0: only at the end).", default=50)
+    save_strategy: str = _help(
+        "When to checkpoint: steps (every save_steps, and at the end), epoch, best (when "
+        "metric_for_best_model improves) or no (never).", default="steps")
+    save_steps: int | float = _help(
+        "Checkpoint every N training steps (0: only at the end; below 1: that fraction of all "
+        "steps).", default=50)
     save_total_limit: int | None = _help("Keep only the newest N checkpoints (None: all).",
                                          default=2)
+    save_only_model: bool = _help(
+        "Checkpoints hold the model only (no optimizer, scheduler, sampler or RNG state): "
+        "smaller, but a run cannot resume from them.", default=False)
     resume_from_checkpoint: str | bool | None = _help(
         "Checkpoint directory to resume from, or true for the newest in output_dir.",
         default=None)
-    eval_steps: int = _help("Evaluate on the eval set every N steps (0: never).", default=0)
-    eval_on_start: bool = _help("Also evaluate before the first step (when eval_steps > 0).",
+    load_best_model_at_end: bool = _help(
+        "After training, load the checkpoint with the best metric_for_best_model.",
+        default=False)
+    metric_for_best_model: str | None = _help(
+        "Eval metric that ranks checkpoints (e.g. accuracy/worst, loss; an eval_ prefix is "
+        "accepted).", default=None)
+    greater_is_better: bool | None = _help(
+        "Whether a larger metric_for_best_model is better (default: true, except for names "
+        "ending in loss).", default=None)
+    eval_strategy: str | None = _help(
+        "When to evaluate: steps (every eval_steps, and at the end), epoch or no (default: "
+        "steps when eval_steps > 0, else no).", default=None)
+    eval_steps: int | float | None = _help(
+        "Evaluate every N steps (0: never; None with eval_strategy=steps: logging_steps; "
+        "below 1: that fraction of all steps).", default=None)
+    eval_delay: float = _help("Evaluate only from this step (or epoch, with "
+                              "eval_strategy=epoch) on.", default=0)
+    eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
                                 default=True)
     num_generations_eval: int = _help("Samples per eval prompt (accuracy is their mean).",
                                       default=1)
@@ -91,29 +165,98 @@ class GRPOConfig:
     log_entropy: bool = _help("Compute and log the policy's token entropy (costs a little).",
                               default=True)
 
+    # ------------------------------------------------------------------ hub
+    push_to_hub: bool = _help(
+        "Upload the trained model (or adapter) and tokenizer to the Hugging Face Hub "
+        "(hub_strategy decides when).", default=False)
+    hub_model_id: str | None = _help(
+        "Hub repository, 'user/name' (default: output_dir's name under the token's user).",
+        default=None)
+    hub_token: str | None = _help("Hub token (default: HF_TOKEN or the saved login).",
+                                  default=None)
+    hub_private_repo: bool | None = _help(
+        "Create the repository private (None: the Hub's default for the account).",
+        default=None)
+    hub_strategy: str = _help(
+        "end (the final model), every_save (the model at every checkpoint and at the end), "
+        "checkpoint (also the newest checkpoint as last-checkpoint/) or all_checkpoints "
+        "(every checkpoint in its own folder).", default="every_save")
+    hub_always_push: bool = _help(
+        "Upload at every save even if the previous upload has not finished (uploads here "
+        "are synchronous, so every save uploads either way).", default=False)
+    hub_revision: str | None = _help("Branch of the repository to upload to.", default=None)
+
+    # ------------------------------------------------------------------ model
     model_init_kwargs: dict[str, Any] = _help(
         "Loading options when the model is given by name: dtype, attn_implementation, "
         "trust_remote_code, revision, gguf_file (TRL's field).", default_factory=dict)
+    trust_remote_code: bool = _help(
+        "Allow model code from the hub for the policy, its tokenizer and reward models named "
+        "by hub id.", default=False)
+    disable_dropout: bool = _help("Set every dropout probability of the policy (and the "
+                                  "reference) to 0.", default=False)
+    cast_lm_head_to_fp32: bool = _help(
+        "Keep the output head in float32 and feed it float32 hidden states (for bfloat16 or "
+        "float16 models); a tied head is untied first.", default=False)
+    gradient_checkpointing: bool = _help(
+        "Recompute activations in the backward pass (less memory, more time). TRL defaults to "
+        "true; we default to false because the CPU quickstart is compute-bound.", default=False)
+    gradient_checkpointing_kwargs: dict[str, Any] | None = _help(
+        "Options of gradient_checkpointing_enable (default {use_reentrant: false}).",
+        default=None)
+    bf16: bool = _help("bfloat16 autocast for forward passes.", default=False)
+    fp16: bool = _help("float16 autocast for forward passes (a GPU feature).", default=False)
+    tf32: bool | None = _help("Allow TF32 matrix products on Ampere or newer GPUs (None: "
+                              "leave torch's setting).", default=None)
+    use_cpu: bool = _help("Train on the CPU even when a GPU is present.", default=False)
+    torch_empty_cache_steps: int | None = _help(
+        "Empty the CUDA cache every N training steps (None: never).", default=None)
 
     # ------------------------------------------------------------------ optimisation
-    learning_rate: float = _help("AdamW learning rate.", default=1e-6)
+    learning_rate: float = _help("Peak learning rate.", default=1e-6)
+    optim: str = _help(
+        "Optimizer, by transformers' name (adamw_torch, adamw_torch_fused, adafactor, sgd, "
+        "adamw_8bit, ...); adamw_torch and adamw_torch_fused use the Trainer's parameter "
+        "groups (no weight decay on biases and norms).", default="adamw_torch")
+    optim_args: str | None = _help("Extra optimizer options, 'key=value,key=value' (as "
+                                   "transformers).", default=None)
     weight_decay: float = _help("AdamW weight decay (not applied to biases and norms).",
                                 default=0.0)
     adam_beta1: float = _help("AdamW beta1.", default=0.9)
     adam_beta2: float = _help("AdamW beta2.", default=0.999)
     adam_epsilon: float = _help("AdamW epsilon.", default=1e-8)
     max_grad_norm: float = _help("Gradient clipping norm (0: no clipping).", default=1.0)
-    lr_scheduler_type: str = _help("constant, linear or cosine (after warm-up).",
-                                   default="linear")
-    warmup_steps: int = _help("Linear warm-up optimizer steps.", default=0)
+    lr_scheduler_type: str = _help(
+        "Learning-rate schedule after the warm-up: constant, linear, cosine, or any other "
+        "transformers schedule name (cosine_with_restarts, polynomial, ...).", default="linear")
+    lr_scheduler_kwargs: dict[str, Any] | None = _help(
+        "Extra options of the schedule (e.g. {num_cycles: 2}).", default=None)
+    warmup_steps: int | float = _help(
+        "Linear warm-up optimizer steps (a value below 1: that fraction of all steps).",
+        default=0)
     warmup_ratio: float = _help("Warm-up as a fraction of all optimizer steps (if > 0).",
                                 default=0.0)
-    max_steps: int = _help("Training steps (one generation batch each).", default=100)
+    max_steps: int = _help(
+        "Training steps, one generation batch each (-1: derived from num_train_epochs and "
+        "the dataset's size).", default=-1)
+    num_train_epochs: float = _help(
+        "Passes over the training prompts when max_steps is -1: a step uses prompts_per_step "
+        "prompts, so an epoch is len(dataset) // prompts_per_step steps (at least 1).",
+        default=3.0)
     seed: int = _help("Seed for data order, sampling and initialisation.", default=42)
-    bf16: bool = _help("bfloat16 autocast for forward passes.", default=False)
-    gradient_checkpointing: bool = _help(
-        "Recompute activations in the backward pass (less memory, more time). TRL defaults to "
-        "true; we default to false because the CPU quickstart is compute-bound.", default=False)
+    data_seed: int | None = _help("Seed of the prompt order alone (default: seed).",
+                                  default=None)
+    full_determinism: bool = _help(
+        "Deterministic kernels (torch.use_deterministic_algorithms); slower.", default=False)
+
+    # ------------------------------------------------------------------ distributed
+    ddp_find_unused_parameters: bool | None = _help(
+        "DDP's find_unused_parameters (None: DDP's default).", default=None)
+    ddp_bucket_cap_mb: int | None = _help("DDP's bucket_cap_mb.", default=None)
+    ddp_broadcast_buffers: bool | None = _help("DDP's broadcast_buffers.", default=None)
+    ddp_static_graph: bool | None = _help("DDP's static_graph.", default=None)
+    ddp_backend: str | None = _help("Process-group backend (nccl, gloo, ...).", default=None)
+    ddp_timeout: int = _help("Process-group timeout in seconds.", default=1800)
 
     # ------------------------------------------------------------------ batch sizes
     num_generations: int = _help("G: completions per prompt.", default=8)
@@ -123,8 +266,10 @@ class GRPOConfig:
     per_device_train_batch_size: int = _help(
         "Completions per micro-batch on one device (TRL's meaning).", default=8)
     gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", default=1)
-    steps_per_generation: int = _help("Optimizer steps taken on one generation batch.",
-                                      default=1)
+    steps_per_generation: int | None = _help(
+        "Optimizer steps taken on one generation batch (None: 1). TRL counts micro-batches "
+        "here: its steps_per_generation=s with gradient_accumulation_steps=a is ours s/a.",
+        default=None)
     num_iterations: int = _help("μ: passes over each generation batch.", default=1)
     max_tokens_per_microbatch: int | None = _help(
         "Pack micro-batches by this padded-token budget instead of a row count.", default=None)
@@ -157,14 +302,84 @@ class GRPOConfig:
         "Most sequences per generate call (None: all of a round at once).", default=None)
     mask_truncated_completions: bool = _help(
         "Leave completions cut at max_completion_length out of the loss.", default=False)
+    min_p: float | None = _help(
+        "Min-p sampling: drop tokens below min_p × the top token's probability (None: off; "
+        "generation uses transformers generate).", default=None)
+    repetition_penalty: float = _help(
+        "Repetition penalty of generation (1.0: off; other values use transformers "
+        "generate). The training log-probs do not apply it, as in TRL.", default=1.0)
+    generation_kwargs: dict[str, Any] | None = _help(
+        "Extra transformers GenerationConfig options for training and eval generation "
+        "(they override the fields above; generation then uses transformers generate).",
+        default=None)
+    cache_implementation: str | None = _help(
+        "KV-cache implementation for transformers generate (e.g. static; None: its default).",
+        default=None)
+    chat_template_kwargs: dict[str, Any] | None = _help(
+        "Extra variables of the chat template (e.g. {enable_thinking: false}).", default=None)
+    shuffle_dataset: bool = _help(
+        "Visit each task's prompts in a seeded shuffled order, reshuffled every epoch "
+        "(false: dataset order).", default=True)
+    train_sampling_strategy: str = _help(
+        "random (as shuffle_dataset) or sequential (dataset order, whatever shuffle_dataset "
+        "says); transformers' name.", default="random")
 
     # ------------------------------------------------------------------ loss
-    loss_type: str = _help("grpo (sequence mean), dapo (token mean), dr_grpo, bnpo.",
-                           default="dapo")
+    loss_type: str = _help(
+        "grpo (sequence mean), dapo (token mean), dr_grpo (constant length), bnpo, cispo "
+        "(clipped importance weights), sapo (soft gate), luspo (length-weighted sequences), "
+        "vespo (gamma-shaped sequence weights).", default="dapo")
+    importance_sampling_level: str = _help(
+        "token (a ratio per token) or sequence (GSPO: one ratio per completion, the "
+        "geometric mean of its token ratios).", default="token")
     beta: float = _help("KL coefficient (0: no reference model is used).", default=0.0)
+    use_bias_correction_kl: bool = _help(
+        "Weight the k3 KL by the importance ratio (DeepSeek-V3.2); TRL's default is true.",
+        default=False)
     epsilon: float = _help("Lower clipping range ε_low.", default=0.2)
-    epsilon_high: float | None = _help("Upper clipping range ε_high (None: epsilon).",
-                                       default=None)
+    epsilon_high: float | None = _help(
+        "Upper clipping range ε_high (None: epsilon); with cispo, the cap of the importance "
+        "weight.", default=None)
+    delta: float | None = _help(
+        "Two-sided clipping: the unclipped ratio is also capped at delta (> 1 + epsilon_high; "
+        "None: off).", default=None)
+    sapo_temperature_pos: float = _help("sapo: gate temperature for positive advantages.",
+                                        default=1.0)
+    sapo_temperature_neg: float = _help("sapo: gate temperature for other advantages.",
+                                        default=1.05)
+    vespo_k_pos: float = _help("vespo: shape k of the weight for advantages >= 0.",
+                               default=2.0)
+    vespo_lambda_pos: float = _help("vespo: rate λ of the weight for advantages >= 0.",
+                                    default=3.0)
+    vespo_k_neg: float = _help("vespo: shape k of the weight for negative advantages.",
+                               default=3.0)
+    vespo_lambda_neg: float = _help("vespo: rate λ of the weight for negative advantages.",
+                                    default=2.0)
+    off_policy_mask_threshold: float | None = _help(
+        "Drop completions with a negative advantage whose mean token KL from the policy "
+        "that sampled them exceeds this (DeepSeek-V3.2; None: off).", default=None)
+    top_entropy_quantile: float = _help(
+        "Train only on the tokens in this top fraction of entropy across the batch (1.0: "
+        "all tokens).", default=1.0)
+    entropy_coef: float = _help(
+        "Entropy bonus: the loss is L_policy - entropy_coef × (mean token entropy).",
+        default=0.0)
+    use_adaptive_entropy: bool = _help(
+        "Adapt entropy_coef every optimizer step: up by entropy_coef_delta while the entropy "
+        "is at or below entropy_target (the bonus applies only then), down otherwise.",
+        default=False)
+    entropy_coef_min: float = _help("Lower bound of the adaptive entropy_coef.", default=0.0)
+    entropy_coef_max: float = _help("Upper bound of the adaptive entropy_coef.", default=1.0)
+    entropy_coef_delta: float = _help("Step of the adaptive entropy_coef.", default=0.005)
+    entropy_target: float = _help("Entropy (nats per token) the adaptive controller holds.",
+                                  default=0.2)
+    sync_ref_model: bool = _help(
+        "Move the reference model towards the policy every ref_model_sync_steps steps: "
+        "ref = α·policy + (1 − α)·ref (TR-DPO). Needs beta > 0 and a separate reference "
+        "(not LoRA).", default=False)
+    ref_model_mixup_alpha: float = _help("α of sync_ref_model.", default=0.6)
+    ref_model_sync_steps: int = _help("Steps between reference updates (sync_ref_model).",
+                                      default=512)
 
     # ------------------------------------------------------------------ rewards
     reward_weights: list[float] | None = _help("One weight per reward channel (default 1).",
@@ -179,9 +394,13 @@ class GRPOConfig:
     none_handling: str = _help(
         "How a reward function's None enters the advantage: neutral or zero.", default="neutral")
     on_unscorable: str = _help(
-        "A completion no reward applies to: raise, or zero_advantage (TRL's behaviour).",
-        default="raise")
+        "A completion no reward applies to: raise, warn (TRL's behaviour and warning: "
+        "advantage 0), zero_advantage (the same, silently); auto: raise when the dataset "
+        "has a task column, warn for single-task data without one.", default="auto")
     advantage_epsilon: float = _help("δ added to stds when normalising.", default=1e-4)
+    advantage_std_ddof: int = _help(
+        "Degrees of freedom of the stds: 1 (unbiased; TRL) or 0 (population; "
+        "multireward-grpo).", default=1)
     accuracy_threshold: float = _help("A completion is correct when its accuracy reward >= this.",
                                       default=1.0)
     accuracy_reward: str | None = _help(
@@ -207,12 +426,45 @@ class GRPOConfig:
                                       default="strict")
 
     def __post_init__(self) -> None:
+        self._normalise_trl_values()
         self._merge_aliases()
         self._check_ranges()
+        self._check_loss_options()
         self._check_choices()
         self._check_batch_shape()
+        self._check_schedule()
+        check_compatibility_fields(self)
+        self._convert_accelerator_config()
 
     # ------------------------------------------------------------------ validation
+    def _normalise_trl_values(self) -> None:
+        """TRL and transformers hand enums (``SchedulerType.COSINE``) and JSON strings for dict
+        fields (the CLI's ``--lr_scheduler_kwargs '{...}'``); store plain values."""
+        import enum
+        import json
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, enum.Enum):
+                setattr(self, f.name, value.value)
+        for name in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "generation_kwargs",
+                     "chat_template_kwargs", "model_init_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{name}={value!r} is not a JSON object: {exc}") from None
+            if getattr(self, name) is None and name == "model_init_kwargs":
+                self.model_init_kwargs = {}
+        if self.steps_per_generation is None:
+            self.steps_per_generation = 1
+        if self.trust_remote_code:
+            self.model_init_kwargs = {"trust_remote_code": True, **self.model_init_kwargs}
+        if isinstance(self.include_num_input_tokens_seen, bool):
+            self.include_num_input_tokens_seen = "all" if self.include_num_input_tokens_seen \
+                else "no"
+
     def _merge_aliases(self) -> None:
         from mtgrpo.advantages import resolve_aggregation, resolve_scale_rewards
 
@@ -227,23 +479,42 @@ class GRPOConfig:
         )
         self.reward_aggregation_method = None
         self.scale_rewards = resolve_scale_rewards(self.scale_rewards)
+        if self.report_to is None:
+            self.report_to = []
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         self.report_to = [t for t in self.report_to if t != "none"]
         if self.report_to == ["all"]:
             self.report_to = list(TRACKERS)
+        if self.eval_strategy is None:
+            self.eval_strategy = "steps" if self.eval_steps else "no"
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            self.eval_steps = self.logging_steps  # TRL's default
 
     def _check_ranges(self) -> None:
-        positive = ("num_generations", "max_steps", "per_device_train_batch_size",
+        positive = ("num_generations", "per_device_train_batch_size",
                     "gradient_accumulation_steps", "steps_per_generation", "num_iterations",
-                    "max_completion_length", "logging_steps", "num_generations_eval")
+                    "max_completion_length", "num_generations_eval", "ref_model_sync_steps")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("save_steps", "eval_steps", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
+            raise ValueError(
+                f"max_steps={self.max_steps!r} must be a positive integer, or -1 to train for "
+                "num_train_epochs"
+            )
+        for name in ("logging_steps", "save_steps", "eval_steps", "warmup_steps", "eval_delay"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name}={value} must be >= 0")
+        if not self.logging_steps > 0:
+            raise ValueError(f"logging_steps={self.logging_steps} must be > 0")
+        if self.eval_strategy == "steps" and not self.eval_steps:
+            raise ValueError(
+                f"eval_strategy='steps' needs eval_steps > 0, got {self.eval_steps!r}; set "
+                "eval_steps or eval_strategy='no'"
+            )
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: GRPO compares completions of the same "
@@ -254,14 +525,19 @@ class GRPOConfig:
             "temperature": self.temperature >= 0,
             "top_p": 0 < self.top_p <= 1,
             "top_k": self.top_k >= 0,
+            "min_p": self.min_p is None or 0 <= self.min_p <= 1,
+            "repetition_penalty": self.repetition_penalty > 0,
             "beta": self.beta >= 0,
             "epsilon": self.epsilon >= 0,
             "epsilon_high": self.epsilon_high is None or self.epsilon_high >= 0,
             "max_grad_norm": self.max_grad_norm >= 0,
             "warmup_ratio": 0 <= self.warmup_ratio < 1,
             "advantage_epsilon": self.advantage_epsilon >= 0,
+            "advantage_std_ddof": self.advantage_std_ddof in (0, 1),
             "eval_temperature": self.eval_temperature >= 0,
             "max_padding_fraction": 0 < self.max_padding_fraction <= 1,
+            "num_train_epochs": self.num_train_epochs > 0,
+            "ref_model_mixup_alpha": 0 <= self.ref_model_mixup_alpha <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -272,17 +548,54 @@ class GRPOConfig:
                 "gradient; use a temperature > 0 for training (eval_temperature may be 0)"
             )
 
+    def _check_loss_options(self) -> None:
+        if self.delta is not None and self.delta <= 1 + self.resolved_epsilon_high:
+            raise ValueError(
+                f"delta={self.delta} must exceed 1 + epsilon_high = "
+                f"{1 + self.resolved_epsilon_high}, or two-sided clipping clips every ratio; "
+                "raise delta or leave it None"
+            )
+        if not 0 <= self.top_entropy_quantile <= 1:
+            raise ValueError(
+                f"top_entropy_quantile={self.top_entropy_quantile} must be in [0, 1] (1.0 "
+                "trains on every token, 0.0 on the highest-entropy one)"
+            )
+        if not self.entropy_coef_min <= self.entropy_coef_max:
+            raise ValueError(
+                f"entropy_coef_min={self.entropy_coef_min} exceeds entropy_coef_max="
+                f"{self.entropy_coef_max}"
+            )
+        if min(self.sapo_temperature_pos, self.sapo_temperature_neg) <= 0:
+            raise ValueError("sapo temperatures must be > 0, got "
+                             f"{self.sapo_temperature_pos} and {self.sapo_temperature_neg}")
+        if self.sync_ref_model and self.beta == 0:
+            raise ValueError(
+                "sync_ref_model=True updates the reference model, which exists only with a KL "
+                "term; set beta > 0 or sync_ref_model=False"
+            )
+        _warn_about_loss_combinations(self.loss_type, self.importance_sampling_level)
+
     def _check_choices(self) -> None:
         from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS
         from mtgrpo.weighting import IMPROVEMENT_REDUCTIONS, WEIGHTINGS
 
         choices = {
             "loss_type": (self.loss_type, LOSS_TYPES),
-            "lr_scheduler_type": (self.lr_scheduler_type, LR_SCHEDULERS),
             "on_long_prompt": (self.on_long_prompt, ON_LONG_PROMPT),
             "none_handling": (self.none_handling, ("neutral", "zero")),
-            "on_unscorable": (self.on_unscorable, ("raise", "zero_advantage")),
+            "on_unscorable": (self.on_unscorable, ON_UNSCORABLE),
             "improvement_reduction": (self.improvement_reduction, IMPROVEMENT_REDUCTIONS),
+            "logging_strategy": (self.logging_strategy, INTERVALS),
+            "eval_strategy": (self.eval_strategy, INTERVALS),
+            "save_strategy": (self.save_strategy, SAVE_INTERVALS),
+            "hub_strategy": (self.hub_strategy, HUB_STRATEGIES),
+            "importance_sampling_level": (self.importance_sampling_level,
+                                          IMPORTANCE_SAMPLING_LEVELS),
+            "log_level": (self.log_level, LOG_LEVELS),
+            "log_level_replica": (self.log_level_replica, LOG_LEVELS),
+            "include_num_input_tokens_seen": (self.include_num_input_tokens_seen,
+                                              ("no", "all")),
+            "train_sampling_strategy": (self.train_sampling_strategy, ("random", "sequential")),
         }
         for name, (value, valid) in choices.items():
             if value not in valid:
@@ -293,6 +606,15 @@ class GRPOConfig:
                     f"report_to contains {tracker!r}; valid trackers: {', '.join(TRACKERS)} "
                     "(metrics.jsonl is always written)"
                 )
+        from mtgrpo.policy.optim import check_optimizer_name, check_scheduler_name
+
+        check_scheduler_name(self.lr_scheduler_type)
+        check_optimizer_name(self.optim)
+        if self.save_strategy == "best" and self.metric_for_best_model is None:
+            raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. "
+                             "'accuracy/worst')")
+        if self.load_best_model_at_end and self.metric_for_best_model is None:
+            self.metric_for_best_model = "loss"  # transformers' default
         self.task_weighting = WEIGHTINGS.canonical(self.task_weighting)
         self.batch_construction = SAMPLERS.canonical(self.batch_construction)
         self.zero_gradient_filter = ZERO_GRADIENT_FILTERS.canonical(self.zero_gradient_filter)
@@ -311,6 +633,27 @@ class GRPOConfig:
                 f"num_generations={self.num_generations}; change one of them, or set "
                 "prompts_per_step explicitly"
             )
+
+    def _check_schedule(self) -> None:
+        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be an integer of steps "
+                             "or a fraction below 1")
+        if self.warmup_ratio > 0 and self.warmup_steps > 0:
+            raise ValueError(
+                f"give warmup_steps ({self.warmup_steps}) or warmup_ratio ({self.warmup_ratio}), "
+                "not both"
+            )
+
+    def _convert_accelerator_config(self) -> None:
+        from transformers.trainer_pt_utils import AcceleratorConfig
+
+        value = self.accelerator_config
+        if value is None:
+            self.accelerator_config = AcceleratorConfig()
+        elif isinstance(value, Mapping):
+            self.accelerator_config = AcceleratorConfig(**value)
+        elif isinstance(value, str):
+            self.accelerator_config = AcceleratorConfig.from_json_file(value)
 
     # ------------------------------------------------------------------ derived values
     def resolved_prompts_per_step(self, world_size: int = 1) -> int:
@@ -338,16 +681,60 @@ class GRPOConfig:
     def resolved_epsilon_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
-    def total_optimizer_steps(self) -> int:
-        return self.max_steps * self.steps_per_generation * self.num_iterations
+    def steps_per_epoch(self, num_prompts: int, world_size: int = 1) -> int:
+        """Training steps in one pass over ``num_prompts`` prompts (TRL drops the last
+        incomplete batch; at least one step)."""
+        return max(1, num_prompts // self.resolved_prompts_per_step(world_size))
 
-    def resolved_warmup_steps(self) -> int:
+    def training_steps(self, num_prompts: int | None = None, world_size: int = 1) -> int:
+        """Training steps of the run: ``max_steps``, or ``num_train_epochs`` epochs."""
+        if self.max_steps > 0:
+            return self.max_steps
+        if num_prompts is None:
+            raise ValueError(
+                "max_steps=-1 trains for num_train_epochs epochs, which needs the dataset's "
+                "size; this dataset has none (an iterable dataset): set max_steps"
+            )
+        return math.ceil(self.num_train_epochs * self.steps_per_epoch(num_prompts, world_size))
+
+    def total_optimizer_steps(self, training_steps: int | None = None) -> int:
+        steps = self.training_steps() if training_steps is None else training_steps
+        return steps * self.steps_per_generation * self.num_iterations
+
+    def resolved_warmup_steps(self, training_steps: int | None = None) -> int:
+        total = self.total_optimizer_steps(training_steps)
         if self.warmup_ratio > 0:
-            return math.ceil(self.warmup_ratio * self.total_optimizer_steps())
-        return self.warmup_steps
+            return math.ceil(self.warmup_ratio * total)
+        if 0 < self.warmup_steps < 1:
+            return math.ceil(self.warmup_steps * total)
+        return int(self.warmup_steps)
+
+    def interval(self, value: int | float | None, training_steps: int) -> int:
+        """A logging / eval / save interval in steps (a value below 1 is a fraction of the
+        run, rounded up, as transformers does)."""
+        if not value:
+            return 0
+        if value < 1:
+            return math.ceil(value * training_steps)
+        return int(value)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        from transformers.trainer_pt_utils import AcceleratorConfig
+
+        out = dataclasses.asdict(self)
+        if self.accelerator_config == AcceleratorConfig():
+            out["accelerator_config"] = None  # the default, as given
+        return out
+
+    # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        return {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                for k, v in self.to_dict().items()}
+
+    def to_json_string(self) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=2, default=str)
 
 
 @dataclass
@@ -528,11 +915,22 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     return run_config_from_dict(apply_overrides(raw, overrides))
 
 
-def config_fields_help(cls: type = GRPOConfig) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` for every field: the source of the README's reference."""
+def config_fields_help(cls: type = GRPOConfig,
+                       own_only: bool = False) -> list[tuple[str, str, str, str]]:
+    """``(name, type, default, help)`` for every field: the source of the README's reference.
+
+    ``own_only`` leaves out the fields a base class declares (for :class:`GRPOConfig`, the TRL
+    compatibility fields of :mod:`mtgrpo.config_compat`)."""
     hints = typing.get_type_hints(cls)
+    inherited = set()
+    if own_only:
+        for base in cls.__mro__[1:]:
+            if dataclasses.is_dataclass(base):
+                inherited |= {f.name for f in dataclasses.fields(base)}
     rows = []
     for f in dataclasses.fields(cls):
+        if f.name in inherited:
+            continue
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:
@@ -546,12 +944,23 @@ def config_fields_help(cls: type = GRPOConfig) -> list[tuple[str, str, str, str]
 
 def reference_markdown() -> str:
     """The README's configuration reference: one table per section, from the field metadata."""
+    from mtgrpo.config_compat import compatibility_rows
+
     sections = [("Training (top level of a run file; `GRPOConfig`)", GRPOConfig),
                 ("`model:`", ModelConfig), ("`data:`", DataConfig)]
     lines: list[str] = []
     for title, cls in sections:
         lines += [f"#### {title}", "", "| option | default | meaning |", "|---|---|---|"]
-        for name, _, default, text in config_fields_help(cls):
+        for name, _, default, text in config_fields_help(cls, own_only=True):
             lines.append(f"| `{name}` | `{default}` | {text} |")
         lines.append("")
+    lines += ["#### Accepted for TRL compatibility (`GRPOConfig`)", "",
+              "TRL 1.16 / transformers fields that mtgrpo does not act on. *no effect*: any "
+              "value is accepted (a non-default value is named in a warning); *refused*: only "
+              "the default is accepted, anything else is an error that names the alternative.",
+              "", "| option | default | effect |", "|---|---|---|"]
+    for name, default, effect, text in compatibility_rows():
+        label = "refused" if effect == "refused" else "no effect"
+        reason = text.removeprefix("no effect: ").removeprefix("no effect ")
+        lines.append(f"| `{name}` | `{default}` | {label}: {reason} |")
     return "\n".join(lines).rstrip() + "\n"

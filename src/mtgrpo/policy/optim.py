@@ -2,14 +2,19 @@
 
 Kept deliberately small and close to the Hugging Face ``Trainer`` so that a run configured
 with TRL's names (``learning_rate``, ``weight_decay``, ``adam_beta1/2``, ``adam_epsilon``,
-``lr_scheduler_type``, ``warmup_steps`` / ``warmup_ratio``, ``max_grad_norm``) behaves the same.
+``optim`` / ``optim_args``, ``lr_scheduler_type`` / ``lr_scheduler_kwargs``, ``warmup_steps`` /
+``warmup_ratio``, ``max_grad_norm``) behaves the same: optimizer classes and their options
+come from transformers' ``Trainer.get_optimizer_cls_and_kwargs``, schedules from
+``transformers.get_scheduler``; the parameter groups (no decay on biases and norms) are the
+Trainer's.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +27,8 @@ __all__ = [
     "SCHEDULERS",
     "build_optimizer",
     "build_scheduler",
+    "check_optimizer_name",
+    "check_scheduler_name",
     "clip_gradients",
     "no_decay_parameter_names",
 ]
@@ -39,6 +46,39 @@ SCHEDULERS: Registry[str] = Registry("learning-rate schedule")
 SCHEDULERS.add("constant", "constant_with_warmup", aliases=("constant_with_warmup",))
 SCHEDULERS.add("linear", "linear")
 SCHEDULERS.add("cosine", "cosine")
+
+
+def _transformers_schedulers() -> list[str]:
+    from transformers import SchedulerType
+
+    return [kind.value for kind in SchedulerType]
+
+
+def _transformers_optimizers() -> list[str]:
+    from transformers.training_args import OptimizerNames
+
+    return [name.value for name in OptimizerNames]
+
+
+def check_scheduler_name(kind: str) -> str:
+    """The transformers schedule name for ``kind`` (ours or any ``SchedulerType``)."""
+    if kind in SCHEDULERS:
+        return SCHEDULERS.get(kind)
+    valid = _transformers_schedulers()
+    if kind not in valid:
+        raise ValueError(
+            f"lr_scheduler_type={kind!r} is not a schedule; use constant, linear, cosine or "
+            f"one of transformers' {', '.join(valid)}"
+        )
+    return kind
+
+
+def check_optimizer_name(name: str) -> str:
+    """``name`` when transformers knows the optimizer; an error listing them otherwise."""
+    valid = _transformers_optimizers()
+    if name not in valid:
+        raise ValueError(f"optim={name!r} is not an optimizer name; valid: {', '.join(valid)}")
+    return name
 
 
 def no_decay_parameter_names(model: nn.Module) -> set[str]:
@@ -66,12 +106,18 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
-) -> AdamW:
-    """AdamW over the trainable parameters only (LoRA: the adapter weights).
+    *,
+    optim: str = "adamw_torch",
+    optim_args: str | None = None,
+) -> Optimizer:
+    """The optimizer over the trainable parameters only (LoRA: the adapter weights).
 
     Two parameter groups, as the HF ``Trainer``: ``weight_decay`` for weight matrices and 0
     for biases and normalisation weights (:func:`no_decay_parameter_names`). Defaults are the
     Trainer's (``adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0``).
+    ``optim`` is a transformers optimizer name (``adamw_torch`` default, ``adamw_torch_fused``,
+    ``adafactor``, ``sgd``, ...) and ``optim_args`` its ``"key=value,..."`` options; the class
+    and its keyword arguments come from ``Trainer.get_optimizer_cls_and_kwargs``.
     """
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
@@ -94,7 +140,24 @@ def build_optimizer(
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return AdamW([group for group in groups if group["params"]], lr=lr, betas=betas, eps=eps)
+    groups = [group for group in groups if group["params"]]
+    if optim == "adamw_torch" and not optim_args:
+        return AdamW(groups, lr=lr, betas=betas, eps=eps)
+    optimizer_cls, kwargs = _transformers_optimizer(
+        check_optimizer_name(optim), optim_args, lr, betas, eps, model)
+    return optimizer_cls(groups, **kwargs)
+
+
+def _transformers_optimizer(optim: str, optim_args: str | None, lr: float,
+                            betas: tuple[float, float], eps: float,
+                            model: nn.Module) -> tuple[type, dict[str, Any]]:
+    from types import SimpleNamespace
+
+    from transformers import Trainer
+
+    args = SimpleNamespace(optim=optim, optim_args=optim_args, learning_rate=lr,
+                           adam_beta1=betas[0], adam_beta2=betas[1], adam_epsilon=eps)
+    return Trainer.get_optimizer_cls_and_kwargs(args, model)  # type: ignore[arg-type]
 
 
 def build_scheduler(
@@ -104,15 +167,17 @@ def build_scheduler(
     total_steps: int,
     warmup_steps: int | None = None,
     warmup_ratio: float | None = None,
+    scheduler_kwargs: Mapping[str, Any] | None = None,
 ) -> LRScheduler:
     """A per-optimizer-step learning-rate schedule (``transformers.get_scheduler``).
 
     ``kind``: ``"constant"`` (after the warm-up; MT-GRPO's setting), ``"linear"`` or
-    ``"cosine"`` decay to 0 at ``total_steps``. The warm-up is linear from 0 and is given as
+    ``"cosine"`` decay to 0 at ``total_steps``, or any other transformers schedule name with
+    its options in ``scheduler_kwargs``. The warm-up is linear from 0 and is given as
     ``warmup_steps`` or as ``warmup_ratio`` of ``total_steps`` (rounded up, as the HF
     ``TrainingArguments.get_warmup_steps``), not both; neither means no warm-up.
     """
-    name = SCHEDULERS.get(kind)
+    name = check_scheduler_name(kind)
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
         raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
     if warmup_steps is not None and warmup_ratio is not None:
@@ -131,7 +196,8 @@ def build_scheduler(
     from transformers import get_scheduler
 
     return get_scheduler(
-        name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps
+        name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps,
+        scheduler_specific_kwargs=dict(scheduler_kwargs or {}),
     )
 
 
