@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import torch
+from loss_helpers import LN2, hand_example, trl_compute_loss
 
 from mtgrpo.policy import (
     LOSS_TYPES,
@@ -18,27 +17,6 @@ from mtgrpo.policy import (
     plan_micro_batches,
     policy_loss,
 )
-
-LN2 = math.log(2.0)
-
-
-def hand_example() -> dict[str, torch.Tensor]:
-    """Two completions of three tokens, eps_low 0.2, eps_high 0.28, beta 0.1.
-
-    row 0: A = +1, ratios (1.5, 1.1, 1.0), ref - logp = (0, ln 2, 0), all tokens kept
-    row 1: A = -2, ratios (0.5, 0.9, 2.0), ref - logp = (-ln 2, 0, 5), last token masked
-    """
-    logps = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]], dtype=torch.float64)
-    ratios = torch.tensor([[1.5, 1.1, 1.0], [0.5, 0.9, 2.0]], dtype=torch.float64)
-    ref_minus = torch.tensor([[0.0, LN2, 0.0], [-LN2, 0.0, 5.0]], dtype=torch.float64)
-    return {
-        "logps": logps,
-        "old_logps": logps - ratios.log(),
-        "ref_logps": logps + ref_minus,
-        "advantages": torch.tensor([1.0, -2.0], dtype=torch.float64),
-        "completion_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-    }
-
 
 # Per-token losses L = -min(rho A, clip(rho, 0.8, 1.28) A) + 0.1 KL, KL = e^d - d - 1:
 #   row 0: t0 -min(1.5, 1.28) + 0            = -1.28
@@ -198,56 +176,6 @@ def test_beta_zero_needs_no_reference_and_matches_a_zero_kl_reference() -> None:
 # --- TRL 1.16 parity --------------------------------------------------------------------
 
 
-def trl_compute_loss(
-    logps: torch.Tensor,
-    old: torch.Tensor,
-    ref: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    loss_type: str,
-    eps_low: float,
-    eps_high: float,
-    beta: float,
-    max_len: int,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Run TRL's own ``GRPOTrainer._compute_loss`` on given log-probabilities.
-
-    The trainer object is replaced by a namespace holding exactly the attributes the method
-    reads on its single-process, no-vLLM, token-level path; the model call returns ``logps``.
-    """
-    grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
-    metrics: defaultdict = defaultdict(lambda: defaultdict(list))
-    accelerator = SimpleNamespace(
-        num_processes=1, sync_gradients=True, reduce=lambda x, reduction="sum": x,
-        gather=lambda x: x, gather_for_metrics=lambda x: x,
-    )  # fmt: skip
-    trainer = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=beta, loss_type=loss_type,
-        epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
-        current_gradient_accumulation_steps=1, accelerator=accelerator,
-        _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics=metrics,
-        max_completion_length=max_len,
-    )  # fmt: skip
-    rows, length = logps.shape
-    inputs = {
-        "prompt_ids": torch.zeros(rows, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(rows, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(rows, length, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": advantages,
-        "old_per_token_logps": old,
-        "ref_per_token_logps": ref,
-        "num_items_in_batch": mask.sum(),
-    }
-    loss = grpo_trainer.GRPOTrainer._compute_loss(trainer, None, inputs)
-    return loss, dict(metrics["train"])
-
-
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_matches_trl_compute_loss(loss_type: str, beta: float) -> None:
@@ -370,7 +298,7 @@ def test_per_sequence_objective_before_and_after_an_update() -> None:
     ("kwargs", "message"),
     [
         ({"beta": 0.1}, r"beta=0.1 > 0 needs ref_logps"),
-        ({"loss_type": "ppo"}, r"unknown loss type 'ppo'; valid names: bnpo, dapo, dr_grpo"),
+        ({"loss_type": "ppo"}, r"unknown loss type 'ppo'; valid names: bnpo, cispo, dapo, dr_grpo"),
         ({"loss_type": "dr_grpo"}, "divides by the constant max_completion_length"),
         ({"epsilon_low": 1.0}, r"epsilon_low must be in \[0, 1\)"),
         ({"beta": -1.0}, "beta .* must be >= 0"),

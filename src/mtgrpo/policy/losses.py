@@ -14,6 +14,25 @@ With one policy update per generation batch (mu = 1) and no ``old_logps``, ``old
 logp.detach()``: rho = 1 in value but its gradient is that of ``logp``, so no extra forward is
 needed (TRL does the same).
 
+The ratio ``rho`` is per token (``importance_sampling_level="token"``) or, for GSPO
+(``"sequence"``), one per completion: ``rho_j = exp(mean_t m (logp - old))``. Per loss type
+(:class:`LossOptions` holds the options; TRL 1.16's ``_compute_loss`` is the source):
+
+- ``grpo``, ``dapo``, ``dr_grpo``, ``bnpo``, ``luspo``: the clipped surrogate above; with
+  ``delta`` (two-sided clipping) the unclipped ratio is first capped at ``delta``;
+- ``cispo`` (MiniMax-M1): ``L = -sg(min(rho, eps_high)) A logp`` (the importance weight is
+  clipped and detached, ``eps_high`` is its cap);
+- ``sapo`` (SAPO): ``L = -sigmoid(tau (rho - 1)) (4 / tau) A``, ``tau`` = the positive or
+  negative temperature by the sign of ``A``;
+- ``vespo`` (VESPO): ``L = -phi(w) A logp`` with the detached gamma weight of
+  :func:`~mtgrpo.policy.token_weights.gamma_weights`.
+
+Then, in TRL's order: completions dropped by the off-policy mask and tokens outside the
+high-entropy mask get ``L = 0``; the KL term is added (multiplied by ``rho`` with
+``use_bias_correction_kl``); the tokens are aggregated; the entropy bonus
+``entropy_coef * H`` is subtracted, ``H`` the mean entropy of the micro-batch's trained tokens
+divided by the number of micro-batches (TRL's definition).
+
 Aggregations (``loss_type``, TRL's names; aliases from ALGORITHMS.md), written with the
 *whole-batch* sizes of :class:`LossNormalizer`, so the micro-batch losses of one optimizer step
 sum to the full-batch loss and their accumulated gradients equal the full-batch gradient:
@@ -23,7 +42,9 @@ sum to the full-batch loss and their accumulated gradients equal the full-batch 
 - ``"dr_grpo"``: ``sum_jt m L / (N * max_completion_length)``;
 - ``"bnpo"``: TRL's local token mean, ``[sum_jt m L / sum_jt m]_micro-batch /
   num_micro_batches``. It is the only one that depends on how the batch is split (as in
-  TRL); with one micro-batch it equals ``"dapo"``.
+  TRL); with one micro-batch it equals ``"dapo"``;
+- ``"sapo"``: the sequence mean of ``"grpo"``; ``"cispo"``, ``"vespo"``: the token mean of
+  ``"dapo"``; ``"luspo"``: ``sum_jt m L / N`` (each sequence weighted by its length).
 
 Departures from TRL: TRL divides ``grpo`` / ``dr_grpo`` by the gradient-accumulation steps and
 the *local* row count, which equals ours only when every micro-batch has the same number of
@@ -41,10 +62,13 @@ import torch
 from torch import Tensor
 
 from mtgrpo._registry import Registry
+from mtgrpo.policy.token_weights import gamma_weights, off_policy_mask
 
 __all__ = [
     "LOSS_TYPES",
+    "SURROGATES",
     "LossNormalizer",
+    "LossOptions",
     "LossOutput",
     "combine_loss_outputs",
     "per_sequence_objective",
@@ -119,6 +143,8 @@ class LossOutput:
     clip_region_fraction: Tensor  # [] either of the two
     mean_ratio: Tensor  # [] token mean of rho
     mean_kl: Tensor | None  # [] token mean of KL_jt, None without ref_logps
+    policy_loss: Tensor | None = None  # [] the loss without the entropy bonus
+    trained_entropy: Tensor | None = None  # [2] sum and count of the trained tokens' entropy
 
 
 # An aggregation maps masked per-token losses [n, L], the mask [n, L] (bool) and the
@@ -154,6 +180,102 @@ def _local_token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNorm
     return per_token_loss.sum() / mask.sum().clamp(min=1) / normalizer.num_micro_batches
 
 
+LOSS_TYPES.add("cispo", _token_mean)
+LOSS_TYPES.add("vespo", _token_mean)
+LOSS_TYPES.add("sapo", _sequence_mean)
+
+
+@LOSS_TYPES.register("luspo")
+def _length_weighted(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    return per_token_loss.sum() / normalizer.num_sequences
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """TRL 1.16's options of the policy loss beyond clipping and the KL coefficient.
+
+    ``importance_sampling_level``: ``"token"`` or ``"sequence"`` (GSPO). ``delta``: two-sided
+    clipping cap of the unclipped ratio (None: off). ``sapo_temperature_pos/neg``: SAPO's gate
+    temperatures. ``vespo_*``: VESPO's gamma shapes and rates. ``use_bias_correction_kl``:
+    multiply the KL by ``rho``. ``off_policy_threshold``: the off-policy sequence mask's KL
+    threshold (None: off). ``entropy_coef``: the entropy bonus coefficient applied (0: off).
+    """
+
+    importance_sampling_level: str = "token"
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    use_bias_correction_kl: bool = False
+    off_policy_threshold: float | None = None
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                f"importance_sampling_level={self.importance_sampling_level!r} must be 'token' "
+                "or 'sequence'"
+            )
+        if min(self.sapo_temperature_pos, self.sapo_temperature_neg) <= 0:
+            raise ValueError("sapo temperatures must be > 0")
+
+
+@dataclass(frozen=True)
+class _Surrogate:
+    """Inputs of a per-token objective (shapes ``[n, L]``; ``ratio`` may be ``[n, 1]``)."""
+
+    logps: Tensor
+    log_ratio: Tensor
+    ratio: Tensor
+    advantages: Tensor  # [n, 1]
+    mask: Tensor
+    epsilon_low: float
+    epsilon_high: float
+    options: LossOptions
+
+
+# A surrogate maps its inputs to (per-token loss before masks and KL, the ratio the clip
+# statistics use, or None when the loss type reports none).
+Surrogate = Callable[[_Surrogate], tuple[Tensor, Tensor | None]]
+SURROGATES: Registry[Surrogate] = Registry("policy objective")
+
+
+@SURROGATES.register("clip")
+def _clipped(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    clipped = torch.clamp(x.ratio, 1 - x.epsilon_low, 1 + x.epsilon_high)
+    ratio = x.ratio if x.options.delta is None else torch.clamp(x.ratio, max=x.options.delta)
+    return -torch.min(ratio * x.advantages, clipped * x.advantages), ratio
+
+
+@SURROGATES.register("cispo")
+def _cispo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    weight = torch.clamp(x.ratio, max=x.epsilon_high).detach()
+    return -weight * x.advantages * x.logps, None
+
+
+@SURROGATES.register("sapo")
+def _sapo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    pos, neg = (torch.tensor(t, dtype=x.ratio.dtype, device=x.ratio.device)
+                for t in (x.options.sapo_temperature_pos, x.options.sapo_temperature_neg))
+    tau = torch.where(x.advantages > 0, pos, neg)
+    return -torch.sigmoid(tau * (x.ratio - 1)) * 4 / tau * x.advantages, None
+
+
+@SURROGATES.register("vespo")
+def _vespo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    o = x.options
+    phi = gamma_weights(x.advantages[:, 0], x.log_ratio, x.mask, k_pos=o.vespo_k_pos,
+                        lambda_pos=o.vespo_lambda_pos, k_neg=o.vespo_k_neg,
+                        lambda_neg=o.vespo_lambda_neg).unsqueeze(-1)  # [n, 1]
+    return -phi * x.advantages * x.logps, None
+
+
+_SURROGATE_OF = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
+
+
 def policy_loss(
     logps: Tensor,
     advantages: Tensor,
@@ -166,37 +288,84 @@ def policy_loss(
     epsilon_high: float | None = None,
     beta: float = 0.0,
     normalizer: LossNormalizer | None = None,
+    options: LossOptions | None = None,
+    entropy: Tensor | None = None,
+    token_mask: Tensor | None = None,
+    sampling_logps: Tensor | None = None,
 ) -> LossOutput:
-    """Clipped GRPO surrogate with an optional k3 KL penalty, aggregated by ``loss_type``.
+    """The GRPO loss family, aggregated by ``loss_type`` (see the module docstring).
 
-    ``logps, old_logps, ref_logps, completion_mask: [n, L]``; ``advantages: [n]``. See the
-    module docstring for the formula and the aggregations. Defaults are TRL 1.16's
-    (``loss_type="dapo"``, ``epsilon=0.2``, ``epsilon_high=None`` meaning ``epsilon_low``,
-    ``beta=0``). ``beta = 0`` needs no ``ref_logps``; when they are given anyway, the KL is
-    still reported in ``mean_kl``. ``normalizer=None`` treats this micro-batch as the whole
-    batch.
+    ``logps, old_logps, ref_logps, completion_mask: [n, L]``; ``advantages: [n]``. Defaults are
+    TRL 1.16's (``loss_type="dapo"``, ``epsilon=0.2``, ``epsilon_high=None`` meaning
+    ``epsilon_low``, ``beta=0``). ``beta = 0`` needs no ``ref_logps``; when they are given
+    anyway, the KL is still reported in ``mean_kl``. ``normalizer=None`` treats this
+    micro-batch as the whole batch. ``options``: :class:`LossOptions` (TRL's defaults).
+    ``entropy [n, L]``: the policy's token entropy, with its graph when the entropy bonus is
+    on. ``token_mask [n, L]``: the tokens to train on (the high-entropy mask; None: all).
+    ``sampling_logps``: the policy that sampled the completions, for the off-policy mask
+    (default ``old_logps``, else ``logps`` detached).
     """
     aggregate = LOSS_TYPES.get(loss_type)
+    loss_type = LOSS_TYPES.canonical(loss_type)
+    options = options or LossOptions()
     eps_high = epsilon_low if epsilon_high is None else epsilon_high
     _check_loss_inputs(logps, advantages, completion_mask, old_logps, ref_logps)
     _check_coefficients(epsilon_low, eps_high, beta, ref_logps)
     mask = completion_mask.bool()  # [n, L]
     if normalizer is None:
         normalizer = LossNormalizer.for_batch(mask, max_completion_length=None)
-    ratio, surrogate = _clipped_surrogate(logps, old_logps, advantages, epsilon_low, eps_high)
+    old = logps.detach() if old_logps is None else old_logps
+    log_ratio = logps - old  # [n, L]
+    if options.importance_sampling_level == "sequence":
+        kept = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+        log_weights = (kept.sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)  # [n, 1]
+    else:
+        log_weights = log_ratio
+    ratio = torch.exp(log_weights)
+    adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [n, 1]
+    inputs = _Surrogate(logps, log_ratio, ratio, adv, mask, epsilon_low, eps_high, options)
+    per_token_loss, clip_ratio = SURROGATES.get(_SURROGATE_OF.get(loss_type, "clip"))(inputs)
+    per_token_loss = raw_loss = per_token_loss.expand_as(logps)
+    trained = mask if token_mask is None else mask & token_mask.bool()
+    if options.off_policy_threshold is not None:
+        sampler = old if sampling_logps is None else sampling_logps
+        keep = off_policy_mask(advantages, logps, sampler, mask, options.off_policy_threshold)
+        trained = trained & keep.unsqueeze(-1)
+    per_token_loss = torch.where(trained, per_token_loss, torch.zeros_like(per_token_loss))
     kl = None if ref_logps is None else _k3_kl(logps, ref_logps)  # [n, L]
-    per_token_loss = -surrogate if beta == 0.0 or kl is None else -surrogate + beta * kl
+    if kl is not None and options.use_bias_correction_kl:
+        kl = kl * ratio
+    if beta != 0.0 and kl is not None:
+        per_token_loss = per_token_loss + beta * kl
     per_token_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
     loss = aggregate(per_token_loss, mask, normalizer)
+    policy_part, trained_entropy = loss, None
+    if entropy is not None:
+        trained_entropy, bonus = _entropy_bonus(entropy, trained, normalizer)
+        if options.entropy_coef != 0.0:
+            loss = loss - options.entropy_coef * bonus
     with torch.no_grad():
-        stats = _token_stats(ratio, advantages, kl, mask, epsilon_low, eps_high)
+        stats = _token_stats(ratio, clip_ratio, loss_type, advantages, kl, mask, epsilon_low,
+                             eps_high)
         lengths = mask.sum(-1).clamp(min=1)
         return LossOutput(
             loss=loss,
             per_sequence_loss=per_token_loss.sum(-1) / lengths,
-            per_sequence_objective=_masked_row_mean(surrogate, mask),
+            per_sequence_objective=_masked_row_mean(-raw_loss, mask),
+            policy_loss=policy_part.detach(),
+            trained_entropy=trained_entropy,
             **stats,
         )
+
+
+def _entropy_bonus(entropy: Tensor, trained: Tensor,
+                   normalizer: LossNormalizer) -> tuple[Tensor, Tensor]:
+    """``[sum, count]`` of the trained tokens' entropy (detached) and the bonus ``H``: their
+    mean over this micro-batch divided by the number of micro-batches (TRL's definition)."""
+    values = torch.where(trained, entropy.float(), torch.zeros((), device=entropy.device))
+    total, count = values.sum(), trained.sum().to(torch.float32)
+    bonus = total / count.clamp(min=1) / normalizer.num_micro_batches
+    return torch.stack([total.detach(), count]), bonus
 
 
 def per_sequence_objective(
@@ -307,28 +476,46 @@ def _masked_row_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 def _token_stats(
     ratio: Tensor,
+    clip_ratio: Tensor | None,
+    loss_type: str,
     advantages: Tensor,
     kl: Tensor | None,
     mask: Tensor,
     epsilon_low: float,
     epsilon_high: float,
 ) -> dict[str, Tensor | None]:
-    """Clip fractions, mean ratio and mean KL over masked tokens (TRL's definitions)."""
+    """Clip fractions, mean ratio and mean KL over masked tokens (TRL's definitions).
+
+    The clipped-surrogate losses count ``rho < 1 - eps_low, A < 0`` (low) and
+    ``rho > 1 + eps_high, A > 0`` (high); ``cispo`` counts its capped weights
+    (``rho > eps_high, A > 0``) as high; ``sapo`` and ``vespo`` clip nothing. With one ratio per
+    sequence (``[n, 1]``) the ratio statistics are means over sequences, as in TRL.
+    """
     adv = advantages.unsqueeze(-1)  # [n, 1]
-    low = (ratio < 1 - epsilon_low) & (adv < 0)
-    high = (ratio > 1 + epsilon_high) & (adv > 0)
+    per_sequence = ratio.shape[-1] == 1 and mask.shape[-1] != 1
+    if clip_ratio is not None:
+        low = (clip_ratio < 1 - epsilon_low) & (adv < 0)
+        high = (clip_ratio > 1 + epsilon_high) & (adv > 0)
+    elif loss_type == "cispo":
+        low = torch.zeros_like(mask)
+        high = (ratio > epsilon_high) & (adv > 0)
+    else:
+        low = high = torch.zeros_like(ratio, dtype=torch.bool)
     num_tokens = mask.sum().to(torch.float32)
 
     def token_mean(values: Tensor) -> Tensor:
         kept = torch.where(mask, values.to(torch.float32), torch.zeros((), device=mask.device))
         return kept.sum() / num_tokens.clamp(min=1)
 
+    def ratio_mean(values: Tensor) -> Tensor:
+        return values.float().mean() if per_sequence else token_mean(values)
+
     return {
         "num_tokens": num_tokens,
-        "clip_low_fraction": token_mean(low),
-        "clip_high_fraction": token_mean(high),
-        "clip_region_fraction": token_mean(low | high),
-        "mean_ratio": token_mean(ratio),
+        "clip_low_fraction": ratio_mean(low),
+        "clip_high_fraction": ratio_mean(high),
+        "clip_region_fraction": ratio_mean(low | high),
+        "mean_ratio": ratio_mean(ratio),
         "mean_kl": None if kl is None else token_mean(kl),
     }
 

@@ -67,8 +67,8 @@ def check_scheduler_name(kind: str) -> str:
     valid = _transformers_schedulers()
     if kind not in valid:
         raise ValueError(
-            f"lr_scheduler_type={kind!r} is not a schedule; use constant, linear, cosine or "
-            f"one of transformers' {', '.join(valid)}"
+            f"unknown learning-rate schedule {kind!r}; valid names: constant, linear, cosine "
+            f"and transformers' {', '.join(valid)} (lr_scheduler_type)"
         )
     return kind
 
