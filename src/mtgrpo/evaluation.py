@@ -45,6 +45,7 @@ class EvaluationResult:
     tasks: dict[str, TaskResult]
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    groups: list[Any] = field(default_factory=list, repr=False)  # the scored groups
 
     @property
     def worst_task(self) -> str:
@@ -127,9 +128,11 @@ def evaluate_prompts(
     accuracy_channel: int | None = None,
     shard: Any = None,
     prompts_per_call: int = 64,
+    extra: dict[str, Any] | None = None,
 ) -> EvaluationResult:
     """Sample ``num_samples`` completions per prompt of ``prompts`` (a
-    :class:`~mtgrpo.trainer.data.PromptSet`) and score them with ``rewards``."""
+    :class:`~mtgrpo.trainer.data.PromptSet`) and score them with ``rewards`` (``extra``: the
+    keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``)."""
     import torch
 
     from mtgrpo.rewards.accuracy import accuracy_values
@@ -138,6 +141,7 @@ def evaluate_prompts(
     worker = RolloutWorker(
         prompts, backend, rewards, params, num_samples, tokenizer,
         accuracy_threshold=accuracy_threshold, accuracy_channel=accuracy_channel, shard=shard,
+        extra=extra,
     )
     begin = time.perf_counter()
     for chunk in _chunks(len(prompts), prompts_per_call):
@@ -161,7 +165,7 @@ def evaluate_prompts(
             format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
             mean_length=float(np.mean(lengths)),
         )
-    return EvaluationResult(results, seconds=time.perf_counter() - begin)
+    return EvaluationResult(results, seconds=time.perf_counter() - begin, groups=groups)
 
 
 def run_evaluation(

@@ -272,16 +272,19 @@ class PromptPool:
     The order of task ``k`` in epoch ``e`` is a permutation regenerated from ``(seed, k, e)``, so
     the state is just ``(epoch, position)`` per task. :meth:`draw` asking for more prompts than
     remain wraps into the next epoch: a task with fewer prompts than a step needs repeats
-    prompts, each epoch still visiting every prompt once.
+    prompts, each epoch still visiting every prompt once. ``shuffle=False`` reads every task's
+    prompts in dataset order instead (TRL's ``shuffle_dataset=False``).
     """
 
-    def __init__(self, prompt_tasks: Any, num_tasks: int, seed: int = 0) -> None:
+    def __init__(self, prompt_tasks: Any, num_tasks: int, seed: int = 0,
+                 shuffle: bool = True) -> None:
         self._tasks = _validate_prompt_tasks(prompt_tasks, num_tasks)  # [num_prompts]
         seed = _as_index("seed", seed)
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {seed}")
         self.num_tasks = int(num_tasks)
         self._seed = seed
+        self._shuffle = bool(shuffle)
         self._ids = [np.flatnonzero(self._tasks == k) for k in range(self.num_tasks)]
         self._epochs = [0] * self.num_tasks
         self._positions = [0] * self.num_tasks
@@ -300,6 +303,8 @@ class PromptPool:
 
     def _order(self, task: int) -> np.ndarray:
         order = self._orders[task]
+        if order is None and not self._shuffle:
+            order = self._orders[task] = self._ids[task]
         if order is None:
             rng = np.random.default_rng([self._seed, task, self._epochs[task]])
             order = self._ids[task][rng.permutation(self._ids[task].size)]
@@ -514,6 +519,7 @@ class Sampler(ABC):
         zero_gradient_filter: a name in :data:`ZERO_GRADIENT_FILTERS` (default ``strict``).
         acceptance_ema: the decay ``d`` of ``ρ_k ← d ρ_k + (1 − d) f_k`` (paper 0.9), where
             ``f_k`` is the fraction of this build's task-``k`` groups the filter dropped.
+        shuffle: read each task's prompts in a shuffled order (False: dataset order).
     """
 
     name: ClassVar[str]
@@ -526,8 +532,9 @@ class Sampler(ABC):
         seed: int = 0,
         zero_gradient_filter: str = "strict",
         acceptance_ema: float = 0.9,
+        shuffle: bool = True,
     ) -> None:
-        self.pool = PromptPool(prompt_tasks, num_tasks, seed)
+        self.pool = PromptPool(prompt_tasks, num_tasks, seed, shuffle=shuffle)
         self.num_tasks = self.pool.num_tasks
         self.filter_name = ZERO_GRADIENT_FILTERS.canonical(zero_gradient_filter)
         self._is_zero_gradient = ZERO_GRADIENT_FILTERS.get(self.filter_name)
@@ -849,7 +856,7 @@ def _options(cls: type[Sampler]) -> list[str]:
         for param in inspect.signature(klass.__init__).parameters.values():
             if param.kind is inspect.Parameter.KEYWORD_ONLY:
                 names.add(param.name)
-    return sorted(names - {"seed", "zero_gradient_filter"})
+    return sorted(names - {"seed", "zero_gradient_filter", "shuffle"})
 
 
 def make_sampler(
@@ -859,6 +866,7 @@ def make_sampler(
     *,
     seed: int = 0,
     zero_gradient_filter: str = "strict",
+    shuffle: bool = True,
     **params: Any,
 ) -> Sampler:
     """Build the sampler registered as ``name`` (see :data:`SAMPLERS`).
@@ -869,6 +877,7 @@ def make_sampler(
         num_tasks: ``K``.
         seed: seeds the prompt order and the sampler's RNG.
         zero_gradient_filter: a name in :data:`ZERO_GRADIENT_FILTERS`.
+        shuffle: shuffled prompt order per epoch (False: dataset order).
         params: the sampler's options (``oversample_factor``, ``max_resample_rounds``,
             ``acceptance_ema``, ...); an unknown option is an error listing the valid ones.
     """
@@ -880,5 +889,6 @@ def make_sampler(
             f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
         )
     return cls(
-        prompt_tasks, num_tasks, seed=seed, zero_gradient_filter=zero_gradient_filter, **params
+        prompt_tasks, num_tasks, seed=seed, zero_gradient_filter=zero_gradient_filter,
+        shuffle=shuffle, **params,
     )

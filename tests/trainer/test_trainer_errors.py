@@ -25,9 +25,14 @@ def test_a_task_without_any_routed_reward_is_refused(tiny_model_dir, tmp_path):
 
 
 def test_missing_task_column_names_the_columns(tiny_model_dir, tmp_path):
+    # Without any task column the rows are single-task data (task 'default', see
+    # test_trainer_trl_surface.py); a column named explicitly, or one some rows lack, must exist.
     rows = [{"prompt": "hi"}]
-    with pytest.raises(ValueError, match=r"no task column 'task'; columns present: \['prompt'\]"):
-        _trainer(tiny_model_dir, tmp_path, rows=rows)
+    with pytest.raises(ValueError, match=r"no task column 'family'; columns present: \['prompt'\]"):
+        _trainer(tiny_model_dir, tmp_path, rows=rows, task_column="family")
+    mixed = [{"prompt": "hi", "task": "alpha"}, {"prompt": "ho"}]
+    with pytest.raises(ValueError, match=r"row 1 has no task column 'task'"):
+        _trainer(tiny_model_dir, tmp_path, rows=mixed)
 
 
 def test_missing_prompt_column(tiny_model_dir, tmp_path):

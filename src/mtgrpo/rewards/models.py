@@ -35,21 +35,24 @@ class RewardModel:
     """
 
     def __init__(self, model_or_path: Any, tokenizer: Any = None, *, batch_size: int = 16,
-                 max_length: int | None = None, name: str | None = None) -> None:
+                 max_length: int | None = None, name: str | None = None,
+                 trust_remote_code: bool = False) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if isinstance(model_or_path, str | Path):
-            model = AutoModelForSequenceClassification.from_pretrained(str(model_or_path))
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(model_or_path), trust_remote_code=trust_remote_code)
             source = str(model_or_path)
         else:
             model = model_or_path
             source = getattr(model, "name_or_path", "") or type(model).__name__
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        if model.config.pad_token_id is None:
-            model.config.pad_token_id = tokenizer.pad_token_id
+        # The score is read at the last token before the first pad token, so the model must
+        # know the tokenizer's pad id (TRL sets it the same way).
+        model.config.pad_token_id = tokenizer.pad_token_id
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.batch_size = batch_size

@@ -9,12 +9,20 @@ accepts:
 * an import path ``"package.module:function"`` (your own function);
 * a mapping ``{"name": ..., **options}`` for a reward *factory* that takes options
   (``{"name": "length_reward", "target_length": 200}``);
-* a reward model: a local checkpoint directory, a loaded sequence-classification model, or
-  ``{"reward_model": "org/name"}`` for a hub name (scored with ``logits[:, 0]``).
+* a reward model: a local checkpoint directory, a hub id ``"org/name"`` (TRL's form), a
+  loaded sequence-classification model, or ``{"reward_model": "org/name"}`` (scored with
+  ``logits[:, 0]``).
+
+A mapping's options go to the named function: a factory (``length_reward``) is called with
+them, any other function is bound to them (``functools.partial``, the function keeps its
+name), so ``{"name": "countdown_reward", "use_all_numbers": false}`` works for every built-in.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,42 +44,90 @@ for _name, _target in {
     REWARD_FUNCTIONS.add(_name, _target)
 
 
-def _from_mapping(spec: Mapping[str, Any]) -> Any:
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _is_factory(fn: Any) -> bool:
+    """A reward *factory* (``length_reward(target_length, tolerance)``) rather than a reward
+    function: it does not take TRL's ``completions`` argument."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "completions" not in parameters
+
+
+def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
+    """``fn`` configured by a run file's options: a factory is called with them, a reward
+    function is bound to them (keeping its name); an option it does not have is an error
+    naming the ones it has."""
+    if not options:
+        return fn
+    parameters = inspect.signature(fn).parameters
+    if _is_factory(fn):
+        valid = list(parameters)
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"reward {name!r} has no option(s) {unknown}; its options: {valid}")
+        try:
+            return fn(**options)
+        except TypeError as exc:
+            raise ValueError(f"reward {name!r}: {exc}; its options: {valid}") from None
+    settings = [p.name for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(settings))
+    if unknown:
+        raise ValueError(
+            f"reward {name!r} has no option(s) {unknown}; its options: {settings} (dataset "
+            "columns reach a reward function from the data, not from the run file)"
+        )
+    bound = functools.partial(fn, **options)
+    functools.update_wrapper(bound, fn)
+    return bound
+
+
+def _from_mapping(spec: Mapping[str, Any], **model_options: Any) -> Any:
     options = dict(spec)
     if "reward_model" in options:
         from mtgrpo.rewards.models import RewardModel
 
-        return RewardModel(options.pop("reward_model"), **options)
+        return RewardModel(options.pop("reward_model"), **{**model_options, **options})
     name = options.pop("name", None)
     if name is None:
         raise ValueError(
             f"reward entry {dict(spec)!r} needs a 'name' (a registered reward or an import "
             "path) or 'reward_model'"
         )
-    factory = resolve_reward(name)
-    return factory(**options) if options else factory
+    return _with_options(resolve_reward(name), str(name), options)
 
 
-def resolve_reward(spec: Any) -> Any:
-    """One reward entry of a config or of ``reward_funcs`` -> a reward callable."""
+def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool = False) -> Any:
+    """One reward entry of a config or of ``reward_funcs`` -> a reward callable.
+
+    ``tokenizer`` and ``trust_remote_code`` are used when the entry is a reward model (TRL's
+    ``reward_processing_classes`` and ``trust_remote_code``).
+    """
     from mtgrpo.rewards.models import RewardModel, is_reward_model_path
 
+    model_options = {"tokenizer": tokenizer, "trust_remote_code": trust_remote_code}
     if isinstance(spec, Mapping):
-        return _from_mapping(spec)
+        return _from_mapping(spec, **model_options)
     if isinstance(spec, str):
         if spec in REWARD_FUNCTIONS:
             return import_object(REWARD_FUNCTIONS.get(spec))
         if ":" in spec:
             return import_object(spec)
-        if is_reward_model_path(spec):
-            return RewardModel(spec)
+        if is_reward_model_path(spec) or _HUB_ID.match(spec):
+            return RewardModel(spec, **model_options)
         raise ValueError(
             f"reward {spec!r} is not a registered reward ({', '.join(REWARD_FUNCTIONS.names())}), "
-            "an import path 'package.module:function', or a local reward-model directory; for a "
-            "hub reward model write {reward_model: org/name}"
+            "an import path 'package.module:function', a local reward-model directory or a hub "
+            "reward model 'org/name'"
         )
     if _is_sequence_classifier(spec):
-        return RewardModel(spec)
+        return RewardModel(spec, **model_options)
+    if isinstance(spec, RewardModel) and tokenizer is not None:
+        return RewardModel(spec.model, tokenizer, batch_size=spec.batch_size,
+                           max_length=spec.max_length, name=spec.__name__)
     if callable(spec):
         return spec
     raise TypeError(f"cannot use a {type(spec).__name__} as a reward function")

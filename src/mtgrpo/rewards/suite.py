@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,13 +32,16 @@ from mtgrpo.rewards.evaluation import (
 
 __all__ = ["UNSCORABLE_POLICIES", "WILDCARD_TASK", "RewardScores", "RewardSuite"]
 
+logger = logging.getLogger(__name__)
+
 WILDCARD_TASK = "*"
 """Routing-table key whose functions apply to every task."""
 
 UnscorablePolicy = Callable[["RewardSuite", RewardBatch, np.ndarray], None]
 UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = Registry("on_unscorable policy")
-"""What to do with a completion no reward applies to (every channel NaN): ``raise`` (default)
-or ``zero_advantage`` (TRL's behaviour: the row stays all-NaN and the advantage is 0)."""
+"""What to do with a completion no reward applies to (every channel NaN): ``raise`` (default),
+``warn`` (TRL's behaviour and warning: the row stays all-NaN and the advantage is 0) or
+``zero_advantage`` (the same without the warning)."""
 
 
 @dataclass(frozen=True)
@@ -511,3 +515,19 @@ def _raise_on_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndar
 def _keep_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndarray) -> None:
     """Keep all-NaN rows as they are: ``compute_advantages(on_unscorable="zero_advantage")``
     gives them advantage 0 and leaves them out of every statistic (TRL's behaviour)."""
+
+
+@UNSCORABLE_POLICIES.register("warn")
+def _warn_on_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndarray) -> None:
+    """TRL 1.16's behaviour: keep the all-NaN rows (advantage 0) and warn in TRL's words,
+    with the first such row's reward arguments."""
+    unscorable = np.flatnonzero(np.isnan(values).all(axis=1))
+    if unscorable.size == 0:
+        return
+    row = int(unscorable[0])
+    arguments = {key: value[row] for key, value in batch.columns.items()}
+    arguments.update(prompt=batch.prompts[row], completion=batch.completions[row])
+    logger.warning(
+        "All reward functions returned None for the following kwargs:\n%s\nPlease ensure that "
+        "at least one reward function returns a valid reward.", arguments,
+    )

@@ -20,6 +20,10 @@ Departures from calling ``generate`` with its defaults, each on purpose:
 5. With ``SamplingParams.seed`` set, sampling draws from ``torch.manual_seed(seed)`` inside a
    forked RNG state, so the caller's random state is untouched and the result depends only on
    the seed, the prompts, the parameters and ``max_batch_size``.
+6. ``generation_options`` (TRL's ``min_p``, ``repetition_penalty``, ``generation_kwargs``,
+   ``cache_implementation``) are added to the generation config of every call, on top of the
+   sampling parameters; they change the sampling distribution, so the importance ratio of the
+   update no longer starts at the sampler's distribution (as in TRL).
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class HFGenerateBackend:
     for its pad and EOS ids (may be None when the model's generation config has them).
     ``max_batch_size``: most rows per ``generate`` call (a memory bound; ``None``: every row in
     one call). ``eos_token_ids``: override the EOS ids read from the model and tokenizer.
+    ``generation_options``: extra ``GenerationConfig`` fields for every call (departure 6).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class HFGenerateBackend:
         *,
         max_batch_size: int | None = 64,
         eos_token_ids: Sequence[int] | None = None,
+        generation_options: Mapping[str, Any] | None = None,
     ) -> None:
         if max_batch_size is not None and (
             isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
@@ -141,6 +147,7 @@ class HFGenerateBackend:
         self.eos_token_ids: tuple[int, ...]
         self.eos_token_ids, self.pad_token_id = _special_ids(model, tokenizer, eos_token_ids)
         self.weights_version: int | None = None
+        self.generation_options = dict(generation_options or {})
 
     @property
     def _device(self) -> torch.device:
@@ -200,16 +207,15 @@ class HFGenerateBackend:
                 "top_p": float(params.top_p),
                 "top_k": params.top_k,  # 0 disables generate's default top-k of 50
             }
-        return GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            min_length=0,
-            num_beams=1,
-            eos_token_id=list(stop_ids),
-            pad_token_id=self.pad_token_id,
-            return_dict_in_generate=True,
-            output_scores=params.return_logprobs,
+        options = {
+            "max_new_tokens": params.max_new_tokens, "min_length": 0, "num_beams": 1,
+            "eos_token_id": list(stop_ids), "pad_token_id": self.pad_token_id,
+            "return_dict_in_generate": True, "output_scores": params.return_logprobs,
             **sampling,
-        )
+        }
+        if not params.is_greedy:
+            options.update(self.generation_options)
+        return GenerationConfig(**options)
 
     def _left_pad(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in batch)
@@ -229,12 +235,14 @@ class HFGenerateBackend:
             attention_mask=attention_mask,
             generation_config=self._generation_config(params, stop_ids),
         )
-        generated = output.sequences[:, input_ids.shape[1] :].tolist()  # [n, L]
+        # A replaced generate (a model's own, or a mock) may return the token tensor itself.
+        sequences = output.sequences if hasattr(output, "sequences") else output
+        generated = sequences[:, input_ids.shape[1] :].tolist()  # [n, L]
         lengths, finished = _cut_at_stop(generated, set(stop_ids))
         completions = [ids[:length] for ids, length in zip(generated, lengths, strict=True)]
         logprobs = None
         if params.return_logprobs:
-            logprobs = _token_logprobs(output.scores, output.sequences[:, input_ids.shape[1] :])
+            logprobs = _token_logprobs(output.scores, sequences[:, input_ids.shape[1] :])
             logprobs = [lp[:length] for lp, length in zip(logprobs, lengths, strict=True)]
         return _Chunk(completions, finished, logprobs)
 

@@ -118,14 +118,19 @@ def _materialize(source: Any, split: str | None) -> tuple[list[Any], bool]:
 
 
 def load_rows(
-    source: Any, split: str | None = None, task_column: str = "task"
+    source: Any,
+    split: str | None = None,
+    task_column: str = "task",
+    default_task: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of ``source`` as a list of dicts, each with a ``task`` key.
 
     ``split`` chooses a split of a ``DatasetDict`` or of a mapping of splits; for any
     other source it keeps the rows whose ``split`` column equals it. ``task_column`` names
-    the column holding the task id (renamed to ``task``). Raises ``ValueError`` when the
-    task column is missing (naming the columns present), a task id is not a non-empty
+    the column holding the task id (renamed to ``task``). With ``default_task``, rows of a
+    source where *no* row has the task column all get that task (a single-task dataset, as
+    TRL's); a column present on some rows only is still an error. Raises ``ValueError`` when
+    the task column is missing (naming the columns present), a task id is not a non-empty
     string, or there are no rows.
     """
     raw, split_used = _materialize(source, split)
@@ -145,6 +150,8 @@ def load_rows(
         rows = [row for row in rows if row["split"] == split]
     if not rows:
         raise ValueError(f"no rows loaded from {type(source).__name__} (split={split!r})")
+    if default_task is not None and not any(task_column in row for row in rows):
+        return [{**row, "task": default_task} for row in rows]
     return [_with_task(row, number, task_column) for number, row in enumerate(rows)]
 
 

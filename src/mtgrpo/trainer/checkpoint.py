@@ -62,12 +62,16 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> None:
-    """Delete all but the newest ``keep`` checkpoints (``None`` keeps all)."""
-    if keep is None:
+def rotate_checkpoints(output_dir: str | Path, limit: int | None,
+                       keep: Path | None = None) -> None:
+    """Delete all but the newest ``limit`` checkpoints (``None`` keeps all); ``keep`` (the
+    best checkpoint) is never deleted."""
+    if limit is None:
         return
     checkpoints = list_checkpoints(output_dir)
-    for old in checkpoints[: max(len(checkpoints) - keep, 0)]:
+    for old in checkpoints[: max(len(checkpoints) - limit, 0)]:
+        if keep is not None and old.resolve() == keep.resolve():
+            continue
         shutil.rmtree(old, ignore_errors=True)
 
 

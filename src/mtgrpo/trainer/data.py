@@ -33,7 +33,8 @@ class PromptSet:
     messages, rendered with the tokenizer's chat template and a generation prompt, as TRL
     does). Token ids are computed on first use and cached. Prompts longer than
     ``max_prompt_length`` tokens keep their last tokens (``on_long_prompt="truncate"``, with a
-    warning) or raise (``"error"``).
+    warning) or raise (``"error"``). ``chat_template_kwargs`` are extra variables of the chat
+    template (TRL's option, e.g. ``{"enable_thinking": False}``).
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class PromptSet:
         max_prompt_length: int | None = None,
         on_long_prompt: str = "truncate",
         task_names: Sequence[str] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.lazy = is_lazy_split(rows)
         if not len(rows):
@@ -53,6 +55,7 @@ class PromptSet:
         self.prompt_column = prompt_column
         self.max_prompt_length = max_prompt_length
         self.on_long_prompt = on_long_prompt
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if self.lazy:  # a task suite's split: rows are generated on demand
             self._rows = rows
             labels = [rows.task_ids[t] for t in rows.prompt_tasks]
@@ -112,7 +115,7 @@ class PromptSet:
             open_turn = prompt[-1].get("role") == "assistant"
             return self.tokenizer.apply_chat_template(
                 list(prompt), tokenize=False, add_generation_prompt=not open_turn,
-                continue_final_message=open_turn,
+                continue_final_message=open_turn, **self.chat_template_kwargs,
             )
         if not isinstance(prompt, str):
             raise TypeError(

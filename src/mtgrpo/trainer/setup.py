@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,40 +12,146 @@ from mtgrpo._registry import import_object
 from mtgrpo.config import GRPOConfig
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward
+from mtgrpo.trainer.data import is_lazy_split
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_backend", "build_reward_suite", "load_policy", "training_rows"]
+__all__ = [
+    "DEFAULT_TASK",
+    "TrainingData",
+    "build_backend",
+    "build_reward_suite",
+    "load_policy",
+    "reward_processing_list",
+    "training_rows",
+]
 
 
-def training_rows(train: Any, evaluation: Any, task_column: str):
-    """Train and eval rows as lists of dicts with a ``task`` key; test data refused for training."""
+DEFAULT_TASK = "default"
+"""The task of every row of a dataset without a task column (TRL-style single-task data)."""
+
+
+@dataclass
+class TrainingData:
+    """What the trainer trains and evaluates on.
+
+    ``train``: rows (dicts with a ``task`` key) or a task suite's lazy split. ``evals``: eval
+    rows by set name (``None``: the one unnamed set; empty: no evaluation). ``single_task``:
+    the training data had no task column, so every row is task ``default``. ``iterable``: a
+    streaming dataset was given (read into memory; it has no length before that).
+    """
+
+    train: Any
+    evals: dict[str | None, Any]
+    single_task: bool
+    iterable: bool
+
+
+def _is_iterable_dataset(source: Any) -> bool:
+    try:
+        from datasets import IterableDataset
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        return False
+    return isinstance(source, IterableDataset)
+
+
+def _is_dataset_object(value: Any) -> bool:
+    return type(value).__module__.startswith("datasets.") or is_lazy_split(value)
+
+
+def _eval_sets(evaluation: Any) -> dict[str | None, Any]:
+    """TRL's eval_dataset forms: one dataset, or named ones (a dict of datasets, a
+    ``DatasetDict``): ``{name: source}``, ``None`` naming the single unnamed set."""
+    if evaluation is None:
+        return {}
+    if isinstance(evaluation, Mapping) and evaluation and all(
+            _is_dataset_object(v) for v in evaluation.values()):
+        return {str(name): source for name, source in evaluation.items()}
+    return {None: evaluation}
+
+
+def training_rows(train: Any, evaluation: Any, task_column: str) -> TrainingData:
+    """Train and eval rows as lists of dicts with a ``task`` key; test data refused for training.
+
+    A dataset without the task column (no row has it, and ``task_column`` is the default
+    ``task``) is single-task data: every row gets task ``default``, so TRL datasets train
+    unchanged with the per-task machinery intact."""
     from mtgrpo.tasks import ensure_trainable, load_rows
-    from mtgrpo.trainer.data import is_lazy_split
+
+    default = DEFAULT_TASK if task_column == "task" else None
 
     def rows_of(source: Any) -> Any:
-        return source if is_lazy_split(source) else load_rows(source, task_column=task_column)
+        if is_lazy_split(source):
+            return source
+        return load_rows(source, task_column=task_column, default_task=default)
 
     train_rows = rows_of(train)
     if is_lazy_split(train_rows):
         if getattr(train_rows, "name", None) == "test":
             raise ValueError("a test split cannot be used for training; pass it as eval data")
+        single = False
     else:
         ensure_trainable(train_rows)
-    eval_rows = None if evaluation is None else rows_of(evaluation)
-    return train_rows, eval_rows
+        single = all(row["task"] == DEFAULT_TASK for row in train_rows)
+    evals = {name: rows_of(source) for name, source in _eval_sets(evaluation).items()}
+    return TrainingData(train_rows, evals, single, _is_iterable_dataset(train))
 
 
-def _resolve_all(spec: Any) -> Any:
+def reward_processing_list(
+    reward_funcs: Any, processing_classes: Any, trust_remote_code: bool = False
+) -> tuple[Any, list[Any]]:
+    """TRL's ``reward_processing_classes``: one tokenizer per reward function (used by reward
+    models, ignored by functions). Returns the reward functions with the reward models
+    resolved (loaded with their tokenizer) and the tokenizer of each (``None`` for a
+    function)."""
+    if isinstance(reward_funcs, Mapping):
+        if processing_classes is not None:
+            raise ValueError(
+                "reward_processing_classes applies to a list of reward functions; in a routing "
+                "table give a reward model its tokenizer with RewardModel(model, tokenizer)"
+            )
+        return _resolve_all(reward_funcs, trust_remote_code), []
+    functions = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    if processing_classes is None:
+        classes: Sequence[Any] = [None] * len(functions)
+    elif isinstance(processing_classes, list | tuple):
+        classes = list(processing_classes)
+    else:
+        classes = [processing_classes]
+    if len(classes) != len(functions):
+        raise ValueError(
+            f"The number of reward processing classes ({len(classes)}) must match the number "
+            f"of reward functions ({len(functions)}); give one per function (None for a "
+            "function that is not a reward model)"
+        )
+    resolved = [resolve_reward(f, tokenizer=c, trust_remote_code=trust_remote_code)
+                for f, c in zip(functions, classes, strict=True)]
+    tokenizers = [getattr(r, "tokenizer", None) if _is_reward_model(r) else c
+                  for r, c in zip(resolved, classes, strict=True)]
+    if isinstance(reward_funcs, list | tuple):
+        return resolved, tokenizers
+    return resolved[0], tokenizers
+
+
+def _is_reward_model(obj: Any) -> bool:
+    from mtgrpo.rewards.models import RewardModel
+
+    return isinstance(obj, RewardModel)
+
+
+def _resolve_all(spec: Any, trust_remote_code: bool = False) -> Any:
     if isinstance(spec, Mapping):
-        return {task: _resolve_all(fns) for task, fns in spec.items()}
+        return {task: _resolve_all(fns, trust_remote_code) for task, fns in spec.items()}
     if isinstance(spec, list | tuple):
-        return [resolve_reward(f) for f in spec]
-    return resolve_reward(spec)
+        return [resolve_reward(f, trust_remote_code=trust_remote_code) for f in spec]
+    return resolve_reward(spec, trust_remote_code=trust_remote_code)
 
 
-def build_reward_suite(reward_funcs: Any, args: GRPOConfig) -> RewardSuite:
-    """The reward suite from functions, names, import paths, reward models or a routing table."""
+def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
+                       on_unscorable: str | None = None) -> RewardSuite:
+    """The reward suite from functions, names, import paths, reward models or a routing table.
+
+    ``on_unscorable`` overrides ``args.on_unscorable`` (the trainer resolves ``auto``)."""
     if isinstance(reward_funcs, RewardSuite):
         return reward_funcs
     if reward_funcs is None or (isinstance(reward_funcs, list | tuple | Mapping)
@@ -53,9 +160,10 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig) -> RewardSuite:
             "reward_funcs is empty; give at least one reward function, a routing table "
             "{task: [functions]}, or a reward model"
         )
+    policy = on_unscorable or args.on_unscorable
     return RewardSuite.from_user(
-        _resolve_all(reward_funcs), reward_weights=args.reward_weights,
-        on_unscorable=args.on_unscorable,
+        _resolve_all(reward_funcs, args.trust_remote_code), reward_weights=args.reward_weights,
+        on_unscorable="raise" if policy == "auto" else policy,
     )
 
 
@@ -79,23 +187,58 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
             "attn_implementation, trust_remote_code, revision or gguf_file"
         )
     spec = _model_spec(model, init)
+    remote = bool(init.get("trust_remote_code", args.trust_remote_code))
     loaded = load_model(
         spec, dtype=init.get("dtype", init.get("torch_dtype")), for_training=True,
-        trust_remote_code=bool(init.get("trust_remote_code", False)),
-        revision=init.get("revision"), attn_implementation=init.get("attn_implementation"),
+        trust_remote_code=remote, revision=init.get("revision"),
+        attn_implementation=init.get("attn_implementation"),
     )
     tokenizer = load_tokenizer(processing_class if processing_class is not None else (
         loaded if not isinstance(spec, str | Path | Mapping) else spec
-    ), trust_remote_code=bool(init.get("trust_remote_code", False)))
+    ), trust_remote_code=remote)
     is_peft = _is_peft(loaded)
+    if args.disable_dropout:
+        disable_dropout(loaded)
+    if args.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(loaded)
     if peft_config is not None:
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
     if args.gradient_checkpointing:
-        loaded.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        options = args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+        loaded.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
         if is_peft:
             loaded.enable_input_require_grads()
     return loaded, tokenizer, is_peft
+
+
+def disable_dropout(model: Any) -> None:
+    """Set every ``nn.Dropout``'s probability to 0 (TRL's ``disable_dropout``)."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def cast_lm_head_to_fp32(model: Any) -> None:
+    """Keep the output head in float32 and feed it float32 hidden states (TRL's option).
+
+    A head tied to the input embeddings is untied first (the embeddings keep the model's
+    dtype); the head's output is float32, as TRL's.
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"cast_lm_head_to_fp32: {type(model).__name__} has no output head")
+    if head.weight is model.get_input_embeddings().weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        if hasattr(model.config, "tie_word_embeddings"):
+            model.config.tie_word_embeddings = False
+    head.float()
+    head.register_forward_pre_hook(
+        lambda module, inputs: tuple(x.float() if torch.is_tensor(x) else x for x in inputs))
 
 
 def _is_peft(model: Any) -> bool:
@@ -121,14 +264,72 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) ->
         return backend
     if ":" in backend:
         return import_object(backend)(model, tokenizer)
-    name = _auto_backend(model) if backend == "auto" else backend
-    return make_backend(name, model, tokenizer, max_batch_size=args.generation_batch_size)
+    name = _auto_backend(model, args) if backend == "auto" else backend
+    if name != "hf" and needs_generate(args):
+        raise ValueError(
+            f"{needs_generate(args)} need transformers generate, but generation_backend="
+            f"{name!r}; use generation_backend='hf' (or 'auto')"
+        )
+    options: dict[str, Any] = {"max_batch_size": args.generation_batch_size}
+    if name == "hf":
+        options["generation_options"] = generation_options(args)
+    return make_backend(name, model, tokenizer, **options)
 
 
-def _auto_backend(model: Any) -> str:
-    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``."""
+def generation_options(args: GRPOConfig) -> dict[str, Any]:
+    """TRL's generation options beyond temperature, top-p and top-k, for transformers
+    ``generate``: ``min_p``, ``repetition_penalty``, ``cache_implementation``, then
+    ``generation_kwargs`` (which override them, as in TRL)."""
+    options: dict[str, Any] = {}
+    if args.min_p is not None:
+        options["min_p"] = args.min_p
+    if args.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.repetition_penalty
+    if args.cache_implementation is not None:
+        options["cache_implementation"] = args.cache_implementation
+    options.update(args.generation_kwargs or {})
+    return options
+
+
+def needs_generate(args: GRPOConfig) -> str | None:
+    """Why generation must use transformers ``generate`` (options only it implements)."""
+    options = [name for name, on in (
+        ("min_p", args.min_p is not None), ("repetition_penalty", args.repetition_penalty != 1.0),
+        ("generation_kwargs", bool(args.generation_kwargs)),
+        ("cache_implementation", args.cache_implementation is not None)) if on]
+    return ", ".join(options) or None
+
+
+def _custom_generate(model: Any) -> bool:
+    """The model's class replaces transformers' ``generate`` (custom decoding, or a test's
+    mock of it): generation must go through it."""
+    from mtgrpo.rollout.static_decoders import unwrap_causal_lm
+
+    generate = getattr(type(unwrap_causal_lm(model)), "generate", None)
+    return generate is not None and generate is not _TRANSFORMERS_GENERATE
+
+
+def _transformers_generate() -> Any:
+    from transformers.generation.utils import GenerationMixin
+
+    return GenerationMixin.generate
+
+
+_TRANSFORMERS_GENERATE = _transformers_generate()
+
+
+def _auto_backend(model: Any, args: GRPOConfig | None = None) -> str:
+    """``"static"`` (the fast backend) when the model supports a static cache and no option
+    needs transformers ``generate``; else ``"hf"``."""
     from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
 
+    reason = needs_generate(args) if args is not None else None
+    if reason:
+        logger.info("generation backend 'hf' (%s need transformers generate)", reason)
+        return "hf"
+    if _custom_generate(model):
+        logger.info("generation backend 'hf' (the model's class has its own generate)")
+        return "hf"
     try:
         check_static_cache_support(unwrap_causal_lm(model))
     except (ValueError, TypeError) as exc:

@@ -10,18 +10,22 @@ One training step, read top to bottom (:meth:`GRPOTrainer.training_step`)::
     log(metrics)
 
 Everything algorithmic lives in the pure modules; this file wires them to a model, an
-optimizer and ``accelerate``.
+optimizer and ``accelerate``. The transformers ``Trainer`` surface (``state``, callbacks,
+``log``) is in :mod:`mtgrpo.trainer.hooks`, uploads in :mod:`mtgrpo.trainer.hub`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
 import random
+import tempfile
 import time
+from collections import defaultdict, deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,13 +41,17 @@ from mtgrpo.rewards.accuracy import accuracy_channel_index
 from mtgrpo.rollout import SamplingParams
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.trainer import checkpoint as ckpt
+from mtgrpo.trainer import hooks
 from mtgrpo.trainer.data import PromptSet, is_lazy_split
+from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
 from mtgrpo.trainer.rollouts import GroupPayload, RolloutWorker, Shard
 from mtgrpo.trainer.setup import (
+    TrainingData,
     build_backend,
     build_reward_suite,
     load_policy,
+    reward_processing_list,
     training_rows,
 )
 from mtgrpo.trainer.update import PolicyUpdater, pad_policy_batch
@@ -61,10 +69,23 @@ def _task_names(rows: Any) -> list[str]:
 
 
 def _check_context_length(model: Any, args: GRPOConfig) -> None:
+    """Prompt + completion must fit the model's positions. With the default lengths (512 +
+    256) on a smaller model, the prompt limit shrinks to what fits, with a notice; lengths
+    set to other values that do not fit are an error."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if limit is None or args.max_prompt_length is None:
         return
     needed = args.max_prompt_length + args.max_completion_length
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    uses_defaults = all(getattr(args, name) == defaults[name]
+                        for name in ("max_prompt_length", "max_completion_length"))
+    if needed > limit and uses_defaults and limit > args.max_completion_length:
+        args.max_prompt_length = limit - args.max_completion_length
+        logger.warning(
+            "the model has %d positions: max_prompt_length lowered from its default %d to %d "
+            "(+ max_completion_length %d); set max_prompt_length to choose", limit,
+            defaults["max_prompt_length"], args.max_prompt_length, args.max_completion_length)
+        return
     if needed > limit:
         raise ValueError(
             f"max_prompt_length ({args.max_prompt_length}) + max_completion_length "
@@ -101,6 +122,36 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _refuse_unsupported(tools: Any, rollout_func: Any, environment_factory: Any,
+                        quantization_config: Any) -> None:
+    """TRL arguments mtgrpo has no counterpart for: an error naming what to use instead."""
+    refused = {
+        "tools": (tools, "mtgrpo has no tool-calling loop; score tool use with a reward "
+                  "function"),
+        "rollout_func": (rollout_func, "plug custom generation in as a generation backend "
+                         "(mtgrpo.rollout.GenerationBackend, the generation_backend argument)"),
+        "environment_factory": (environment_factory, "mtgrpo has no environment loop; put "
+                                "the task in the prompt and score it with a reward function"),
+        "quantization_config": (quantization_config, "load the model quantized yourself and "
+                                "pass the loaded model (or train a LoRA adapter on it)"),
+    }
+    for name, (value, alternative) in refused.items():
+        if value:
+            raise ValueError(f"{name} is not supported by mtgrpo: {alternative}")
+
+
+def _configure_logging(args: GRPOConfig, is_main: bool) -> None:
+    """TRL's log_level / log_level_replica for mtgrpo's and transformers' loggers."""
+    level = args.log_level if is_main else args.log_level_replica
+    if level == "passive":
+        return
+    import transformers
+
+    numeric = getattr(logging, level.upper())
+    logging.getLogger("mtgrpo").setLevel(numeric)
+    transformers.logging.set_verbosity(numeric)
+
+
 class GRPOTrainer:
     """Multi-task GRPO with TRL's ``GRPOTrainer`` interface.
 
@@ -108,81 +159,161 @@ class GRPOTrainer:
         model: a hub name, a local path (directory or ``.gguf`` file), a mapping
             ``{"path": ..., "gguf_file": ...}``, or a loaded causal LM.
         reward_funcs: a reward function, a list of them, a routing table
-            ``{task: [functions]}`` (``"*"`` = every task), reward models (a path or a loaded
-            sequence-classification model) or registered names (``"countdown_reward"``).
+            ``{task: [functions]}`` (``"*"`` = every task), reward models (a hub id, a path or
+            a loaded sequence-classification model) or registered names
+            (``"countdown_reward"``).
         args: :class:`~mtgrpo.config.GRPOConfig`.
-        train_dataset: a ``datasets.Dataset``, a list of dicts, or a path (JSONL, JSON,
-            parquet, CSV) with a prompt column and a task column (``args.task_column``).
-        eval_dataset: same forms; evaluated every ``args.eval_steps`` steps.
+        train_dataset: a ``datasets.Dataset`` (or ``IterableDataset``), a list of dicts, or a
+            path (JSONL, JSON, parquet, CSV) with a prompt column; its task column
+            (``args.task_column``) names each row's task, and without one every row is task
+            ``default`` (single-task training, as TRL).
+        eval_dataset: same forms, or named sets (a dict of datasets, a ``DatasetDict``):
+            evaluated by ``args.eval_strategy``.
         processing_class: the tokenizer (default: loaded from ``model``).
+        reward_processing_classes: TRL's: one tokenizer per reward function (a reward model
+            uses its own; functions ignore theirs).
+        callbacks: transformers ``TrainerCallback`` objects or classes.
+        optimizers: ``(optimizer, scheduler)`` to use instead of building them (either may
+            be None).
         peft_config: a ``peft.LoraConfig`` or a dict of its fields; trains a LoRA adapter and
             uses the adapter-disabled model as the reference policy.
         generation_backend: a backend object implementing
             :class:`mtgrpo.rollout.GenerationBackend` (overrides ``args.generation_backend``).
         run_config: the resolved run configuration to write as ``config.yaml`` (the CLI passes
             the whole YAML tree; by default the training arguments are written).
+
+    TRL's ``tools``, ``rollout_func``, ``environment_factory`` and ``quantization_config`` are
+    refused with the alternative.
     """
 
     def __init__(
         self,
         model: Any,
-        reward_funcs: Any,
+        reward_funcs: Any = None,
         args: GRPOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
         peft_config: Any = None,
         *,
         generation_backend: Any = None,
         run_config: Mapping[str, Any] | None = None,
+        quantization_config: Any = None,
+        tools: Any = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
     ) -> None:
-        from accelerate import Accelerator
-
+        _refuse_unsupported(tools, rollout_func, environment_factory, quantization_config)
         self.args = args = args if args is not None else GRPOConfig()
         if train_dataset is None:
-            raise ValueError("train_dataset is required: a Dataset, a list of dicts or a path")
+            raise ValueError("`train_dataset` is required: a Dataset, a list of dicts or a path")
+        if reward_funcs is None:
+            raise ValueError(
+                "No reward source provided: pass reward_funcs (a function, a list of them, "
+                "a routing table {task: [functions]}, a reward model or a registered name)"
+            )
         check_trackers_available(args.report_to)
-        train_rows, eval_rows = training_rows(train_dataset, eval_dataset, args.task_column)
-        self.rewards = build_reward_suite(reward_funcs, args)
-        task_names = _task_names(train_rows)
-        self.rewards.validate_tasks(task_names)
-        if eval_rows is not None:
-            self.rewards.validate_tasks(_task_names(eval_rows))
-        self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
-                                                       args.accuracy_reward)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        data = training_rows(train_dataset, eval_dataset, args.task_column)
+        self._check_iterable(data)
+        self._build_rewards(reward_funcs, reward_processing_classes, data)
         self.run_config = dict(run_config) if run_config is not None else None
-
-        self.accelerator = Accelerator(
-            cpu=not torch.cuda.is_available(), mixed_precision="bf16" if args.bf16 else "no"
-        )
-        self.rank = self.accelerator.process_index
-        self.world = self.accelerator.num_processes
-        self.prompts_per_step = args.resolved_prompts_per_step(self.world)
+        self._build_accelerator()
+        _configure_logging(args, self.accelerator.is_main_process)
         _seed_everything(args.seed)  # same initialisation (e.g. LoRA) on every process
+        if args.full_determinism:
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(args.seed)
         self.model, self.tokenizer, self.is_peft = load_policy(
             model, processing_class, peft_config, args
         )
+        self.processing_class = self.tokenizer
         _check_context_length(self.model, args)
-        self.train_prompts = PromptSet(
-            train_rows, self.tokenizer, max_prompt_length=args.max_prompt_length,
-            on_long_prompt=args.on_long_prompt, task_names=task_names,
-        )
-        self.train_prompts.tokenize_all()
-        self.eval_prompts = None
-        if eval_rows is not None:
-            self.eval_prompts = PromptSet(
-                eval_rows, self.tokenizer, max_prompt_length=args.max_prompt_length,
-                on_long_prompt=args.on_long_prompt,
-            )
-            self.eval_prompts.tokenize_all()
-        self.task_names = task_names
+        self._build_prompts(data)
         self._build_algorithms()
-        self._build_optimisation(generation_backend)
+        self._build_optimisation(generation_backend, optimizers)
+        self._build_trainer_surface(callbacks)
         self.step = 0
         self.output_dir = Path(args.output_dir)
         _seed_everything(args.seed + self.rank)  # distinct sampling streams per process
 
     # ------------------------------------------------------------------ construction
+    def _check_iterable(self, data: TrainingData) -> None:
+        """TRL's rules for streaming datasets (they are read into memory here)."""
+        args = self.args
+        iterable_eval = self.eval_dataset is not None and any(
+            type(v).__name__ == "IterableDataset" for v in (
+                self.eval_dataset.values() if isinstance(self.eval_dataset, Mapping)
+                else [self.eval_dataset]))
+        if data.iterable or iterable_eval:
+            if args.accelerator_config.dispatch_batches:
+                raise ValueError(
+                    "Iterable datasets require `dispatch_batches=False`, but it is set to "
+                    "`True` in `accelerator_config`; set it to False"
+                )
+            args.accelerator_config.dispatch_batches = False
+        if data.iterable:
+            if args.max_steps < 1:
+                raise ValueError(
+                    "an iterable (streaming) train_dataset has no length, so max_steps=-1 "
+                    "(num_train_epochs) cannot size the run; set max_steps"
+                )
+            args.dataloader_num_workers = 0
+
+    def _build_rewards(self, reward_funcs: Any, processing_classes: Any,
+                       data: TrainingData) -> None:
+        args = self.args
+        resolved, self.reward_processing_classes = reward_processing_list(
+            reward_funcs, processing_classes, args.trust_remote_code)
+        self.on_unscorable = args.on_unscorable
+        if self.on_unscorable == "auto":
+            self.on_unscorable = "warn" if data.single_task else "raise"
+        self.rewards = build_reward_suite(resolved, args, on_unscorable=self.on_unscorable)
+        self.reward_funcs = self.rewards.functions
+        self.reward_func_names = [str(rf.name) for rf in self.rewards.functions]
+        self.task_names = _task_names(data.train)
+        self.rewards.validate_tasks(self.task_names)
+        for rows in data.evals.values():
+            self.rewards.validate_tasks(_task_names(rows))
+        self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
+                                                       args.accuracy_reward)
+
+    def _build_accelerator(self) -> None:
+        from accelerate import Accelerator
+
+        args = self.args
+        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+        if args.tf32 is not None and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = args.tf32
+            torch.backends.cudnn.allow_tf32 = args.tf32
+        self.accelerator = Accelerator(
+            cpu=args.use_cpu or not torch.cuda.is_available(), mixed_precision=precision,
+            kwargs_handlers=_ddp_kwargs(args),
+        )
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.prompts_per_step = args.resolved_prompts_per_step(self.world)
+
+    def _build_prompts(self, data: TrainingData) -> None:
+        args = self.args
+        options = {"max_prompt_length": args.max_prompt_length,
+                   "on_long_prompt": args.on_long_prompt,
+                   "chat_template_kwargs": args.chat_template_kwargs}
+        self.train_prompts = PromptSet(data.train, self.tokenizer, task_names=self.task_names,
+                                       **options)
+        self.train_prompts.tokenize_all()
+        self.eval_sets: dict[str | None, PromptSet] = {}
+        for name, rows in data.evals.items():
+            self.eval_sets[name] = PromptSet(rows, self.tokenizer, **options)
+            self.eval_sets[name].tokenize_all()
+        self.eval_prompts = self.eval_sets.get(None) if len(self.eval_sets) == 1 else None
+        self.steps_per_epoch = args.steps_per_epoch(len(self.train_prompts), self.world)
+        self.max_steps = args.training_steps(len(self.train_prompts), self.world)
+
     def _build_algorithms(self) -> None:
         args = self.args
         self.weighting = make_weighting(
@@ -191,27 +322,35 @@ class GRPOTrainer:
         )
         self.sampler = make_sampler(
             args.batch_construction, self.train_prompts.prompt_tasks, len(self.task_names),
-            seed=args.seed, zero_gradient_filter=args.zero_gradient_filter,
+            seed=args.seed if args.data_seed is None else args.data_seed,
+            zero_gradient_filter=args.zero_gradient_filter,
+            shuffle=args.shuffle_dataset and args.train_sampling_strategy == "random",
             **args.batch_construction_params,
         )
         self.needs_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
 
-    def _build_optimisation(self, generation_backend: Any) -> None:
+    def _build_optimisation(self, generation_backend: Any, optimizers: tuple[Any, Any]) -> None:
         args = self.args
-        reference_model = None
+        self.ref_model = None
         if args.beta > 0 and not self.is_peft:
-            reference_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        optimizer = build_optimizer(
-            self.model, args.learning_rate, weight_decay=args.weight_decay,
-            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        optimizer, scheduler = optimizers if optimizers is not None else (None, None)
+        if optimizer is None:
+            optimizer = build_optimizer(
+                self.model, args.learning_rate, weight_decay=args.weight_decay,
+                betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                optim=args.optim, optim_args=args.optim_args,
+            )
+        self.scheduler = scheduler or build_scheduler(
+            optimizer, args.lr_scheduler_type,
+            total_steps=args.total_optimizer_steps(self.max_steps),
+            warmup_steps=args.resolved_warmup_steps(self.max_steps),
+            scheduler_kwargs=args.lr_scheduler_kwargs,
         )
-        self.scheduler = build_scheduler(
-            optimizer, args.lr_scheduler_type, total_steps=args.total_optimizer_steps(),
-            warmup_steps=args.resolved_warmup_steps(),
-        )
+        self.lr_scheduler = self.scheduler
         self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
-        if reference_model is not None:
-            reference_model.to(self.accelerator.device)
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer, args)
         self.sampling_params = SamplingParams(
@@ -227,14 +366,51 @@ class GRPOTrainer:
 
         self.updater = PolicyUpdater(
             args, self.model, self.optimizer, self.scheduler, self.accelerator,
-            reference_model=reference_model, reference=reference,
+            reference_model=self.ref_model, reference=reference,
+            entropy_mask=self.get_high_entropy_mask,
         )
+
+    def _build_trainer_surface(self, callbacks: list[Any] | None) -> None:
+        """TRL's state, callbacks, completion logs and reward-function hooks."""
+        from transformers import TrainerControl
+        from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+        args = self.args
+        intervals = {name: args.interval(value, self.max_steps) for name, value in (
+            ("logging", args.logging_steps), ("eval", args.eval_steps),
+            ("save", args.save_steps))}
+        self.state = hooks.new_state(
+            self.max_steps, self.steps_per_epoch, args.num_train_epochs, intervals,
+            args.per_device_train_batch_size, self.accelerator.is_main_process)
+        self.control = TrainerControl()
+        self.callback_handler = CallbackHandler(
+            [DefaultFlowCallback, *(callbacks or [])], self.unwrapped, self.tokenizer,
+            self.optimizer, self.scheduler)
+        self.log_window = hooks.LogWindow()
+        self.aux_loss_enabled = False
+        self.num_generations = args.num_generations
+        size = self.prompts_per_step * args.num_generations
+        self._logs: dict[str, Any] = {
+            "prompt": deque(maxlen=size), "completion": deque(maxlen=size),
+            "rewards": defaultdict(lambda: deque(maxlen=size)),
+            "advantages": deque(maxlen=size),
+            "extra": defaultdict(lambda: deque(maxlen=size)),
+        }
+        self._hub: HubUploader | None = None
+        self._writer: MetricsWriter | None = None
+        self._trackers: Trackers | None = None
+        self._pending_extra: dict[str, list[Any]] = {}
         shard = Shard(self.rank, self.world, gather=self._gather_objects)
         self.rollouts = RolloutWorker(
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
             args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
-            accuracy_channel=self.accuracy_channel, shard=shard,
+            accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
         )
+
+    def _reward_extras(self) -> dict[str, Any]:
+        """TRL's extra keyword arguments of every reward call."""
+        return {"trainer_state": self.state, "log_extra": self._log_completion_extra,
+                "log_metric": self._log_metric}
 
     def _gather_objects(self, local: list[Any]) -> list[Any]:
         from accelerate.utils import gather_object
@@ -245,21 +421,79 @@ class GRPOTrainer:
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
 
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus coefficient now (TRL's attribute; adaptive when configured)."""
+        return self.updater.entropy.coef
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        self.updater.entropy.coef = float(value)
+
+    # ------------------------------------------------------------------ TRL's hooks
+    def add_callback(self, callback: Any) -> None:
+        """Add a transformers ``TrainerCallback`` (an instance or a class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove a callback (an instance or a class) and return it."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def _log_completion_extra(self, column: str, values: list[Any]) -> None:
+        """``log_extra(column, values)`` from a reward function: a column of the completion
+        logs (``trainer._logs["extra"]``, and completions.jsonl when one value per completion)."""
+        self._logs["extra"][column].extend(values)
+        self._pending_extra.setdefault(column, []).extend(values)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """``log_metric(name, value)`` from a reward function: averaged over each log window."""
+        self.log_window.add_custom(name, value)
+
+    @staticmethod
+    def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
+                            sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
+                            off_policy_threshold: float) -> torch.Tensor:
+        """TRL's off-policy sequence mask, ``[B, 1]`` (1.0 keep, 0.0 drop): see
+        :func:`mtgrpo.policy.token_weights.off_policy_mask`."""
+        from mtgrpo.policy.token_weights import off_policy_mask
+
+        keep = off_policy_mask(advantages.reshape(-1), per_token_logps, sampling_per_token_logps,
+                               mask, off_policy_threshold)
+        return keep.unsqueeze(-1).to(mask.dtype)
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor,
+                              threshold: float) -> torch.Tensor:
+        """TRL's high-entropy mask: tokens whose entropy is at least the ``threshold``
+        quantile of the non-padding entropies of every process."""
+        from mtgrpo.policy.token_weights import entropy_threshold, high_entropy_mask
+
+        local = entropies[mask.bool()].float()
+        sentinel = -1e9  # entropies are >= 0, so the padding value cannot collide
+        padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=sentinel)
+        gathered = self.accelerator.gather(padded)
+        gathered = gathered[gathered != sentinel]
+        return high_entropy_mask(entropies, mask, entropy_threshold(gathered, threshold))
+
     # ------------------------------------------------------------------ one step
-    def _advantages(self, groups: list[ScoredGroup]):
+    def _advantages(self, groups: list[ScoredGroup], group_size: int | None = None):
         args = self.args
         values = np.concatenate([g.rewards for g in groups])  # [N, R]
         return compute_advantages(
-            torch.from_numpy(values), args.num_generations,
+            torch.from_numpy(values), group_size or args.num_generations,
             reward_weights=self.rewards.reward_weights,
             aggregation=args.multi_objective_aggregation, scale_rewards=args.scale_rewards,
             gates=self.rewards.gates, none_handling=args.none_handling,
-            on_unscorable=args.on_unscorable, eps=args.advantage_epsilon,
+            on_unscorable="raise" if self.on_unscorable == "raise" else "zero_advantage",
+            ddof=args.advantage_std_ddof, eps=args.advantage_epsilon,
         )
 
-    def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor):
+    def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
+                            group_size: int | None = None):
         """This process's share of whole groups as a padded policy batch, and its task ids."""
-        g = self.args.num_generations
+        g = group_size or self.args.num_generations
         start, stop = Shard(self.rank, self.world).bounds(len(groups))
         local = list(range(start, stop))
         has_rows = bool(local)
@@ -291,32 +525,38 @@ class GRPOTrainer:
         t, b, a = (np.array(col) for col in zip(*rows, strict=True))
         return improvement_by_task(t, b, a, k, self.args.improvement_reduction)
 
+    def _update(self, groups: list[ScoredGroup], metrics: dict[str, Any]) -> np.ndarray | None:
+        """The policy update on the batch's groups; MT-GRPO's improvement if it needs it."""
+        if not groups:
+            logger.warning("step %d: no informative group was generated; update skipped",
+                           self.step + 1)
+            metrics["update_skipped"] = 1.0
+            # nothing was trained, so no change was measured
+            return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
+        adv = self._advantages(groups)
+        batch, tasks, has_rows = self._local_policy_batch(groups, adv.advantages)
+        out = self.updater.update(batch, measure_after=self.needs_improvement)
+        metrics.update(out.metrics)
+        if self.args.include_num_input_tokens_seen == "all":
+            seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
+            self.state.num_input_tokens_seen += seen
+        self._log_batch_rollouts(groups, adv.advantages)
+        if not self.needs_improvement:
+            return None
+        return self._improvement(tasks, out.objective_before, out.objective_after, has_rows)
+
     def training_step(self) -> dict[str, Any]:
         """Build a batch, update the policy and the task weights; return the step's metrics."""
         args, begin = self.args, time.perf_counter()
         weights = self.weighting.weights
         self.rollouts.reset()
+        self._pending_extra = {}
         groups, report = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
         generated = self.rollouts.generated
         all_adv = self._advantages(generated)
         metrics: dict[str, Any] = {}
         update_begin = time.perf_counter()
-        improvement = None
-        if groups:
-            adv = self._advantages(groups)
-            batch, tasks, has_rows = self._local_policy_batch(groups, adv.advantages)
-            out = self.updater.update(batch, measure_after=self.needs_improvement)
-            metrics.update(out.metrics)
-            if self.needs_improvement:
-                improvement = self._improvement(tasks, out.objective_before,
-                                                out.objective_after, has_rows)
-            self._log_batch_rollouts(groups, adv.advantages)
-        else:
-            logger.warning("step %d: no informative group was generated; update skipped",
-                           self.step + 1)
-            metrics["update_skipped"] = 1.0
-            if self.needs_improvement:  # nothing was trained, so no change was measured
-                improvement = np.full(len(self.task_names), math.nan)
+        improvement = self._update(groups, metrics)
         update_seconds = time.perf_counter() - update_begin
         weighting_begin = time.perf_counter()
         row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])
@@ -333,6 +573,8 @@ class GRPOTrainer:
                                     all_adv.zero_gradient.numpy(), weights, report, improvement))
         metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
         metrics.update(self._rollout_metrics(generated, report))
+        metrics["frac_reward_zero_std"] = float(all_adv.zero_gradient.float().mean())
+        metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         step_seconds = time.perf_counter() - begin
         metrics.update({
             "time/generate": self.rollouts.seconds["generate"],
@@ -342,6 +584,7 @@ class GRPOTrainer:
             "throughput/tokens_per_second": self.rollouts.tokens_generated
             / max(self.rollouts.seconds["generate"], 1e-9),
         })
+        self._remember_completions(generated, all_adv.advantages)
         if args.save_rollouts and self.is_main_process:
             self._save_rollouts(generated, all_adv.advantages)
         return metrics
@@ -350,6 +593,11 @@ class GRPOTrainer:
         lengths = np.array([len(c) for g in generated for c in g.payload.completion_ids])
         finished = np.array([f for g in generated for f in g.payload.finished], dtype=bool)
         out = length_metrics(lengths, finished)
+        if finished.any():  # TRL's lengths of the completions that ended with a stop token
+            ended = lengths[finished]
+            out.update({"completions/mean_terminated_length": float(ended.mean()),
+                        "completions/min_terminated_length": float(ended.min()),
+                        "completions/max_terminated_length": float(ended.max())})
         out.update({
             "sampling/rounds": report.rounds,
             "sampling/prompts_generated": report.prompts_generated,
@@ -364,6 +612,18 @@ class GRPOTrainer:
         with path.open("a", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _remember_completions(self, generated: list[ScoredGroup],
+                              advantages: torch.Tensor) -> None:
+        """TRL's ``trainer._logs``: the step's prompts, completions, rewards, advantages."""
+        logs = self._logs
+        for group in generated:
+            for j, completion in enumerate(group.payload.completions):
+                logs["prompt"].append(self.train_prompts.prompt(group.prompt_id))
+                logs["completion"].append(completion)
+                for r, name in enumerate(self.rewards.channel_names):
+                    logs["rewards"][name].append(float(group.rewards[j, r]))
+        logs["advantages"].extend(advantages.tolist())
 
     def _save_rollouts(self, generated: list[ScoredGroup], advantages: torch.Tensor) -> None:
         g = self.args.num_generations
@@ -392,32 +652,97 @@ class GRPOTrainer:
                     "rewards": [None if math.isnan(v) else v for v in group.rewards[j].tolist()],
                     "advantage": float(advantages[i * g + j]),
                 })
+        generated = sum(group.group_size for group in self.rollouts.generated)
+        for column, values in self._pending_extra.items():
+            if len(values) == generated == len(records):  # one value per completion
+                for record, value in zip(records, values, strict=True):
+                    record[column] = value
         self._jsonl("completions.jsonl", records)
 
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict[str, Any]:
-        """Per-task accuracy on ``eval_dataset`` (``num_generations_eval`` samples per prompt)."""
-        from mtgrpo.evaluation import evaluate_prompts
+    def _print_completions(self) -> None:
+        """TRL's ``num_completions_to_print``: a table of the newest completions."""
+        count = self.args.num_completions_to_print
+        if not (self.args.log_completions and count and self.is_main_process):
+            return
+        from rich.console import Console
+        from rich.table import Table
 
-        if self.eval_prompts is None:
-            raise ValueError("evaluate() needs an eval_dataset")
+        table = Table(title=f"completions at step {self.step}", show_lines=True)
+        for column in ("prompt", "completion", "advantage"):
+            table.add_column(column)
+        rows = list(zip(self._logs["prompt"], self._logs["completion"],
+                        self._logs["advantages"], strict=False))[-count:]
+        for prompt, completion, advantage in rows:
+            table.add_row(str(prompt), str(completion), f"{advantage:.2f}")
+        Console().print(table)
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_params(self) -> SamplingParams:
         args = self.args
-        params = SamplingParams(
+        return SamplingParams(
             max_new_tokens=args.max_completion_length, temperature=args.eval_temperature,
             top_p=args.top_p if args.eval_temperature > 0 else 1.0,
             top_k=args.top_k if args.eval_temperature > 0 else 0,
         )
+
+    def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:
+        """Per-task accuracy (``num_generations_eval`` samples per prompt) and TRL's ``loss``:
+        the GRPO loss of the evaluation completions at the current policy."""
+        from mtgrpo.evaluation import evaluate_prompts
+
+        args, g = self.args, self.args.num_generations_eval
         self.unwrapped.eval()
         try:
             result = evaluate_prompts(
-                self.eval_prompts, self.backend, self.rewards, params, args.num_generations_eval,
-                self.tokenizer, accuracy_threshold=args.accuracy_threshold,
+                prompts, self.backend, self.rewards, self._eval_params(), g, self.tokenizer,
+                accuracy_threshold=args.accuracy_threshold,
                 accuracy_channel=self.accuracy_channel,
                 shard=Shard(self.rank, self.world, gather=self._gather_objects),
+                extra=self._reward_extras(),
             )
+            metrics = result.metrics()
+            if result.groups:
+                adv = self._advantages(result.groups, g)
+                batch, _, _ = self._local_policy_batch(result.groups, adv.advantages, g)
+                metrics["loss"] = self.updater.evaluation_loss(batch)
+                values = np.concatenate([group.rewards for group in result.groups])
+                scalar = adv.scalar_rewards.numpy()
+                metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
         finally:
             self.unwrapped.train()
-        return result.metrics()
+        return metrics
+
+    def _eval_prompt_sets(self, eval_dataset: Any) -> dict[str | None, PromptSet]:
+        if eval_dataset is None:
+            return self.eval_sets
+        data = training_rows(self.train_dataset, eval_dataset, self.args.task_column)
+        sets = {}
+        for name, rows in data.evals.items():
+            sets[name] = PromptSet(rows, self.tokenizer,
+                                   max_prompt_length=self.args.max_prompt_length,
+                                   on_long_prompt=self.args.on_long_prompt,
+                                   chat_template_kwargs=self.args.chat_template_kwargs)
+            self.rewards.validate_tasks(sets[name].task_names)
+        return sets
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None,
+                 metric_key_prefix: str = "eval") -> dict[str, Any]:
+        """Evaluate on ``eval_dataset`` (default: the trainer's); returns the metrics with
+        transformers' prefixes (``eval_loss``, ``eval_accuracy/worst``; a named set
+        ``data1`` gives ``eval_data1_loss``), logs them and calls ``on_evaluate``."""
+        sets = self._eval_prompt_sets(eval_dataset)
+        if not sets:
+            raise ValueError("evaluate() needs an eval_dataset (here or in the constructor)")
+        out: dict[str, Any] = {}
+        for name, prompts in sets.items():
+            metrics = self._evaluate_set(prompts)
+            self._write(metrics, "eval" if name is None else f"eval/{name}")
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            out.update({f"{prefix}_{key}": value for key, value in metrics.items()})
+        self._record(out)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control,
+                                                         metrics=out)
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def _trainer_state(self) -> dict[str, Any]:
@@ -427,45 +752,70 @@ class GRPOTrainer:
             "task_names": self.task_names,
             "weighting": self.weighting.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "entropy": self.updater.entropy.state_dict(),
+            "hf_state": dataclasses.asdict(self.state),
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones."""
+        """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones.
+
+        With ``save_only_model`` only the model is written (no resuming from it)."""
         rng_states = self._gather_objects([ckpt.rng_state()]) if self.world > 1 \
             else [ckpt.rng_state()]
         final = self.output_dir / f"checkpoint-{self.step}"
         if self.is_main_process:
             def write(tmp: Path) -> None:
                 self.save_model(tmp / "model")
-                ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors")
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-                for rank, state in enumerate(rng_states):
-                    torch.save(state, tmp / f"rng_state_{rank}.pt")
+                if not self.args.save_only_model:
+                    ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors")
+                    torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                    for rank, state in enumerate(rng_states):
+                        torch.save(state, tmp / f"rng_state_{rank}.pt")
                 (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state()))
 
+            if self.state.best_global_step == self.step:
+                self.state.best_model_checkpoint = str(final)
             ckpt.write_atomically(final, write)
-            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
+            best = self.state.best_model_checkpoint
+            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
+                                    keep=Path(best) if best else None)
+            if self._hub is not None:
+                self._hub.on_save(self.args.hub_strategy, final / "model", final, self.step)
         self.accelerator.wait_for_everyone()
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         return final if self.is_main_process else None
 
-    def save_model(self, directory: str | Path) -> None:
-        """The model (or LoRA adapter) and tokenizer in ``save_pretrained`` format."""
-        directory = Path(directory)
+    def save_model(self, directory: str | Path | None = None) -> None:
+        """The model (or LoRA adapter) and tokenizer in ``save_pretrained`` format (default
+        directory: ``output_dir``, as transformers)."""
+        directory = Path(directory if directory is not None else self.args.output_dir)
         self.unwrapped.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
 
-    def push_to_hub(self, repo_id: str, *, private: bool = True,
-                    commit_message: str = "Upload model trained with mtgrpo") -> None:
+    def push_to_hub(self, repo_id: str | None = None, *, commit_message: str = "End of training",
+                    private: bool | None = None, token: str | None = None,
+                    revision: str | None = None, **_: Any) -> Any:
         """Upload the model (or the LoRA adapter) and tokenizer to the Hugging Face Hub.
 
-        Needs network access and a token (``huggingface-cli login`` or ``HF_TOKEN``); only the
-        main process uploads.
+        ``repo_id`` defaults to ``hub_model_id`` (or ``output_dir``'s name); ``private``,
+        ``token`` and ``revision`` to ``hub_private_repo``, ``hub_token`` and ``hub_revision``.
+        Needs network access and a token (``hf auth login`` or ``HF_TOKEN``); only the main
+        process uploads. (transformers' first positional argument is ``commit_message``: pass
+        it by keyword.)
         """
         if not self.is_main_process:
-            return
-        self.unwrapped.push_to_hub(repo_id, private=private, commit_message=commit_message)
-        self.tokenizer.push_to_hub(repo_id, private=private, commit_message=commit_message)
+            return None
+        args = self.args
+        uploader = HubUploader(
+            repo_id or default_repo_id(args.output_dir, args.hub_model_id),
+            token=token or args.hub_token,
+            private=args.hub_private_repo if private is None else private,
+            revision=revision or args.hub_revision,
+        )
+        with tempfile.TemporaryDirectory(prefix="mtgrpo-hub-") as folder:
+            self.save_model(folder)
+            return uploader.upload(folder, commit_message=commit_message)
 
     def _resume(self, target: str | bool) -> None:
         checkpoint = ckpt.latest_checkpoint(self.output_dir) if target is True else Path(target)
@@ -475,6 +825,9 @@ class GRPOTrainer:
                 "scratch by leaving resume_from_checkpoint unset"
             )
         state = ckpt.read_trainer_state(checkpoint)
+        if not (checkpoint / "trainable.safetensors").is_file():
+            raise ValueError(f"{checkpoint} was written with save_only_model=True and holds no "
+                             "optimizer or sampler state; it cannot be resumed from")
         if state["world_size"] != self.world or state["task_names"] != self.task_names:
             raise ValueError(
                 f"{checkpoint} was written by {state['world_size']} process(es) for tasks "
@@ -487,69 +840,196 @@ class GRPOTrainer:
                                                   weights_only=False))
         self.weighting.load_state_dict(state["weighting"])
         self.sampler.load_state_dict(state["sampler"])
+        if "entropy" in state:
+            self.updater.entropy.load_state_dict(state["entropy"])
+        if "hf_state" in state:
+            self._restore_state(state["hf_state"])
         self.step = int(state["step"])
         ckpt.load_rng_state(checkpoint, self.rank)
         if self.is_main_process:
             MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 
-    # ------------------------------------------------------------------ the loop
+    def _restore_state(self, saved: Mapping[str, Any]) -> None:
+        """The checkpoint's TrainerState (log history, best metric), kept in this object so
+        reward functions holding ``trainer_state`` see the same one."""
+        for name, value in saved.items():
+            if hasattr(self.state, name):
+                setattr(self.state, name, value)
+        self.state.max_steps = self.max_steps
+
+    # ------------------------------------------------------------------ logging
     def _write_config(self) -> None:
         import yaml
 
         config = self.run_config if self.run_config is not None else self.args.to_dict()
         (self.output_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def _log(self, writer: MetricsWriter | None, trackers: Trackers | None,
-             metrics: Mapping[str, Any], split: str) -> None:
-        if writer is None:
+    def _write(self, metrics: Mapping[str, Any], split: str) -> None:
+        """One record of metrics.jsonl and the trackers (main process, during train())."""
+        if self._writer is None:
             return
-        writer.write({"step": self.step, "split": split, **metrics})
-        if trackers is not None:
-            trackers.log(metrics, self.step, split)
+        self._writer.write({"step": self.step, "split": split, **metrics})
+        if self._trackers is not None:
+            self._trackers.log(metrics, self.step, split)
 
-    def train(self) -> dict[str, Any]:
-        """Run ``max_steps`` training steps; returns the last train (and eval) metrics."""
-        from mtgrpo.trainer.progress import TrainingProgress
+    def _record(self, logs: Mapping[str, Any]) -> None:
+        """Append to ``state.log_history`` and call the callbacks' ``on_log``."""
+        entry = {**logs, "step": self.state.global_step}
+        entry.setdefault("epoch", self.state.epoch)
+        self.state.log_history.append(entry)
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control,
+                                                    logs=dict(logs))
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's ``log``: record ``logs`` in ``state.log_history``, metrics.jsonl and the
+        trackers, and call ``on_log``."""
+        self._write(logs, "train")
+        self._record({**logs, "epoch": self.state.epoch})
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, resume_from_checkpoint: str | bool | None = None,
+              **_: Any) -> hooks.TrainOutput:
+        """Train for ``max_steps`` steps (or ``num_train_epochs`` epochs); returns the last
+        step's metrics (with transformers' ``TrainOutput`` fields).
+
+        ``resume_from_checkpoint`` (TRL's argument, default ``args.resume_from_checkpoint``):
+        a checkpoint directory, or True for the newest in ``output_dir``.
+        """
         args = self.args
+        target = resume_from_checkpoint if resume_from_checkpoint is not None \
+            else args.resume_from_checkpoint
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        if args.resume_from_checkpoint:
-            self._resume(args.resume_from_checkpoint)
+        if target:
+            self._resume(target)
         elif self.is_main_process:
             _set_aside_previous_run(self.output_dir)
-        writer = trackers = None
-        if self.is_main_process:
-            self._write_config()
-            writer = MetricsWriter(self.output_dir / "metrics.jsonl")
-            if args.report_to:
-                trackers = Trackers(args.report_to, self.output_dir,
-                                    args.run_name or self.output_dir.name, self.args.to_dict())
+        self._open_outputs()
+        start, first_step = time.time(), self.step
         last: dict[str, Any] = {}
-        evaluating = args.eval_steps > 0 and self.eval_prompts is not None
         try:
-            with TrainingProgress(args.max_steps, self.step, enabled=self.is_main_process) as bar:
-                if evaluating and args.eval_on_start and self.step == 0:
-                    self._log(writer, trackers, self.evaluate(), "eval")
-                while self.step < args.max_steps:
-                    last = self._profiled_step() if args.profile and not last \
-                        else self.training_step()
-                    if self.step % args.logging_steps == 0 or self.step == args.max_steps:
-                        self._log(writer, trackers, last, "train")
-                    if evaluating and (self.step % args.eval_steps == 0
-                                       or self.step == args.max_steps):
-                        self._log(writer, trackers, self.evaluate(), "eval")
-                    if args.save_steps and self.step % args.save_steps == 0:
-                        self.save_checkpoint()
-                    bar.advance(self.step, last)
-            if not args.save_steps or self.step % args.save_steps:
-                self.save_checkpoint()
+            self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+            last = self._loop()
         finally:
-            if writer is not None:
-                writer.close()
-            if trackers is not None:
-                trackers.close()
+            self._close_outputs()
+        summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
+                                      args.num_generations, self.log_window.run_losses)
+        self._record({**last, **summary})
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        if args.load_best_model_at_end and self.state.best_model_checkpoint:
+            self._load_best_model()
+        if args.push_to_hub and self.is_main_process:
+            self.push_to_hub(commit_message="End of training")
+        return hooks.TrainOutput(last, self.step, summary["train_loss"], summary)
+
+    def _open_outputs(self) -> None:
+        args = self.args
+        self._writer = self._trackers = None
+        if not self.is_main_process:
+            return
+        self._write_config()
+        self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
+        if args.report_to:
+            self._trackers = Trackers(args.report_to, self.output_dir,
+                                      args.run_name or self.output_dir.name, args.to_dict())
+        if args.push_to_hub:
+            self._hub = HubUploader(
+                default_repo_id(args.output_dir, args.hub_model_id), token=args.hub_token,
+                private=args.hub_private_repo, revision=args.hub_revision)
+
+    def _close_outputs(self) -> None:
+        for output in (self._writer, self._trackers):
+            if output is not None:
+                output.close()
+        self._writer = self._trackers = None
+
+    def _loop(self) -> dict[str, Any]:
+        """The training steps, with the callbacks' events between them."""
+        from mtgrpo.trainer.progress import TrainingProgress
+
+        args, handler, last = self.args, self.callback_handler, {}
+        shown = self.is_main_process and not args.disable_tqdm
+        with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar:
+            if self.eval_sets and args.eval_on_start and self.step == 0 \
+                    and args.eval_strategy != "no":
+                self.evaluate()
+            while self.step < self.max_steps and not self.control.should_training_stop:
+                if self.step % self.steps_per_epoch == 0:
+                    self.control = handler.on_epoch_begin(args, self.state, self.control)
+                self.control = handler.on_step_begin(args, self.state, self.control)
+                last = self._profiled_step() if args.profile and not last \
+                    else self.training_step()
+                self.state.global_step = self.step
+                self.state.epoch = self.step / self.steps_per_epoch
+                self.log_window.add_step(last, args.logging_nan_inf_filter)
+                self._after_step()
+                self.control = handler.on_step_end(args, self.state, self.control)
+                if self.step % self.steps_per_epoch == 0:
+                    self.control = handler.on_epoch_end(args, self.state, self.control)
+                self._log_save_evaluate(last)
+                bar.advance(self.step, last)
         return last
+
+    def _after_step(self) -> None:
+        """TRL's per-step extras: the reference-model sync and the CUDA cache."""
+        args = self.args
+        if args.sync_ref_model and self.ref_model is not None and \
+                self.step % args.ref_model_sync_steps == 0:
+            alpha = args.ref_model_mixup_alpha
+            with torch.no_grad():
+                for ref, current in zip(self.ref_model.parameters(),
+                                        self.unwrapped.parameters(), strict=True):
+                    ref.mul_(1 - alpha).add_(current.detach(), alpha=alpha)
+        if args.torch_empty_cache_steps and self.step % args.torch_empty_cache_steps == 0 \
+                and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _log_save_evaluate(self, metrics: dict[str, Any]) -> None:
+        """Act on the flags the callbacks set (the last step is always logged)."""
+        control = self.control
+        if control.should_log or self.step == self.max_steps or control.should_training_stop:
+            record = self.log_window.record(metrics, self.state.epoch)
+            self._write(record, "train")
+            self._record(record)
+            self._print_completions()
+            control.should_log = False
+        if control.should_evaluate:
+            control.should_evaluate = False
+            if self.eval_sets:
+                self._track_best(self.evaluate())
+        if self.args.save_strategy == "best" and self._improved:
+            control.should_save = True
+        if control.should_save and self.args.save_strategy != "no":
+            self.save_checkpoint()
+        self.control.should_save = False
+        self._improved = False
+
+    _improved = False
+
+    def _track_best(self, metrics: Mapping[str, Any]) -> None:
+        """transformers' best-metric bookkeeping for save_strategy='best' and
+        load_best_model_at_end."""
+        name = self.args.metric_for_best_model
+        if name is None:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise ValueError(f"metric_for_best_model={name!r} is not an eval metric; have: "
+                             f"{', '.join(sorted(metrics))}")
+        value = metrics[key]
+        if hooks.best_metric_improved(name, self.args.greater_is_better, value,
+                                      self.state.best_metric):
+            self.state.best_metric, self.state.best_global_step = value, self.step
+            self._improved = True
+
+    def _load_best_model(self) -> None:
+        best = Path(self.state.best_model_checkpoint)
+        weights = best / "trainable.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"the best checkpoint {best} holds no trainable weights")
+        ckpt.load_trainable(self.unwrapped, weights)
+        logger.info("loaded the best model (%s = %s) from %s", self.args.metric_for_best_model,
+                    self.state.best_metric, best)
 
     def _profiled_step(self) -> dict[str, Any]:
         from torch.profiler import ProfilerActivity, profile
@@ -564,3 +1044,21 @@ class GRPOTrainer:
             prof.export_chrome_trace(str(trace))
             logger.info("profiler trace of step %d written to %s", self.step, trace)
         return metrics
+
+
+def _ddp_kwargs(args: GRPOConfig) -> list[Any]:
+    """accelerate kwargs handlers for TRL's ddp_* options (only those that are set)."""
+    import datetime
+
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    handlers: list[Any] = []
+    ddp = {name: getattr(args, f"ddp_{name}") for name in (
+        "find_unused_parameters", "bucket_cap_mb", "broadcast_buffers", "static_graph")}
+    ddp = {k: v for k, v in ddp.items() if v is not None}
+    if ddp:
+        handlers.append(DistributedDataParallelKwargs(**ddp))
+    if args.ddp_backend is not None or args.ddp_timeout != 1800:
+        handlers.append(InitProcessGroupKwargs(
+            backend=args.ddp_backend, timeout=datetime.timedelta(seconds=args.ddp_timeout)))
+    return handlers

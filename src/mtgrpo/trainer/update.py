@@ -29,8 +29,22 @@ from mtgrpo.policy import (
     resolve_logprob_path,
     sequence_logprobs,
 )
+from mtgrpo.policy.losses import LossOptions
+from mtgrpo.policy.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
 
-__all__ = ["PolicyUpdater", "UpdateOutput", "pad_policy_batch"]
+__all__ = ["PolicyUpdater", "UpdateOutput", "loss_options", "pad_policy_batch"]
+
+
+def loss_options(args: GRPOConfig, entropy_coef: float = 0.0) -> LossOptions:
+    """TRL's loss options of ``args`` (the entropy coefficient is the controller's)."""
+    return LossOptions(
+        importance_sampling_level=args.importance_sampling_level, delta=args.delta,
+        sapo_temperature_pos=args.sapo_temperature_pos,
+        sapo_temperature_neg=args.sapo_temperature_neg, vespo_k_pos=args.vespo_k_pos,
+        vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
+        vespo_lambda_neg=args.vespo_lambda_neg, use_bias_correction_kl=args.use_bias_correction_kl,
+        off_policy_threshold=args.off_policy_mask_threshold, entropy_coef=entropy_coef,
+    )
 
 _UNBOUNDED_TOKENS = 1 << 62
 
@@ -88,7 +102,10 @@ class PolicyUpdater:
 
     ``reference`` is a context manager factory whose block computes log-probs under the
     reference policy (the adapter disabled under LoRA, or ``None`` when ``beta == 0``);
-    ``reference_model`` is the module to score under it.
+    ``reference_model`` is the module to score under it. ``entropy`` is the entropy-bonus
+    coefficient (constant or adaptive, updated once per optimizer step); ``entropy_mask`` maps
+    a micro-batch's entropies and mask to the tokens to train on (``top_entropy_quantile``;
+    the trainer's ``get_high_entropy_mask``, which gathers across processes).
     """
 
     def __init__(
@@ -102,6 +119,7 @@ class PolicyUpdater:
         reference_model: torch.nn.Module | None = None,
         reference: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         logprob_chunk_size: int = 512,
+        entropy_mask: Callable[[Tensor, Tensor, float], Tensor] | None = None,
     ) -> None:
         self.args = args
         self.model = model
@@ -111,6 +129,17 @@ class PolicyUpdater:
         self.reference_model = reference_model
         self.reference = reference or contextlib.nullcontext
         self.chunk_size = logprob_chunk_size
+        self.entropy = AdaptiveEntropy(
+            coef=args.entropy_coef, adaptive=args.use_adaptive_entropy,
+            target=args.entropy_target, delta=args.entropy_coef_delta,
+            minimum=args.entropy_coef_min, maximum=args.entropy_coef_max,
+        )
+        self.entropy_mask = entropy_mask or _local_entropy_mask
+
+    @property
+    def _needs_entropy(self) -> bool:
+        args = self.args
+        return args.log_entropy or self.entropy.enabled or args.top_entropy_quantile < 1.0
 
     # ------------------------------------------------------------------ scoring
     def _plan(self, batch: PolicyBatch, rows: list[int]) -> list[list[int]]:
@@ -172,19 +201,15 @@ class PolicyUpdater:
                         logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
         plan = self._plan(batch, rows)
         normalizer = self._normalizer(batch, rows, len(plan))
+        options = loss_options(self.args, self.entropy.applied)
+        first = len(outputs)
         for i, micro in enumerate(plan):
             part = batch.select(micro)
             sync = i == len(plan) - 1
             context = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
             with context:
-                scored = self._logps(self.model, part, entropy=self.args.log_entropy)
-                out = policy_loss(
-                    scored.logps, part.advantages, part.completion_mask,
-                    old_logps=part.old_logps, ref_logps=part.ref_logps,
-                    loss_type=self.args.loss_type, epsilon_low=self.args.epsilon,
-                    epsilon_high=self.args.resolved_epsilon_high, beta=self.args.beta,
-                    normalizer=normalizer,
-                )
+                scored = self._logps(self.model, part, entropy=self._needs_entropy)
+                out = self._loss(scored, part, normalizer, options)
                 self.accelerator.backward(out.loss)
             outputs.append(out)
             if scored.entropy is not None:
@@ -200,7 +225,30 @@ class PolicyUpdater:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.entropy.enabled:
+            self.entropy.update(self._trained_entropy(outputs[first:]))
         return float(grad_norm)
+
+    def _loss(self, scored: Any, part: PolicyBatch, normalizer: LossNormalizer,
+              options: LossOptions) -> LossOutput:
+        args, mask = self.args, part.completion_mask
+        entropy = scored.entropy
+        token_mask = None
+        if args.top_entropy_quantile < 1.0:
+            token_mask = self.entropy_mask(entropy.detach(), mask, 1 - args.top_entropy_quantile)
+        return policy_loss(
+            scored.logps, part.advantages, mask, old_logps=part.old_logps,
+            ref_logps=part.ref_logps, loss_type=args.loss_type, epsilon_low=args.epsilon,
+            epsilon_high=args.resolved_epsilon_high, beta=args.beta, normalizer=normalizer,
+            options=options, entropy=entropy if self.entropy.enabled else None,
+            token_mask=token_mask,
+        )
+
+    def _trained_entropy(self, outputs: list[LossOutput]) -> float:
+        """Token mean of the trained tokens' entropy over one optimizer step, all processes."""
+        stats = torch.stack([o.trained_entropy for o in outputs]).sum(0)  # [2]
+        total = self.accelerator.reduce(stats.to(self.accelerator.device), "sum").cpu()
+        return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
         parts = np.array_split(np.arange(num_rows), self.args.steps_per_generation)
@@ -254,9 +302,9 @@ class PolicyUpdater:
         def weighted(values: list[Tensor]) -> float:
             return float((torch.stack([v.float() for v in values]) * weights).sum())
 
+        steps = max(len(grad_norms), 1)
         metrics = {
-            "loss": float(sum(float(o.loss.detach()) for o in outputs)
-                          / max(len(grad_norms), 1)),
+            "loss": float(sum(float(o.loss.detach()) for o in outputs) / steps),
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
@@ -267,4 +315,30 @@ class PolicyUpdater:
             metrics["kl"] = weighted([o.mean_kl for o in outputs])
         if entropies:
             metrics["entropy"] = float(torch.cat(entropies).mean())
+        if self.entropy.enabled:
+            metrics["policy_loss"] = float(sum(float(o.policy_loss) for o in outputs) / steps)
+            metrics["entropy_coef"] = self.entropy.coef
         return metrics
+
+    @torch.no_grad()
+    def evaluation_loss(self, batch: PolicyBatch) -> float:
+        """The loss on an evaluation batch at the current policy (ratio 1, no update)."""
+        batch = self._with_logps(batch, need_old=False)
+        plan = self._plan(batch, list(range(batch.num_rows)))
+        normalizer = self._normalizer(batch, list(range(batch.num_rows)), len(plan))
+        total = 0.0
+        for rows in plan:
+            part = batch.select(rows)
+            scored = self._logps(self.model, part, entropy=False)
+            total += float(policy_loss(
+                scored.logps, part.advantages, part.completion_mask, ref_logps=part.ref_logps,
+                loss_type=self.args.loss_type, epsilon_low=self.args.epsilon,
+                epsilon_high=self.args.resolved_epsilon_high, beta=self.args.beta,
+                normalizer=normalizer, options=loss_options(self.args),
+            ).loss)
+        return total
+
+
+def _local_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """The high-entropy mask over this process's tokens (the trainer passes a gathering one)."""
+    return high_entropy_mask(entropies, mask, entropy_threshold(entropies[mask.bool()], quantile))

@@ -28,9 +28,12 @@ LENGTH_UNITS.add("tokens", "completion tokens (len of completion_ids)")
 
 
 def length_reward(
-    target_length: float, tolerance: float, unit: str = "chars"
+    target_length: float, tolerance: float | None = None, unit: str = "chars"
 ) -> Callable[..., list[float | None]]:
     """Build a reward ``max(0, 1 - |length - target_length| / tolerance)``; range [0, 1].
+
+    ``tolerance`` defaults to ``target_length`` (the reward falls to 0 at twice the target,
+    and at length 0).
 
     ``unit`` is ``"chars"`` (text of the completion, conversational completions included) or
     ``"tokens"`` (needs ``completion_ids``; the trainer always passes them). The returned
@@ -41,6 +44,8 @@ def length_reward(
     [1.0, 0.6, 0.0]
     """
     unit = LENGTH_UNITS.canonical(unit)
+    if tolerance is None:
+        tolerance = target_length
     for name, value in (("target_length", target_length), ("tolerance", tolerance)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"length_reward: {name} must be a number, got {value!r}")

@@ -1,0 +1,129 @@
+"""The transformers ``Trainer`` surface of :class:`~mtgrpo.trainer.GRPOTrainer`.
+
+* ``trainer.state`` is a transformers ``TrainerState`` (``global_step``, ``epoch``,
+  ``max_steps``, ``log_history``, ``best_metric``, ...); it is stored in every checkpoint and
+  restored on resume, so ``log_history`` survives a restart.
+* Callbacks are transformers ``TrainerCallback`` objects driven by transformers'
+  ``CallbackHandler``, with transformers' ``DefaultFlowCallback`` first: it decides from
+  ``logging_strategy`` / ``eval_strategy`` / ``save_strategy`` and their step counts when
+  to log, evaluate and save, exactly as in the HF ``Trainer``; a callback may set
+  ``control.should_training_stop``.
+* A log record holds the step's metrics under mtgrpo's names and TRL's
+  (:data:`TRL_ALIASES`), with ``loss`` averaged over the steps since the previous log (the
+  ``Trainer``'s definition). The end of training appends TRL's summary record
+  (``train_runtime``, ``train_loss``, ...).
+
+A "step" here is a training step: one generation batch, ``steps_per_generation`` x
+``num_iterations`` optimizer steps. With the defaults (one optimizer step per generation
+batch) it is TRL's ``global_step``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "TRL_ALIASES",
+    "LogWindow",
+    "TrainOutput",
+    "best_metric_improved",
+    "new_state",
+    "train_summary",
+]
+
+TRL_ALIASES = {
+    "clip_ratio/low": "clip_ratio/low_mean",
+    "clip_ratio/high": "clip_ratio/high_mean",
+    "clip_ratio/region": "clip_ratio/region_mean",
+}
+"""mtgrpo metric -> the name TRL 1.16 logs the same quantity under (both are written)."""
+
+
+class TrainOutput(dict):
+    """What :meth:`GRPOTrainer.train` returns: the last step's metrics (a dict), with the
+    fields of transformers' ``TrainOutput``: ``global_step``, ``training_loss`` and
+    ``metrics`` (the summary record)."""
+
+    def __init__(self, last: Mapping[str, Any], global_step: int, training_loss: float,
+                 summary: Mapping[str, Any]) -> None:
+        super().__init__(last)
+        self.global_step = global_step
+        self.training_loss = training_loss
+        self.metrics = dict(summary)
+
+
+def new_state(max_steps: int, steps_per_epoch: int, num_train_epochs: float,
+              intervals: Mapping[str, int], train_batch_size: int, is_main: bool) -> Any:
+    """A fresh transformers ``TrainerState`` for a run of ``max_steps`` training steps."""
+    from transformers import TrainerState
+
+    return TrainerState(
+        epoch=0.0, global_step=0, max_steps=max_steps,
+        num_train_epochs=math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else
+        int(num_train_epochs),
+        logging_steps=intervals["logging"], eval_steps=intervals["eval"],
+        save_steps=intervals["save"], train_batch_size=train_batch_size,
+        is_local_process_zero=is_main, is_world_process_zero=is_main,
+    )
+
+
+class LogWindow:
+    """The steps since the previous log: their losses (for the averaged ``loss``) and the
+    metrics reward functions logged with ``log_metric`` (averaged, as TRL)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.run_losses: list[float] = []
+        self.custom: dict[str, list[float]] = {}
+
+    def add_step(self, metrics: Mapping[str, Any], nan_inf_filter: bool) -> None:
+        loss = metrics.get("loss")
+        if isinstance(loss, float):
+            self.losses.append(loss)
+            if math.isfinite(loss) or not nan_inf_filter:
+                self.run_losses.append(loss)
+
+    def add_custom(self, name: str, value: float) -> None:
+        self.custom.setdefault(name, []).append(float(value))
+
+    def record(self, metrics: Mapping[str, Any], epoch: float) -> dict[str, Any]:
+        """The log record of the window ending with the step of ``metrics``; resets it."""
+        record = dict(metrics)
+        for ours, theirs in TRL_ALIASES.items():
+            if ours in record:
+                record[theirs] = record[ours]
+        if self.losses:
+            record["loss"] = sum(self.losses) / len(self.losses)
+        for name, values in self.custom.items():
+            record[name] = sum(values) / len(values)
+        record["epoch"] = epoch
+        self.losses, self.custom = [], {}
+        return record
+
+
+def train_summary(start: float, steps: int, prompts_per_step: int, num_generations: int,
+                  run_losses: Sequence[float]) -> dict[str, float]:
+    """TRL's end-of-training record (``train_loss``: the mean step loss of this run)."""
+    runtime = max(time.time() - start, 1e-9)
+    return {
+        "train_runtime": runtime,
+        "train_samples_per_second": steps * prompts_per_step * num_generations / runtime,
+        "train_steps_per_second": steps / runtime,
+        "total_flos": 0.0,
+        "train_loss": sum(run_losses) / len(run_losses) if run_losses else math.nan,
+    }
+
+
+def best_metric_improved(metric: str, greater_is_better: bool | None, value: float,
+                         best: float | None) -> bool:
+    """Whether ``value`` of ``metric`` beats ``best`` (larger is better unless the name ends
+    in ``loss`` or ``greater_is_better`` says otherwise, as transformers)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    greater = not metric.endswith("loss") if greater_is_better is None else greater_is_better
+    if best is None:
+        return True
+    return value > best if greater else value < best
