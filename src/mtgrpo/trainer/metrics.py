@@ -17,6 +17,12 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if values.size else math.nan
 
 
+def _nanmean(values: np.ndarray) -> float:
+    """Mean of the finite entries (NaN, without numpy's warning, when there are none)."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if kept.size else math.nan
+
+
 def accuracy_summary(task_names: Sequence[str], accuracy: np.ndarray) -> dict[str, Any]:
     """Worst-task and average accuracy over the tasks measured (``accuracy [K]``, NaN absent)."""
     measured = ~np.isnan(accuracy)
@@ -58,8 +64,7 @@ def task_metrics(
         accuracy[t] = _mean(correct[rows].astype(np.float64))
         prefix = f"tasks/{name}"
         out[f"{prefix}/accuracy"] = accuracy[t]
-        out[f"{prefix}/reward"] = float(np.nanmean(scalar_rewards[rows])) if rows.any() \
-            else math.nan
+        out[f"{prefix}/reward"] = _nanmean(scalar_rewards[rows])
         out[f"{prefix}/zero_gradient_rate"] = _mean(zero_gradient[groups].astype(np.float64))
         out[f"{prefix}/weight"] = float(weights[t])
         out[f"{prefix}/batch_share"] = float(batch[t] / batch.sum()) if batch.sum() else math.nan
@@ -77,8 +82,7 @@ def channel_metrics(channel_names: Sequence[str], values: np.ndarray,
                     scalar_rewards: np.ndarray) -> dict[str, float]:
     """Per reward channel mean and std over the rows it applied to (``values [N, R]``)."""
     out = {
-        "reward": float(np.nanmean(scalar_rewards)) if np.isfinite(scalar_rewards).any()
-        else math.nan,
+        "reward": _nanmean(scalar_rewards),
         "reward_std": float(np.nanstd(scalar_rewards, ddof=1))
         if np.isfinite(scalar_rewards).sum() > 1 else math.nan,
     }
