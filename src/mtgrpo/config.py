@@ -158,8 +158,9 @@ class GRPOConfig(TRLCompatibleFields):
                               "eval_strategy=epoch) on.", default=0)
     eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
                                 default=True)
-    num_generations_eval: int = _help("Samples per eval prompt (accuracy is their mean).",
-                                      default=1)
+    num_generations_eval: int | None = _help(
+        "Samples per eval prompt (accuracy is their mean; None: num_generations, as TRL).",
+        default=1)
     eval_temperature: float = _help("Sampling temperature for eval (0: greedy).", default=1.0)
     profile: bool = _help("Write a torch profiler trace of one training step.", default=False)
     log_entropy: bool = _help("Compute and log the policy's token entropy (costs a little).",
@@ -459,6 +460,10 @@ class GRPOConfig(TRLCompatibleFields):
                 self.model_init_kwargs = {}
         if self.steps_per_generation is None:
             self.steps_per_generation = 1
+        if self.output_dir is None:
+            self.output_dir = "trainer_output"  # TRL's (transformers') default
+        if self.num_generations_eval is None:
+            self.num_generations_eval = self.num_generations  # TRL's meaning of None
         if self.trust_remote_code:
             self.model_init_kwargs = {"trust_remote_code": True, **self.model_init_kwargs}
         if isinstance(self.include_num_input_tokens_seen, bool):
