@@ -32,6 +32,7 @@ __all__ = [
     "best_metric_improved",
     "new_state",
     "train_summary",
+    "with_trl_names",
 ]
 
 TRL_ALIASES = {
@@ -40,6 +41,15 @@ TRL_ALIASES = {
     "clip_ratio/region": "clip_ratio/region_mean",
 }
 """mtgrpo metric -> the name TRL 1.16 logs the same quantity under (both are written)."""
+
+
+def with_trl_names(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics`` plus each :data:`TRL_ALIASES` name of the quantities it holds."""
+    record = dict(metrics)
+    for ours, theirs in TRL_ALIASES.items():
+        if ours in record:
+            record[theirs] = record[ours]
+    return record
 
 
 class TrainOutput(dict):
@@ -72,12 +82,14 @@ def new_state(max_steps: int, steps_per_epoch: int, num_train_epochs: float,
 
 class LogWindow:
     """The steps since the previous log: their losses (for the averaged ``loss``) and the
-    metrics reward functions logged with ``log_metric`` (averaged, as TRL)."""
+    metrics reward functions logged with ``log_metric`` (averaged, as TRL; :meth:`step_custom`
+    gives the current step's means for the step record)."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
         self.run_losses: list[float] = []
         self.custom: dict[str, list[float]] = {}
+        self.step_values: dict[str, list[float]] = {}
 
     def add_step(self, metrics: Mapping[str, Any], nan_inf_filter: bool) -> None:
         loss = metrics.get("loss")
@@ -88,13 +100,17 @@ class LogWindow:
 
     def add_custom(self, name: str, value: float) -> None:
         self.custom.setdefault(name, []).append(float(value))
+        self.step_values.setdefault(name, []).append(float(value))
+
+    def step_custom(self) -> dict[str, float]:
+        """The means of this step's ``log_metric`` values (and forget them)."""
+        means = {name: sum(v) / len(v) for name, v in self.step_values.items()}
+        self.step_values = {}
+        return means
 
     def record(self, metrics: Mapping[str, Any], epoch: float) -> dict[str, Any]:
         """The log record of the window ending with the step of ``metrics``; resets it."""
-        record = dict(metrics)
-        for ours, theirs in TRL_ALIASES.items():
-            if ours in record:
-                record[theirs] = record[ours]
+        record = with_trl_names(metrics)
         if self.losses:
             record["loss"] = sum(self.losses) / len(self.losses)
         for name, values in self.custom.items():

@@ -56,12 +56,15 @@ def _is_iterable_dataset(source: Any) -> bool:
 
 
 def _is_dataset_object(value: Any) -> bool:
+    """A dataset (``datasets``), a task suite's split, or a list of row dicts."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(row, Mapping) for row in value)
     return type(value).__module__.startswith("datasets.") or is_lazy_split(value)
 
 
 def _eval_sets(evaluation: Any) -> dict[str | None, Any]:
-    """TRL's eval_dataset forms: one dataset, or named ones (a dict of datasets, a
-    ``DatasetDict``): ``{name: source}``, ``None`` naming the single unnamed set."""
+    """TRL's eval_dataset forms: one dataset, or named ones (a dict of datasets or of row
+    lists, a ``DatasetDict``): ``{name: source}``, ``None`` naming the single unnamed set."""
     if evaluation is None:
         return {}
     if isinstance(evaluation, Mapping) and evaluation and all(

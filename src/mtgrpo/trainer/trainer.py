@@ -400,6 +400,7 @@ class GRPOTrainer:
         self._writer: MetricsWriter | None = None
         self._trackers: Trackers | None = None
         self._pending_extra: dict[str, list[Any]] = {}
+        self._improved = False  # the last evaluation improved metric_for_best_model
         shard = Shard(self.rank, self.world, gather=self._gather_objects)
         self.rollouts = RolloutWorker(
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
@@ -574,6 +575,7 @@ class GRPOTrainer:
         metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
         metrics.update(self._rollout_metrics(generated, report))
         metrics["frac_reward_zero_std"] = float(all_adv.zero_gradient.float().mean())
+        metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         step_seconds = time.perf_counter() - begin
         metrics.update({
@@ -914,7 +916,7 @@ class GRPOTrainer:
             self._close_outputs()
         summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
                                       args.num_generations, self.log_window.run_losses)
-        self._record({**last, **summary})
+        self._record({**hooks.with_trl_names(last), **summary})
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if args.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
@@ -999,12 +1001,12 @@ class GRPOTrainer:
                 self._track_best(self.evaluate())
         if self.args.save_strategy == "best" and self._improved:
             control.should_save = True
+        if control.should_training_stop and self.args.save_strategy in ("steps", "epoch"):
+            control.should_save = True  # a run always ends with a checkpoint to resume from
         if control.should_save and self.args.save_strategy != "no":
             self.save_checkpoint()
         self.control.should_save = False
         self._improved = False
-
-    _improved = False
 
     def _track_best(self, metrics: Mapping[str, Any]) -> None:
         """transformers' best-metric bookkeeping for save_strategy='best' and
