@@ -38,6 +38,7 @@ for _name, _target in {
     "math_reward": "mtgrpo.rewards.verifiers.math:math_reward",
     "code_reward": "mtgrpo.rewards.verifiers.code:code_reward",
     "length_reward": "mtgrpo.rewards.verifiers.length:length_reward",
+    "reasoning_gym_reward": "mtgrpo.rewards.verifiers.reasoning_gym:reasoning_gym_reward",
     "answer_format_reward": "mtgrpo.tasks.gsm8k:answer_format_reward",
     "comms_reward": "mtgrpo.examples.customer_comms:comms_reward",
 }.items():
@@ -50,6 +51,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 def _is_factory(fn: Any) -> bool:
     """A reward *factory* (``length_reward(target_length, tolerance)``) rather than a reward
     function: it does not take TRL's ``completions`` argument."""
+    from mtgrpo.rewards.core import RewardFunction
+
+    if isinstance(fn, RewardFunction):
+        return False
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -73,7 +78,8 @@ def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
             return fn(**options)
         except TypeError as exc:
             raise ValueError(f"reward {name!r}: {exc}; its options: {valid}") from None
-    settings = [p.name for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    settings = [p.name for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+                and p.default is not inspect.Parameter.empty]
     unknown = sorted(set(options) - set(settings))
     if unknown:
         raise ValueError(
