@@ -1,6 +1,7 @@
 """mtgrpo: multi-task, multi-reward GRPO post-training of language models.
 
-``from mtgrpo import GRPOConfig, GRPOTrainer`` is the TRL-shaped entry point. The algorithm
+``from mtgrpo import GRPOConfig, GRPOTrainer`` is the TRL-shaped entry point (with TRL's
+``ModelConfig`` and ``get_peft_config`` for scripts that use them). The algorithm
 core (``mtgrpo.advantages``, ``mtgrpo.weighting``, ``mtgrpo.sampling``, ``mtgrpo.rewards``,
 ``mtgrpo.analysis``) is importable without loading any model code; ``GRPOTrainer`` is imported
 on first use.
@@ -14,7 +15,7 @@ from mtgrpo.config import GRPOConfig
 
 __version__ = "0.1.0"
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "ModelConfig", "__version__", "get_peft_config"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from mtgrpo.trainer import GRPOTrainer
 
         return GRPOTrainer
+    if name in ("ModelConfig", "get_peft_config"):
+        from mtgrpo import model_args
+
+        return getattr(model_args, name)
     raise AttributeError(f"module 'mtgrpo' has no attribute {name!r}")

@@ -631,6 +631,16 @@ class GRPOConfig(TRLCompatibleFields):
             return
         completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
                        * self.steps_per_generation)
+        if completions < self.num_generations:
+            import logging
+
+            logging.getLogger("mtgrpo.config").warning(
+                "per_device_train_batch_size × gradient_accumulation_steps × "
+                "steps_per_generation = %d completions is less than one group of "
+                "num_generations=%d: each step trains on one prompt's %d completions, in "
+                "micro-batches of %d", completions, self.num_generations, self.num_generations,
+                self.per_device_train_batch_size)
+            return
         if completions % self.num_generations:
             raise ValueError(
                 f"per_device_train_batch_size × gradient_accumulation_steps × "
@@ -667,7 +677,7 @@ class GRPOConfig(TRLCompatibleFields):
             return self.prompts_per_step
         completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
                        * self.steps_per_generation * world_size)
-        return completions // self.num_generations
+        return max(1, completions // self.num_generations)  # at least one group
 
     def completions_per_optimizer_step(self, world_size: int = 1) -> int:
         total = self.resolved_prompts_per_step(world_size) * self.num_generations

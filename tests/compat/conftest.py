@@ -77,7 +77,7 @@ def trl_standins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     import huggingface_hub.constants as hub_constants
     import transformers.dynamic_module_utils as dynamic
 
-    if not request.module.__name__.endswith("test_trl_grpo_trainer"):
+    if not request.module.__name__.endswith(("test_trl_grpo_trainer", "test_seed_snippets")):
         yield
         return
     full = request.node.originalname in FULL_VOCABULARY
@@ -85,6 +85,9 @@ def trl_standins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     modules = tmp_path_factory.getbasetemp() / "trl-standin-modules"
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(modules))
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", _zen_loader(datasets.load_dataset))
     if hasattr(request.module, "load_dataset"):
         monkeypatch.setattr(request.module, "load_dataset",
                             _zen_loader(request.module.load_dataset))

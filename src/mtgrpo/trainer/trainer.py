@@ -290,6 +290,7 @@ class GRPOTrainer:
         if args.tf32 is not None and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = args.tf32
             torch.backends.cudnn.allow_tf32 = args.tf32
+        _release_accelerator_state(precision)
         self.accelerator = Accelerator(
             cpu=args.use_cpu or not torch.cuda.is_available(), mixed_precision=precision,
             kwargs_handlers=_ddp_kwargs(args),
@@ -1046,6 +1047,16 @@ class GRPOTrainer:
             prof.export_chrome_trace(str(trace))
             logger.info("profiler trace of step %d written to %s", self.step, trace)
         return metrics
+
+
+def _release_accelerator_state(precision: str) -> None:
+    """accelerate keeps one ``AcceleratorState`` per process and refuses a second trainer with
+    another precision; forget it then (the process group, ``PartialState``, is kept)."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and str(
+            AcceleratorState._shared_state.get("_mixed_precision", precision)) != precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def _ddp_kwargs(args: GRPOConfig) -> list[Any]:
