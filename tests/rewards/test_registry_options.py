@@ -92,6 +92,7 @@ def test_the_readme_reward_examples_resolve():
     spans = re.findall(r"`(\{name: [^`]+\})`", README.read_text(encoding="utf-8"))
     assert spans, "the README shows reward entries with options"
     for span in spans:
-        reward = resolve_reward(yaml.safe_load(span))
-        assert callable(reward)
-        assert reward(None, ["<think>x</think>\n<answer>1</answer>"]) is not None
+        spec = yaml.safe_load(span)
+        reward = resolve_reward(spec)
+        assert callable_name(reward).startswith(spec["name"].removesuffix("_reward"))
+    assert len(spans) >= 3
