@@ -331,7 +331,10 @@ class GRPOTrainer:
         scalar = all_adv.scalar_rewards.numpy()
         metrics.update(task_metrics(self.task_names, generated, scalar,
                                     all_adv.zero_gradient.numpy(), weights, report, improvement))
-        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
+        errors = [g.payload.reward_errors for g in generated]
+        errors = np.concatenate(errors) if generated and all(e is not None for e in errors) \
+            else None
+        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
         metrics.update(self._rollout_metrics(generated, report))
         step_seconds = time.perf_counter() - begin
         metrics.update({
