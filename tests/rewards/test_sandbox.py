@@ -4,6 +4,8 @@ Each hostile program must earn nothing it did not earn honestly (0, or the share
 it really passes) and leave nothing behind: its working directory is removed (the runs
 use a private temporary root, checked empty afterwards), no sandbox process survives
 (checked in /proc), and the files it tries to create outside its directory do not exist.
+The attacks on the kernel's part of the sandbox (with the in-process audit hook off) are in
+``test_sandbox_attacks.py``.
 Limits are small so every case takes at most about a second.
 """
 
@@ -12,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import LIMITS, SECRET
 
 from mtgrpo.rewards.verifiers.sandbox import (
     IOCase,
@@ -26,48 +28,6 @@ from mtgrpo.rewards.verifiers.sandbox import (
     run_python,
     run_python_io,
 )
-
-LIMITS = SandboxLimits(
-    timeout_seconds=4.0,
-    test_timeout_seconds=0.5,
-    cpu_seconds=2,
-    memory_bytes=256 << 20,
-    output_bytes=64 << 10,
-    file_bytes=1 << 20,
-    max_files=8,
-)
-SECRET = "hunter2-" + uuid.uuid4().hex
-ROOT = os.geteuid() == 0
-
-
-def _harness_processes() -> list[int]:
-    """Pids of live processes running the sandbox harness (zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"_sandbox_harness.py" in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-@pytest.fixture
-def sandbox_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private temporary root for the sandboxes' working directories, plus a planted
-    secret in this process's environment; after the test, the root must be empty and no
-    harness process alive."""
-    root = tmp_path / "sandboxes"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    monkeypatch.setenv("MTGRPO_FAKE_SECRET", SECRET)
-    yield root
-    assert list(root.iterdir()) == []
-    assert _harness_processes() == []
 
 
 def test_an_honest_program_passes_its_tests(sandbox_root: Path) -> None:

@@ -57,6 +57,7 @@ SANDBOX_ID = 65534  # uid and gid of the harness ("nobody")
 FIRST_FREE_FD = 10  # the harness's descriptors are moved above this before being placed
 HARNESS_FDS = 5  # 0 stdin, 1 stdout, 2 stderr, 3 job (read), 4 results (write)
 RESULT_LINE_LIMIT = 1 << 16  # records other than values are short
+LAUNCHER_PATH = os.path.abspath(__file__)
 
 
 class RefusedError(OSError):
@@ -160,6 +161,7 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
         os.close(pipes[name][end])
     os.close(job["report_fd"])
     try:
+        _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
         cap_last = _cap_last()
         _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount namespace)")
         _build_root(job["root"], job["mounts"])
@@ -170,6 +172,9 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
             _start_harness(job, mode, cap_last, pipes["job"][0], pipes["results"][1], setup)
         _drop_privileges(mode, cap_last)
         LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        # Dies with the launcher (after the uid switch, which clears the setting); its
+        # death ends the PID namespace, so whatever the harness started ends too.
+        _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     except BaseException as error:  # nothing untrusted has run: report and stop
         _line(setup, f"refused {error}")
         os._exit(1)
@@ -209,26 +214,24 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
 def _build_root(root: str, mounts: list) -> None:
     """Mount a tmpfs on ``root`` and the plan's entries into it, then make it read-only.
 
-    Entries: ``("bind", source, target, writable, executable)``, ``("hide", target)``
-    (an empty read-only tmpfs over a directory, or an empty file over a file) and
-    ``("link", points_to, path)`` (a symbolic link in the tmpfs). A bind keeps the flags
-    the kernel locks on its source (read-only, nosuid, nodev, noexec, atime).
+    Entries: ``("bind", source, target, writable, executable)``; ``("only", directory,
+    names, prefixes)``: every entry of an already bound directory whose name (up to its
+    first dot) is not in ``names`` and starts with none of ``prefixes`` is hidden (an empty
+    read-only tmpfs over a directory, an empty file over a file), listed now; and ``("link",
+    points_to, path)``: a symbolic link in the tmpfs. A bind keeps the flags the kernel
+    locks on its source (read-only, nosuid, nodev, noexec, atime).
     """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    empty = os.path.join(root, ".empty")
-    open(empty, "w").close()  # an empty file to hide files with
+    empty = os.path.join(root, "sandbox", "empty")  # an empty file to hide files with
+    os.makedirs(os.path.dirname(empty))
+    open(empty, "w").close()
     for entry in mounts:
         if entry[0] == "link":
             os.symlink(entry[1], root + entry[2])
             continue
-        if entry[0] == "hide":
-            target = root + entry[1]
-            if os.path.isdir(target):
-                _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                       "size=4k,nr_inodes=1,mode=0555")  # fmt: skip
-            else:
-                _bind(empty, target, writable=False, executable=False)
+        if entry[0] == "only":
+            _hide_unlisted(root, empty, *entry[1:])
             continue
         _, source, inside, writable, executable = entry
         target = root + inside
@@ -240,6 +243,19 @@ def _build_root(root: str, mounts: list) -> None:
                 open(target, "w").close()  # a mount point for a file
         _bind(source, target, writable=writable, executable=executable)
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _hide_unlisted(root: str, empty: str, directory: str, names: list, prefixes: list) -> None:
+    keep, starts = frozenset(names), tuple(prefixes)
+    for entry in os.listdir(directory):
+        target = root + os.path.join(directory, entry)
+        if entry.partition(".")[0] in keep or entry.startswith(starts) or os.path.islink(target):
+            continue  # a symbolic link resolves inside this root: to what is visible, or nothing
+        if os.path.isdir(target):
+            _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=4k,nr_inodes=1,mode=0555")  # fmt: skip
+        else:
+            _bind(empty, target, writable=False, executable=False)
 
 
 def _bind(source: str, target: str, *, writable: bool, executable: bool) -> None:
@@ -282,7 +298,9 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
         os.chdir(job["harness_job"]["workdir"])
         interpreter = job["interpreter"]
-        argv = [interpreter, "-I", "-S", "-B", "-X", "utf8", job["harness"]]
+        # The launcher's path as a last argument (ignored) tells which installation started
+        # the process, for whoever lists processes (the tests check that none survives).
+        argv = [interpreter, "-I", "-S", "-B", "-X", "utf8", job["harness"], LAUNCHER_PATH]
         os.execve(interpreter, argv, job["environment"])
     except BaseException as error:
         _line(setup, f"refused {error}")

@@ -55,8 +55,9 @@ RUNTIME_LIBRARIES = ("libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "librt.so.
 PT_INTERP = 3
 
 Mount = tuple
-"""``("bind", source, target, writable, executable)``, ``("hide", target)`` or
-``("link", points_to, path)``; targets are paths inside the sandbox."""
+"""``("bind", source, target, writable, executable)``, ``("only", directory, names,
+prefixes)`` (hide the entries of a bound directory whose name is not listed) or ``("link",
+points_to, path)``; targets are paths inside the sandbox."""
 
 # Runs in the interpreter being described (``-I -S``, trusted code only): imports every
 # allowed extension module of lib-dynload and reports what the process has mapped.
@@ -127,7 +128,7 @@ def interpreter_view(executable: str) -> InterpreterView:
     facts = json.loads(probe.stdout)
     interpreter, paths = facts["executable"], tuple(facts["paths"])
     mounts: list[Mount] = [("bind", path, path, False, True) for path in _outermost(paths)]
-    mounts += _hidden_entries(paths, set(facts["stdlib"]), set(facts["allowed"]))
+    mounts += _listed_entries(paths, set(facts["stdlib"]), set(facts["allowed"]))
     mounts.append(("bind", interpreter, interpreter, False, True))
     loader = _elf_interpreter(interpreter)
     if loader is not None:
@@ -173,22 +174,21 @@ def _outermost(paths: tuple[str, ...]) -> list[str]:
     return [p for p in paths if not any(p != q and _inside(p, q) for q in paths)]
 
 
-def _hidden_entries(paths: tuple[str, ...], stdlib: set[str], allowed: set[str]) -> list[Mount]:
-    """``("hide", path)`` for every entry of the standard-library directories that is not a
-    standard-library module (or, in lib-dynload, not an allowed extension module)."""
-    hidden: list[Mount] = []
+def _listed_entries(paths: tuple[str, ...], stdlib: set[str], allowed: set[str]) -> list[Mount]:
+    """``("only", directory, names)`` for each standard-library directory: the launcher
+    hides every entry whose name (up to its first dot) is not one of ``names``: the
+    standard-library modules (and ``_sysconfigdata*``), or in lib-dynload the allowed
+    extension modules. Listed when the sandbox is built, so nothing installed later slips
+    through."""
+    entries: list[Mount] = []
     directories = [path for path in paths if os.path.isdir(path)]
     for directory in directories:
         dynload = os.path.basename(directory) == "lib-dynload"
-        keep = allowed if dynload else stdlib | {"__pycache__"}
-        for entry in sorted(os.listdir(directory)):
-            path = os.path.join(directory, entry)
-            if path in directories:
-                continue
-            name = entry.partition(".")[0]
-            if name not in keep and not (name.startswith("_sysconfigdata") and not dynload):
-                hidden.append(("hide", path))
-    return hidden
+        names = set(allowed) if dynload else stdlib | {"__pycache__"}
+        names |= {os.path.basename(d) for d in directories if os.path.dirname(d) == directory}
+        prefixes = () if dynload else ("_sysconfigdata",)
+        entries.append(("only", directory, tuple(sorted(names)), prefixes))
+    return entries
 
 
 def _libraries(mapped: list[str], paths: tuple[str, ...], interpreter: str) -> dict[str, set[str]]:

@@ -75,6 +75,7 @@ SANDBOX_STATUSES = (
 SANDBOX_ID = 65534  # the sandboxed process's uid and gid (as root: "nobody")
 _READ_CHUNK = 65536
 _AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
+_LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
 _UNAVAILABLE_FIX = (
     "mtgrpo runs model-written programs only inside Linux namespaces (mount, PID, network, "
     "IPC) with no capabilities, and refuses to run them otherwise. Run the trainer as root, "
@@ -380,7 +381,7 @@ def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> 
               for c in (plan.checks if plan is not None else ())]  # fmt: skip
     return {
         "mode": mode,
-        "user_namespace": os.geteuid() != 0,
+        "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
         "interpreter": view.interpreter,
         "harness": "/sandbox/harness.py",
         "environment": _child_environment(),
@@ -407,9 +408,15 @@ def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> 
     }
 
 
+def _interpreter() -> str:
+    """The interpreter of the launcher and the sandboxed process (``-I -S``: its standard
+    library only, whatever environment ``sys.executable`` belongs to)."""
+    return os.environ.get("MTGRPO_SANDBOX_PYTHON") or sys.executable
+
+
 def _view() -> InterpreterView:
     try:
-        return interpreter_view(sys.executable)
+        return interpreter_view(_interpreter())
     except (OSError, ValueError) as error:
         raise SandboxUnavailableError(f"{error}. {_UNAVAILABLE_FIX}") from None
 
@@ -447,11 +454,14 @@ def _spawn(
         os.mkdir(work)
         if not job["user_namespace"]:
             os.chown(work, SANDBOX_ID, SANDBOX_ID)
+        if _LAUNCH_AS is not None:
+            for path in (workdir, root, work):
+                os.chown(path, _LAUNCH_AS, _LAUNCH_AS)
         mounts = _view().plan(tuple(job["harness_job"]["extra_paths"]), work)
         job = {**job, "report_fd": report_write, "root": root, "mounts": mounts}
         payload = marshal.dumps(job)
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(LAUNCHER)],
+            [_interpreter(), "-I", "-S", "-B", str(LAUNCHER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -459,7 +469,9 @@ def _spawn(
             cwd=workdir,
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             start_new_session=True,
-        )
+            **({} if _LAUNCH_AS is None else
+               {"user": _LAUNCH_AS, "group": _LAUNCH_AS, "extra_groups": []}),
+        )  # fmt: skip
         os.close(report_write)
         report_write = -1
         try:
