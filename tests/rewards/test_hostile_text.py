@@ -5,98 +5,34 @@ Every built-in and task-suite reward is called on each hostile completion and mu
 one value in its range without raising; an exception inside a built-in verifier must
 score 0 and be counted (``rewards/<name>/errors``) while a user's function still fails
 loudly. A quadratic extractor turns these 1 MB texts into minutes of work, so the
-``timeout`` marks fail such a regression without a timed assertion; the measured costs
-are in ``benchmarks/bench_hostile_text.py``.
+``timeout`` marks fail such a regression without a timed assertion. The texts and the
+table of rewards are ``benchmarks/bench_hostile_text.py``'s, which measures their cost.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-import reasoning_gym
 
 import mtgrpo.rewards.verifiers.format as format_module
-from mtgrpo.examples.customer_comms import comms_reward
 from mtgrpo.rewards import RewardError, RewardSuite
 from mtgrpo.rewards.guard import collect_scoring_errors
-from mtgrpo.rewards.verifiers import (
-    AUDITED_FAMILIES,
-    MAX_TEXT_CHARS,
-    code_reward,
-    countdown_reward,
-    format_reward,
-    length_reward,
-    math_reward,
-    reasoning_gym_reward,
-)
+from mtgrpo.rewards.verifiers import MAX_TEXT_CHARS, countdown_reward, format_reward, length_reward
 from mtgrpo.tasks.families import parse_int_sequence
-from mtgrpo.tasks.gsm8k import answer_format_reward
 from mtgrpo.tasks.prompts import extract_boxed, extract_tagged
 from mtgrpo.tasks.rewards import task_reward
+from script_loader import load_script
 
-HUGE = "9" * 5_000  # past Python's 4,300-digit limit on int(str)
-
-
-def _fill(prefix: str, unit: str) -> str:
-    """``prefix`` then ``unit`` repeated up to exactly :data:`MAX_TEXT_CHARS` characters."""
-    body = (unit * (MAX_TEXT_CHARS // len(unit) + 1))[: MAX_TEXT_CHARS - len(prefix)]
-    return prefix + body
-
-
-HOSTILE = {
-    "unclosed answer tag": _fill("<think>x</think>\n<answer>", "1 "),
-    "unclosed boxed": _fill("so \\boxed{", "{1"),
-    "boxed storm": _fill("", "\\boxed{"),
-    "answer tag storm": _fill("", "<answer>"),
-    "unclosed code fence": _fill("```python\n", "x = (1,\n"),
-    "unclosed code tag": _fill("<code>\n", "def f(): return [\n"),
-    "unclosed think": _fill("<think>", "</answer><answer>"),
-    "huge number answer": f"<think>x</think>\n<answer>{HUGE}</answer>",
-    "huge boxed number": f"\\boxed{{{HUGE}}} <answer>{HUGE}</answer>",
-    "huge grid": f"<answer>{' '.join([HUGE] * 150)}</answer>",
-    "many numbers": _fill("<answer>", HUGE + " "),
-}
-
-
-def _rg_entry(family: str) -> dict[str, Any]:
-    return dict(reasoning_gym.create_dataset(family, seed=0, size=1)[0])
-
-
-def _rewards() -> dict[str, tuple[Callable[..., list[Any]], dict[str, Any], tuple[float, float]]]:
-    """``name: (function, the columns of one row, range)`` of every built-in reward."""
-    table: dict[str, tuple[Callable[..., list[Any]], dict[str, Any], tuple[float, float]]] = {
-        "format_reward": (format_reward, {}, (0, 1)),
-        "countdown_reward": (countdown_reward, {"target": 15, "nums": [8, 2, 1]}, (0, 1)),
-        "math_reward": (math_reward, {"answer": "15"}, (0, 1)),
-        "code_reward (syntax)": (code_reward, {}, (0, 1)),
-        "code_reward (tests)": (code_reward, {"tests": ["assert add(1, 2) == 3"]}, (0, 1)),
-        "length_reward": (length_reward(target_length=100, tolerance=50), {}, (0, 1)),
-        "answer_format_reward": (answer_format_reward, {"answer_format": "boxed"}, (0, 1)),
-        "comms_reward": (comms_reward, {"scenario": "refund"}, (0, 1)),
-        "countdown task": (task_reward("countdown"), {
-            "answer": "8 * 2 - 1", "metadata": {"numbers": [8, 2, 1], "target": 15}}, (0, 1)),
-        "zebra task": (task_reward("zebra_puzzles"), {"answer": "Alice", "metadata": {}}, (0, 1)),
-        "arc_1d task": (task_reward("arc_1d"), {"answer": "0 1 2", "metadata": {}}, (0, 1)),
-        "arc_1d task, boxed": (task_reward("arc_1d", answer_format="boxed"),
-                               {"answer": "0 1 2", "metadata": {}}, (0, 1)),
-    }  # fmt: skip
-    for family in AUDITED_FAMILIES.names():
-        table[f"reasoning_gym {family}"] = (
-            reasoning_gym_reward(family), {"entry": _rg_entry(family)}, (0, 1)
-        )
-    return table
-
-
-REWARDS = _rewards()
+bench = load_script("benchmarks/bench_hostile_text.py")
+HOSTILE, HUGE = bench.HOSTILE, bench.HUGE
+REWARDS = bench.rewards()
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(REWARDS))
 def test_every_builtin_reward_scores_hostile_text(name: str) -> None:
-    function, row, (low, high) = REWARDS[name]
+    function, row = REWARDS[name]  # every reward here has its values in [0, 1]
     texts = list(HOSTILE.values())
     columns = {key: [value] * len(texts) for key, value in row.items()}
     with collect_scoring_errors() as failed:
@@ -104,8 +40,7 @@ def test_every_builtin_reward_scores_hostile_text(name: str) -> None:
     assert len(scores) == len(texts)
     for score in scores:
         values = score if isinstance(score, tuple) else (score,)
-        assert all(isinstance(v, float) and math.isfinite(v) and low <= v <= high
-                   for v in values), (name, scores)  # fmt: skip
+        assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in values), (name, scores)
     assert failed == []  # none of these texts makes a verifier raise
 
 

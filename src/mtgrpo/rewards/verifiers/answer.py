@@ -174,7 +174,12 @@ def extract_last_number(text: str) -> str | None:
     """
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         return None
-    match = _REVERSED_NUMBER.search(text[::-1])
+    # The number ends at the last digit; from there the reversed grammar is matched in
+    # place (a regular-expression search without a literal prefix would try every position).
+    last = max(text.rfind(digit) for digit in "0123456789")
+    if last < 0:
+        return None
+    match = _REVERSED_NUMBER.match(text[last::-1])
     if match is None or len(match.group()) > MAX_NUMBER_CHARS:
         return None
     return match.group()[::-1].replace(",", "")
