@@ -517,6 +517,8 @@ class GRPOTrainer:
 
         args = self.args
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.is_main_process:  # what a save interrupted by a kill left behind
+            ckpt.remove_stale_temporaries(self.output_dir)
         if args.resume_from_checkpoint:
             self._resume(args.resume_from_checkpoint)
         elif self.is_main_process:
