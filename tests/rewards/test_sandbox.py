@@ -463,3 +463,43 @@ def test_invalid_limits() -> None:
         SandboxLimits(memory_bytes=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_open_files must be at least 16"):
         SandboxLimits(max_open_files=4)
+
+
+# ---------------------------------------------------------------------- value checks
+
+
+def test_value_checks_compare_plain_data_outside_the_sandbox(sandbox_root: Path) -> None:
+    code = (
+        "import os\n"
+        "class Mine(int):\n    def __eq__(self, other):\n        return True\n"
+        "def value(kind):\n"
+        "    return {'big': 2 ** 20000 + 1, 'float': 0.1 + 0.2, 'nan': float('nan'),\n"
+        "            'text': 'é\\ud800\\n\"', 'nested': {'a': [1, (2.5, 3j)], 'b': {b'x'}},\n"
+        "            'frozen': frozenset({1, 2}), 'none': None, 'sub': Mine(7),\n"
+        "            'env': os.environ, 'keys': {'k': 1}.keys(), 'obj': object()}[kind]\n"
+    )
+    tests = [
+        f"assert value('big') == {hex(2**20000 + 1)}",  # past int(str)'s 4,300 digits
+        "assert value('float') == 0.30000000000000004",
+        "assert value('float') != 0.3",
+        "assert value('nan') != 0.0",
+        "assert value('text') == 'é\\ud800\\n\"'",
+        "assert value('nested') == {'a': [1, (2.5, 3j)], 'b': {b'x'}}",
+        "assert value('nested') == {'a': [1, [2.5, 3j]], 'b': {b'x'}}",  # a list is no tuple
+        "assert value('frozen') == {2, 1}",
+        "assert value('none') is None",
+        "assert not value('none') is not None",
+        "assert value('sub') == 7",  # an int subclass is read as its int value
+        "assert value('sub') == 8",  # ... so its lying __eq__ does not count
+        "assert 'PATH' in value('env')",  # a Mapping reads as a dict
+        "assert value('keys') == {'k'}",  # a Set reads as a set
+        "assert 'x' in value('text')",
+        "assert value('obj') == 1",  # not plain data: never equal to a literal
+        "assert value('obj') is not None",
+    ]
+    expected = (True, True, True, True, True, True, False, True, True, True, True, False,
+                True, True, False, False, True)  # fmt: skip
+    plan = prepare_tests(tests)
+    assert len(plan.checks) == len(tests)  # each one judged outside the sandbox
+    assert plan.token_tests == ()
+    assert run_python(code, tests, LIMITS).passed == expected

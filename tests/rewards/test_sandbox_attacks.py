@@ -288,6 +288,26 @@ def test_no_file_is_left_anywhere(sandbox_root: Path, kernel_only: None) -> None
         assert not os.path.lexists(path)
 
 
+def test_the_work_directory_is_a_kernel_quota(sandbox_root: Path, kernel_only: None) -> None:
+    # Without the audit hook's count of files, the tmpfs under the work directory still
+    # bounds what a program can write: max_files files of file_bytes, plus 1 MiB.
+    attack = (
+        "import os\nwritten = 0\n"
+        "for i in range(1000):\n"
+        "    try:\n"
+        "        with open(f'f{i}', 'wb') as f:\n            f.write(b'x' * (1 << 20))\n"
+        "        written += 1\n"
+        "    except OSError as error:\n"
+        "        print(type(error).__name__, error.errno)\n        break\n"
+        "print('files', written)\n"
+    )
+    result = run_python(_wrong(attack), ADD_TESTS, LIMITS)
+    assert "OSError 28" in result.stdout  # ENOSPC
+    written = int(result.stdout.split("files")[1])
+    assert LIMITS.max_files <= written <= LIMITS.max_files + 1
+    assert result.passed == (False, False)
+
+
 # --------------------------------------------------------- as an unprivileged user
 
 

@@ -1,8 +1,9 @@
-"""The sandboxed process: run as ``python -I -S -B -X utf8 harness.py`` inside the sandbox.
+"""The sandboxed process: ``python -I -S -B -X utf8`` inside the sandbox, importing this
+module from ``/sandbox/harness`` (with its compiled bytecode) and calling :func:`main`.
 
-Executed by ``_sandbox_launch.py`` (which built the namespaces, the file-system view, the
-limits and dropped every privilege before exec), never imported by the library except for
-its constants. It reads its job from descriptor 3, runs the untrusted program, and writes
+Started by ``_sandbox_launch.py`` (which built the namespaces, the file-system view, the
+limits and dropped every privilege before exec); the library imports it only for its
+constants. It reads its job from descriptor 3, runs the untrusted program, and writes
 records to descriptor 4 for the launcher. The threat model is in ``docs/sandbox.md``.
 
 Order of work (everything before step 3 runs before any untrusted code):
@@ -86,7 +87,6 @@ def main() -> None:
         (kind, compile(source, f"<test {index}>", "exec", dont_inherit=True, optimize=0))
         for index, (kind, source) in enumerate(job["units"])
     ]
-    import json.encoder  # noqa: F401  # the C string quoting, bound before the program runs
     import types  # noqa: F401  # reads a traceback's tb_frame at import: load it before the hook
 
     sys.path.extend(job["extra_paths"])
@@ -396,24 +396,24 @@ def _make_strict_eq():
 def _make_value_check(canonical, limit: int):
     """``check(index, value)``: write ``V<index> <json>`` for the launcher to compare.
 
-    The value is first copied to plain data (``canonical``), then written as JSON with
-    tags the launcher reads back without evaluating anything: ``null``/``true``/``false``/
-    strings as themselves, ``["i", hex]``, ``["f", repr]``, ``["c", re, im]``, ``["b",
-    hex]``, ``["l"|"t"|"s"|"z", [items]]`` (list, tuple, set, frozenset), ``["d", [[k, v],
-    ...]]``, ``["?"]`` for anything that is not plain data. An encoding over ``limit`` bytes
-    is sent as ``["?"]``.
+    The value is first copied to plain data (``canonical``), then written as JSON made of
+    tags and hexadecimal text only, which the launcher reads back without evaluating
+    anything: ``null``/``true``/``false``, ``["i", hex]`` int, ``["f", repr]`` float,
+    ``["c", re, im]`` complex, ``["u", hex of UTF-8]`` str, ``["b", hex]`` bytes,
+    ``["l"|"t"|"s"|"z", [items]]`` list, tuple, set, frozenset, ``["d", [[k, v], ...]]``
+    dict, ``["?"]`` anything that is not plain data. An encoding over ``limit`` bytes is
+    sent as ``["?"]``.
     """
-    import json.encoder
-
-    quote, type_, join, write = json.encoder.encode_basestring_ascii, type, "".join, os.write
-    int_format, float_repr, hexify = int.__format__, float.__repr__, bytes.hex
+    type_, join, write, len_ = type, "".join, os.write, len
+    int_format, float_repr, hexify, utf8 = int.__format__, float.__repr__, bytes.hex, str.encode
     tags = {list: "l", tuple: "t", set: "s", frozenset: "z"}
     simple = {type(None): lambda v: "null", bool: lambda v: "true" if v else "false",
               int: lambda v: '["i","' + int_format(v, "x") + '"]',
               float: lambda v: '["f","' + float_repr(v) + '"]',
               complex: lambda v: '["c","' + float_repr(v.real) + '","' + float_repr(v.imag) + '"]',
-              str: quote, bytes: lambda v: '["b","' + hexify(v) + '"]'}  # fmt: skip
-    dict_items, len_ = dict.items, len
+              str: lambda v: '["u","' + hexify(utf8(v, "utf-8", "surrogatepass")) + '"]',
+              bytes: lambda v: '["b","' + hexify(v) + '"]'}  # fmt: skip
+    dict_items = dict.items
 
     def emit(value: object, parts: list) -> None:
         kind = type_(value)

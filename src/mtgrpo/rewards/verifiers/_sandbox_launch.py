@@ -1,8 +1,8 @@
-"""Trusted stage of the code sandbox: run as ``python -I -S -B _sandbox_launch.py``.
-
-Executed by ``sandbox.py`` for every run, never imported by the library, and it never runs
-untrusted code itself. It builds the sandbox with the kernel's namespaces, starts the
-harness in it, and turns what the harness reports into verdicts. Three processes:
+"""Trusted stage of the code sandbox, run by ``sandbox.py`` for every run in a fresh
+``python -I -S -B`` (imported there as ``_sandbox_launch``, to reuse its compiled bytecode,
+and ``main()`` called; the library itself never imports it). It never runs untrusted code.
+It builds the sandbox with the kernel's namespaces, starts the harness in it, and turns
+what the harness reports into verdicts. Three processes:
 
 * **launcher** (this script's first process, in the trainer's PID namespace): reads its job
   on stdin, enters new PID, network, IPC and UTS namespaces (as root directly; otherwise
@@ -14,14 +14,14 @@ harness in it, and turns what the harness reports into verdicts. Three processes
   read-only tmpfs root holding only the mount plan of the job (the interpreter, its
   standard library with every non-standard entry hidden, the shared libraries they need,
   the allowed extra paths, four devices and the private working directory
-  ``/sandbox/work``),
+  ``/sandbox/work``, a size-limited tmpfs),
   ``pivot_root``s into it and detaches the old root, forks the harness, drops its own
   privileges and waits. When it exits, the kernel kills whatever is left in the namespace.
 * **harness** (PID 2): sets the resource limits, becomes uid/gid 65534 with no capabilities
   at all (bounding, ambient, permitted, effective and inheritable sets emptied and read
   back), ``PR_SET_NO_NEW_PRIVS``, dies with the reaper (``PR_SET_PDEATHSIG``), and execs
   a fresh interpreter on ``_sandbox_harness.py``: a new process image, so ``ctypes`` (which
-  this script uses) is not loaded in the process that runs the program.
+  this module uses) is not loaded in the process that runs the program.
 
 Failures to build the sandbox are reported as ``refused <reason>``: untrusted code is then
 not run at all. Report lines (``sandbox.py`` reads them): ``sandbox <mode>``, ``refused
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
 import marshal
 import os
 import resource
@@ -78,6 +77,8 @@ def main() -> None:
         _reaper(job, mode, pipes)
     for name, end in (("job", 0), ("results", 1), ("setup", 1)):
         os.close(pipes[name][end])
+    if job["checks"]:
+        import json  # noqa: F401  # for decode(): imported while the files are still readable
     _drop_launcher_privileges(mode)
     _line(report, f"sandbox {mode}")
     tokens = _send_harness_job(job, pipes["job"][1])
@@ -218,7 +219,8 @@ def _build_root(root: str, mounts: list) -> None:
     names, prefixes)``: every entry of an already bound directory whose name (up to its
     first dot) is not in ``names`` and starts with none of ``prefixes`` is hidden (an empty
     read-only tmpfs over a directory, an empty file over a file), listed now; and ``("link",
-    points_to, path)``: a symbolic link in the tmpfs. A bind keeps the flags the kernel
+    points_to, path)``: a symbolic link in the tmpfs; ``("tmpfs", target, bytes, inodes)``: the
+    writable work directory, owned by uid 65534, no exec. A bind keeps the flags the kernel
     locks on its source (read-only, nosuid, nodev, noexec, atime).
     """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -229,6 +231,12 @@ def _build_root(root: str, mounts: list) -> None:
     for entry in mounts:
         if entry[0] == "link":
             os.symlink(entry[1], root + entry[2])
+            continue
+        if entry[0] == "tmpfs":
+            _, inside, size, inodes = entry
+            os.makedirs(root + inside)
+            options = f"size={size},nr_inodes={inodes},mode=0700,uid={SANDBOX_ID},gid={SANDBOX_ID}"
+            _mount("tmpfs", root + inside, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
             continue
         if entry[0] == "only":
             _hide_unlisted(root, empty, *entry[1:])
@@ -300,7 +308,7 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
         interpreter = job["interpreter"]
         # The launcher's path as a last argument (ignored) tells which installation started
         # the process, for whoever lists processes (the tests check that none survives).
-        argv = [interpreter, "-I", "-S", "-B", "-X", "utf8", job["harness"], LAUNCHER_PATH]
+        argv = [interpreter, "-I", "-S", "-B", "-X", "utf8", "-c", job["harness"], LAUNCHER_PATH]
         os.execve(interpreter, argv, job["environment"])
     except BaseException as error:
         _line(setup, f"refused {error}")
@@ -491,13 +499,16 @@ def _refuse_number(text: str) -> None:
 
 
 def decode(text: bytes) -> object:
-    """A value from the harness's JSON encoding (see ``_sandbox_harness._make_encoder``).
+    """A value from the harness's JSON encoding (``_sandbox_harness._make_value_check``).
 
-    ``null``/``true``/``false``/strings as themselves; ``["i", hex]`` int, ``["f", repr]``
-    float, ``["c", re, im]`` complex, ``["b", hex]`` bytes, ``["l"|"t"|"s"|"z", [items]]``
-    list, tuple, set, frozenset, ``["d", [[key, value], ...]]`` dict, ``["?"]`` not plain
-    data. Bare JSON numbers are refused; depth and size are capped (``ValueError``).
+    ``null``/``true``/``false``; ``["i", hex]`` int, ``["f", repr]`` float, ``["c", re,
+    im]`` complex, ``["u", hex of UTF-8]`` str, ``["b", hex]`` bytes, ``["l"|"t"|"s"|"z",
+    [items]]`` list, tuple, set, frozenset, ``["d", [[key, value], ...]]`` dict, ``["?"]``
+    not plain data. Bare JSON numbers and strings are refused; depth and size are capped
+    (``ValueError``). Linear in the text.
     """
+    import json  # loaded by main() before the launcher gave up its privileges
+
     tree = json.loads(text, parse_int=_refuse_number, parse_float=_refuse_number,
                       parse_constant=_refuse_number)  # fmt: skip
     return _rebuild(tree, 0, [MAX_NODES])
@@ -507,7 +518,7 @@ def _rebuild(node: object, depth: int, budget: list[int]) -> object:
     budget[0] -= 1
     if depth > MAX_DEPTH or budget[0] < 0:
         raise ValueError("value too deep or too large")
-    if node is None or isinstance(node, (bool, str)):
+    if node is None or isinstance(node, bool):
         return node
     if not (isinstance(node, list) and node and isinstance(node[0], str)):
         raise ValueError("malformed value")
@@ -532,6 +543,8 @@ def _rebuild(node: object, depth: int, budget: list[int]) -> object:
         return complex(float(rest[0]), float(rest[1]))
     if tag == "b" and len(rest) == 1:
         return bytes.fromhex(rest[0])
+    if tag == "u" and len(rest) == 1:
+        return bytes.fromhex(rest[0]).decode("utf-8", "surrogatepass")
     raise ValueError(f"unknown value tag {tag!r}")
 
 

@@ -13,13 +13,13 @@ in a private mount namespace and ``pivot_root``s into it). It holds only:
   else installed next to the standard library), and every extension module in
   ``lib-dynload`` that is not allowed hidden: ``ctypes``, the test modules, sockets,
   subprocesses (:data:`~._sandbox_harness.BLOCKED_MODULES`);
-* the harness (``/sandbox/harness.py``) and ``/dev/null``, ``/dev/zero``, ``/dev/urandom``,
-  ``/dev/random``;
+* the harness (``/sandbox/harness/``: its source and compiled bytecode) and ``/dev/null``,
+  ``/dev/zero``, ``/dev/urandom``, ``/dev/random``;
 * the caller's ``extra_paths``, read-only, with (only then) the C and C++ runtime libraries
   that manylinux wheels may link against (``libstdc++``, ``libgcc_s``, ...: the
   :data:`RUNTIME_LIBRARIES` found next to the interpreter's ``libc``), and
-  ``/sandbox/work``, the private working directory (writable, no exec, so a program cannot
-  load a library it wrote).
+  ``/sandbox/work``, the private working directory: a tmpfs of bounded size and file count
+  (writable, no exec, so a program cannot load a library it wrote), gone with the sandbox.
 
 There is no ``/proc``, ``/sys``, ``/tmp``, ``/var``, ``/etc`` or ``/home``, and no file of
 any other interpreter. Hiding is a whitelist applied to the directory listing, so whatever
@@ -39,10 +39,19 @@ from pathlib import Path
 
 from mtgrpo.rewards.verifiers._sandbox_harness import BLOCKED_MODULES
 
-__all__ = ["HARNESS", "LIBRARY_DIR", "WORK_DIR", "InterpreterView", "interpreter_view"]
+__all__ = [
+    "HARNESS",
+    "HARNESS_DIR",
+    "LAUNCHER",
+    "LIBRARY_DIR",
+    "WORK_DIR",
+    "InterpreterView",
+    "interpreter_view",
+]
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
-HARNESS_INSIDE = "/sandbox/harness.py"
+LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
+HARNESS_DIR = "/sandbox/harness"  # inside the sandbox: the harness and its cached bytecode
 LIBRARY_DIR = "/sandbox/lib"
 OWN_ROOT = "/sandbox"  # the harness, the libraries and the work directory live here
 WORK_DIR = "/sandbox/work"
@@ -56,8 +65,9 @@ PT_INTERP = 3
 
 Mount = tuple
 """``("bind", source, target, writable, executable)``, ``("only", directory, names,
-prefixes)`` (hide the entries of a bound directory whose name is not listed) or ``("link",
-points_to, path)``; targets are paths inside the sandbox."""
+prefixes)`` (hide the entries of a bound directory whose name is not listed), ``("link",
+points_to, path)`` or ``("tmpfs", target, bytes, inodes)`` (the writable work directory);
+targets are paths inside the sandbox."""
 
 # Runs in the interpreter being described (``-I -S``, trusted code only): imports every
 # allowed extension module of lib-dynload and reports what the process has mapped.
@@ -76,9 +86,15 @@ for name in allowed:
 with open("/proc/self/maps") as maps:
     mapped = sorted({line.split(None, 5)[5].strip() for line in maps
                      if len(line.split(None, 5)) == 6 and line.split(None, 5)[5][0] == "/"})
+import importlib.util, py_compile
+bytecode = {}
+for source in sys.argv[2:]:  # compiled once here, so no sandboxed run compiles them again
+    py_compile.compile(source, doraise=False)
+    cached = importlib.util.cache_from_source(source)
+    bytecode[source] = cached if os.path.exists(cached) else None
 print(json.dumps({"executable": os.path.realpath(sys.executable), "paths": paths,
                   "stdlib": sorted(sys.stdlib_module_names), "allowed": allowed,
-                  "mapped": mapped}))
+                  "mapped": mapped, "bytecode": bytecode}))
 """
 
 
@@ -101,15 +117,18 @@ class InterpreterView:
     mounts: tuple[Mount, ...]
     runtime_mounts: tuple[Mount, ...]
 
-    def plan(self, extra_paths: tuple[str, ...], work_dir: str) -> list[Mount]:
-        """The whole mount plan of one run: this view, ``extra_paths``, the work directory."""
+    def plan(self, extra_paths: tuple[str, ...], work_bytes: int, work_files: int) -> list[Mount]:
+        """The whole mount plan of one run: this view, ``extra_paths``, and the work
+        directory: a tmpfs of ``work_bytes`` and ``work_files`` inodes (the kernel's quota
+        of what the program may write; it vanishes with the sandbox)."""
         clashes = [path for path in extra_paths if _inside(path, OWN_ROOT)]
         if clashes:
             raise ValueError(f"extra_paths {clashes} lie under {OWN_ROOT}, where the sandbox "
                              "keeps its own files; move them or bind them elsewhere")
         extra = [("bind", path, path, False, True) for path in extra_paths]
         runtime = self.runtime_mounts if extra_paths else ()
-        return [*self.mounts, *runtime, *extra, ("bind", work_dir, WORK_DIR, True, False)]
+        work = ("tmpfs", WORK_DIR, work_bytes, work_files)
+        return [*self.mounts, *runtime, *extra, work]
 
 
 @functools.lru_cache(maxsize=8)
@@ -118,8 +137,10 @@ def interpreter_view(executable: str) -> InterpreterView:
 
     Raises ``OSError`` when the probe fails (not Linux, no ``/proc``, a broken interpreter).
     """
+    harness = str(HARNESS.resolve())
     probe = subprocess.run(
-        [executable, "-I", "-S", "-B", "-c", _PROBE, json.dumps(sorted(BLOCKED_MODULES))],
+        [executable, "-I", "-S", "-B", "-c", _PROBE, json.dumps(sorted(BLOCKED_MODULES)),
+         harness, str(LAUNCHER.resolve())],
         capture_output=True, text=True, timeout=PROBE_SECONDS, env={"LC_ALL": "C.UTF-8"},
         check=False,
     )  # fmt: skip
@@ -139,7 +160,11 @@ def interpreter_view(executable: str) -> InterpreterView:
                       "sandbox keeps its own files; use an interpreter installed elsewhere")
     libraries = _libraries(facts["mapped"], paths, interpreter)
     mounts += _library_mounts(libraries)
-    mounts.append(("bind", str(HARNESS.resolve()), HARNESS_INSIDE, False, False))
+    mounts.append(("bind", harness, f"{HARNESS_DIR}/{HARNESS.name}", False, False))
+    cached = facts["bytecode"][harness]
+    if cached is not None:
+        inside = f"{HARNESS_DIR}/__pycache__/{os.path.basename(cached)}"
+        mounts.append(("bind", cached, inside, False, False))
     mounts += [("bind", device, device, True, False) for device in DEVICES]
     runtime = _libraries(_runtime_libraries(libraries), paths, interpreter)
     runtime = {path: names for path, names in runtime.items() if path not in libraries}

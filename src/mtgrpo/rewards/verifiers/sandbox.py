@@ -51,7 +51,13 @@ from pathlib import Path
 from typing import Any
 
 from mtgrpo.rewards.verifiers._sandbox_tests import TestPlan, ValueCheck, prepare_tests
-from mtgrpo.rewards.verifiers._sandbox_view import WORK_DIR, InterpreterView, interpreter_view
+from mtgrpo.rewards.verifiers._sandbox_view import (
+    HARNESS_DIR,
+    LAUNCHER,
+    WORK_DIR,
+    InterpreterView,
+    interpreter_view,
+)
 
 __all__ = [
     "SANDBOX_STATUSES",
@@ -67,12 +73,20 @@ __all__ = [
     "run_python_io",
 ]
 
-LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
+# The launcher and the harness run as imported modules, so their bytecode (compiled once by
+# the interpreter probe) is reused; argv[1] is the launcher's path.
+_LAUNCH_CODE = (
+    "import sys; sys.path.insert(0, sys.argv[1].rpartition('/')[0]); "
+    "import _sandbox_launch; _sandbox_launch.main()"
+)
+_HARNESS_CODE = (
+    f"import sys; sys.path.insert(0, {HARNESS_DIR!r}); import _sandbox_harness; "
+    "del sys.path[0]; _sandbox_harness.main()"
+)
 STARTUP_SECONDS = 2.0  # wall-clock allowance for starting the sandbox, per process
 SANDBOX_STATUSES = (
     "ok", "syntax_error", "error", "timeout", "output_limit", "killed", "sandbox_error"
 )  # fmt: skip
-SANDBOX_ID = 65534  # the sandboxed process's uid and gid (as root: "nobody")
 _READ_CHUNK = 65536
 _AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
 _LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
@@ -383,7 +397,7 @@ def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> 
         "mode": mode,
         "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
         "interpreter": view.interpreter,
-        "harness": "/sandbox/harness.py",
+        "harness": _HARNESS_CODE,
         "environment": _child_environment(),
         "limits": {
             "memory_bytes": limits.memory_bytes,
@@ -449,19 +463,18 @@ def _spawn(
     report_read, report_write = os.pipe()
     raw = _Process()
     try:
-        root, work = os.path.join(workdir, "root"), os.path.join(workdir, "work")
+        root = os.path.join(workdir, "root")  # a mount point, seen empty from here
         os.mkdir(root)
-        os.mkdir(work)
-        if not job["user_namespace"]:
-            os.chown(work, SANDBOX_ID, SANDBOX_ID)
         if _LAUNCH_AS is not None:
-            for path in (workdir, root, work):
+            for path in (workdir, root):
                 os.chown(path, _LAUNCH_AS, _LAUNCH_AS)
-        mounts = _view().plan(tuple(job["harness_job"]["extra_paths"]), work)
+        page = 4096
+        work_bytes = limits.max_files * -(-limits.file_bytes // page) * page + (1 << 20)
+        mounts = _view().plan(tuple(limits.extra_paths), work_bytes, limits.max_files + 16)
         job = {**job, "report_fd": report_write, "root": root, "mounts": mounts}
         payload = marshal.dumps(job)
         process = subprocess.Popen(
-            [_interpreter(), "-I", "-S", "-B", str(LAUNCHER)],
+            [_interpreter(), "-I", "-S", "-B", "-c", _LAUNCH_CODE, str(LAUNCHER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
