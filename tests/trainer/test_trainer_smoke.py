@@ -114,8 +114,9 @@ def test_a_new_run_sets_an_earlier_run_aside(tiny_model_dir, tmp_path):
     for _ in range(2):
         GRPOTrainer(str(tiny_model_dir), [_common.alpha_reward, _common.beta_reward],
                     args=_common.args(tmp_path, max_steps=1), train_dataset=_common.rows()).train()
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1]  # the new run's log only
+    # the new run's log only: its run record, then its step
+    assert [(r["split"], r["step"]) for r in read_metrics(tmp_path)] == [("run", 0), ("train", 1)]
     previous = list(tmp_path.glob("previous-*"))
     assert len(previous) == 1
-    assert [r["step"] for r in read_metrics(previous[0])] == [1]
+    assert [r["step"] for r in read_metrics(previous[0], split="train")] == [1]
     assert (previous[0] / "checkpoint-1" / "trainer_state.json").is_file()
