@@ -48,6 +48,7 @@ table="$dir/table.md"
 { echo "| transformers | torch | tests | result | seconds |"
   echo "|---|---|---|---|---:|"; } > "$table"
 status=0
+declare -A done_rows  # "transformers torch" -> the table cells of a combination already run
 for torch_spec in "${torch_specs[@]}"; do
     torch_version="$(resolve torch "$torch_spec")"
     for spec in "${transformers_specs[@]}"; do
@@ -55,6 +56,10 @@ for torch_spec in "${torch_specs[@]}"; do
         if [ -z "$version" ] || [ -z "$torch_version" ]; then
             echo "[matrix] cannot resolve transformers '$spec' / torch '$torch_spec'" >&2
             status=1
+            continue
+        fi
+        if [ -n "${done_rows["$version $torch_version"]:-}" ]; then  # e.g. locked = newest
+            echo "| $version ($spec) | $torch_version ($torch_spec) | ${done_rows["$version $torch_version"]} |" >> "$table"
             continue
         fi
         venv="$dir/venv-tf$version-torch$torch_version"
@@ -81,6 +86,7 @@ for torch_spec in "${torch_specs[@]}"; do
         seconds=$(( $(date +%s) - start ))
         summary="$(tail -1 "$log" | sed 's/^=* *//; s/ *=*$//')"
         [ $rc -ne 0 ] && status=1
+        done_rows["$version $torch_version"]="${tests[*]} | $summary (the row above) | -"
         echo "| $version ($spec) | $torch_version ($torch_spec) | ${tests[*]} | $summary | $seconds |" >> "$table"
         echo "[matrix]   $summary ($seconds s; log: $log)" >&2
     done
