@@ -17,6 +17,8 @@ from mtgrpo.models.transformers_compat import (
     CACHE_KEYWORDS,
     cache_argument,
     cache_keyword,
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
     returned_cache,
     sdpa_packs_one_token_queries,
 )
@@ -95,3 +97,43 @@ def test_sdpa_packing_read_off_either_wrapper() -> None:
     from transformers.integrations import sdpa_attention
 
     assert sdpa_packs_one_token_queries() is hasattr(sdpa_attention, "pack_gqa")
+
+
+class _Recorder:
+    def __init__(self, *names: str) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        for name in names:
+            setattr(self, name, lambda _n=name, **kw: self.calls.append((_n, kw)))
+
+
+def test_activation_checkpointing_through_either_name() -> None:
+    new = _Recorder("activation_checkpointing_enable", "activation_checkpointing_disable",
+                    "gradient_checkpointing_enable", "gradient_checkpointing_disable")
+    enable_activation_checkpointing(new, {"use_reentrant": False})
+    disable_activation_checkpointing(new)
+    kwargs = {"use_reentrant": False}
+    assert new.calls == [
+        ("activation_checkpointing_enable", {"activation_checkpointing_kwargs": kwargs}),
+        ("activation_checkpointing_disable", {}),
+    ]
+    old = _Recorder("gradient_checkpointing_enable", "gradient_checkpointing_disable")
+    enable_activation_checkpointing(old, {"use_reentrant": False})
+    disable_activation_checkpointing(old)
+    assert old.calls == [
+        ("gradient_checkpointing_enable", {"gradient_checkpointing_kwargs": kwargs}),
+        ("gradient_checkpointing_disable", {}),
+    ]
+
+
+def test_activation_checkpointing_on_the_installed_release() -> None:
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecated name is called
+        enable_activation_checkpointing(model, {"use_reentrant": False})
+        assert model.model.gradient_checkpointing is True
+        disable_activation_checkpointing(model)
+        assert model.model.gradient_checkpointing is False

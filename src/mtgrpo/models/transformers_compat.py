@@ -20,6 +20,12 @@ paths' tests on the oldest admitted, the locked and the newest release.
   logits stay those of the model's ``forward`` bit for bit
   (:func:`sdpa_packs_one_token_queries`).
 
+* **Activation checkpointing's name.** 5.23 renamed ``gradient_checkpointing_enable(
+  gradient_checkpointing_kwargs=...)`` to ``activation_checkpointing_enable(
+  activation_checkpointing_kwargs=...)`` (the old name warns until 6.0):
+  :func:`enable_activation_checkpointing` and :func:`disable_activation_checkpointing` call
+  whichever the model has.
+
 Which models the static backend can serve is decided by running them, not by reading names:
 see :func:`mtgrpo.rollout.static_decoders.check_static_cache_support`.
 
@@ -35,6 +41,8 @@ __all__ = [
     "CACHE_KEYWORDS",
     "cache_argument",
     "cache_keyword",
+    "disable_activation_checkpointing",
+    "enable_activation_checkpointing",
     "returned_cache",
     "sdpa_packs_one_token_queries",
 ]
@@ -102,3 +110,24 @@ def _installed_sdpa_packs() -> bool:
     from transformers.integrations import sdpa_attention
 
     return sdpa_packs_one_token_queries(sdpa_attention)
+
+
+def enable_activation_checkpointing(model: Any, kwargs: dict[str, Any] | None = None) -> None:
+    """Turn on activation (gradient) checkpointing of a transformers or peft model with
+    ``kwargs`` for ``torch.utils.checkpoint`` (transformers' default: ``use_reentrant=False``),
+    through ``activation_checkpointing_enable`` where the release has it (5.23 on), else
+    ``gradient_checkpointing_enable``."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def disable_activation_checkpointing(model: Any) -> None:
+    """Turn activation checkpointing off (see :func:`enable_activation_checkpointing`)."""
+    disable = getattr(model, "activation_checkpointing_disable", None)
+    if callable(disable):
+        disable()
+    else:
+        model.gradient_checkpointing_disable()

@@ -9,6 +9,7 @@ from typing import Any
 
 from mtgrpo._registry import import_object
 from mtgrpo.config import GRPOConfig
+from mtgrpo.models.transformers_compat import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward
 
@@ -92,7 +93,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
     if args.gradient_checkpointing:
-        loaded.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(loaded, {"use_reentrant": False})
         if is_peft:
             loaded.enable_input_require_grads()
     return loaded, tokenizer, is_peft
