@@ -196,6 +196,10 @@ def test_with_extra_paths_only_value_checks_are_accepted() -> None:
         prepare_tests("def check(x):\n    assert x\nassert add(1, 2) == 3", values_only=True)
     with pytest.raises(ValueError, match="code_reward: row 0: test 0"):
         code_reward(None, ["<code>x = 1</code>"], tests=[["assert x"]], limits=limits)
+    # a directory holding the standard library would show what the view hides next to it
+    stdlib = SandboxLimits(extra_paths=(sysconfig.get_path("stdlib"),))
+    with pytest.raises(ValueError, match="contain the interpreter's standard library"):
+        code_reward(None, ["<code>x = 1</code>"], tests=[["assert x == 1"]], limits=stdlib)
 
 
 # ------------------------------------------------------------- /proc and capabilities

@@ -125,6 +125,15 @@ class InterpreterView:
         if clashes:
             raise ValueError(f"extra_paths {clashes} lie under {OWN_ROOT}, where the sandbox "
                              "keeps its own files; move them or bind them elsewhere")
+        covering = [path for path in extra_paths
+                    if any(_inside(stdlib, path) for stdlib in self.stdlib_paths)]  # fmt: skip
+        if covering:
+            raise ValueError(
+                f"extra_paths {covering} contain the interpreter's standard library, so they "
+                "would show what the sandbox hides next to it (site-packages and the blocked "
+                "extension modules); name the directory that holds the package itself (its "
+                "site-packages directory, for example)"
+            )
         extra = [("bind", path, path, False, True) for path in extra_paths]
         runtime = self.runtime_mounts if extra_paths else ()
         work = ("tmpfs", WORK_DIR, work_bytes, work_files)

@@ -160,7 +160,7 @@ def code_reward(
         for row in range(len(texts))
     ]
     if any(mode != "syntax" for mode, _ in jobs):
-        ensure_sandbox()  # no sandbox here: a clear error now, not a zero for every sample
+        ensure_sandbox(limits)  # a clear error now, not a zero for every sample
     workers = max_workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [

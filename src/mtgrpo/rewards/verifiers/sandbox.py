@@ -371,10 +371,13 @@ def _status(raw: _Process, *, tests_mode: bool) -> str:
     return "ok" if returncode == 0 else "error"
 
 
-def ensure_sandbox() -> None:
-    """Check once per process that the sandbox can be built here; raise
-    :class:`SandboxUnavailableError` (with the fix) where it cannot."""
+def ensure_sandbox(limits: SandboxLimits | None = None) -> None:
+    """Check once per process that the sandbox can be built here, raising
+    :class:`SandboxUnavailableError` (with the fix) where it cannot; and that the
+    ``extra_paths`` of ``limits`` can be added to it (``ValueError`` naming them)."""
     _sandbox_check()
+    if limits is not None and limits.extra_paths:
+        _view().plan(limits.extra_paths, 1, 1)
 
 
 @functools.lru_cache(maxsize=1)
