@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtgrpo._config_types import check_option_types
 from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
 
 __all__ = [
@@ -111,7 +112,7 @@ class GRPOConfig(TRLCompatibleFields):
                            "critical.", default="passive")
     log_level_replica: str = _help("The same on the other processes.", default="warning")
     disable_tqdm: bool | None = _help("Hide the progress bar.", default=None)
-    report_to: list[str] = _help(
+    report_to: str | list[str] = _help(
         "Trackers besides metrics.jsonl: any of tensorboard, wandb, trackio (or 'none').",
         default_factory=list)
     log_completions: bool = _help("Write sampled completions to completions.jsonl.",
@@ -205,7 +206,9 @@ class GRPOConfig(TRLCompatibleFields):
     gradient_checkpointing_kwargs: dict[str, Any] | None = _help(
         "Options of gradient_checkpointing_enable (default {use_reentrant: false}).",
         default=None)
-    bf16: bool = _help("bfloat16 autocast for forward passes.", default=False)
+    bf16: bool | None = _help(
+        "bfloat16 autocast for forward passes (None: on a GPU that supports it, TRL's "
+        "default).", default=False)
     fp16: bool = _help("float16 autocast for forward passes (a GPU feature).", default=False)
     tf32: bool | None = _help("Allow TF32 matrix products on Ampere or newer GPUs (None: "
                               "leave torch's setting).", default=None)
@@ -390,7 +393,7 @@ class GRPOConfig(TRLCompatibleFields):
         default="sum_then_normalize")
     reward_aggregation_method: str | None = _help(
         "Alias of multi_objective_aggregation (TRL tutorials' name).", default=None)
-    scale_rewards: str = _help("group, batch or none (TRL's true/false accepted).",
+    scale_rewards: str | bool = _help("group, batch or none (TRL's true/false accepted).",
                                default="group")
     none_handling: str = _help(
         "How a reward function's None enters the advantage: neutral or zero.", default="neutral")
@@ -428,6 +431,7 @@ class GRPOConfig(TRLCompatibleFields):
 
     def __post_init__(self) -> None:
         self._normalise_trl_values()
+        check_option_types(self)
         self._merge_aliases()
         self._check_ranges()
         self._check_loss_options()
@@ -462,6 +466,11 @@ class GRPOConfig(TRLCompatibleFields):
             self.steps_per_generation = 1
         if self.output_dir is None:
             self.output_dir = "trainer_output"  # TRL's (transformers') default
+        if self.bf16 is None:  # TRL's default: bf16 where the GPU has it
+            import torch
+
+            self.bf16 = bool(not self.fp16 and torch.cuda.is_available()
+                             and torch.cuda.is_bf16_supported())
         if self.num_generations_eval is None:
             self.num_generations_eval = self.num_generations  # TRL's meaning of None
         if self.trust_remote_code:
@@ -770,6 +779,9 @@ class ModelConfig:
         "Shape of the tiny model (hidden_size, num_layers, ...; see mtgrpo tiny-model).",
         default=None)
 
+    def __post_init__(self) -> None:
+        check_option_types(self, "model")
+
 
 @dataclass
 class DataConfig:
@@ -787,6 +799,9 @@ class DataConfig:
         "train and eval (e.g. mtgrpo.tasks.gsm8k:load_gsm8k).", default=None)
     loader_options: dict[str, Any] = _help("Keyword options of the loader.",
                                            default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_option_types(self, "data")
 
 
 @dataclass

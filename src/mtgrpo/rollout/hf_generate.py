@@ -123,6 +123,8 @@ class HFGenerateBackend:
     ``generation_options``: extra ``GenerationConfig`` fields for every call (departure 6).
     """
 
+    name = "hf"
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -10,6 +10,7 @@ from typing import Any
 
 from mtgrpo._registry import import_object
 from mtgrpo.config import GRPOConfig
+from mtgrpo.models.transformers_compat import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward
 from mtgrpo.trainer.data import is_lazy_split
@@ -208,8 +209,8 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
     if args.gradient_checkpointing:
-        options = args.gradient_checkpointing_kwargs or {"use_reentrant": False}
-        loaded.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        enable_activation_checkpointing(
+            loaded, args.gradient_checkpointing_kwargs or {"use_reentrant": False})
         if is_peft:
             loaded.enable_input_require_grads()
     return loaded, tokenizer, is_peft
@@ -323,7 +324,12 @@ _TRANSFORMERS_GENERATE = _transformers_generate()
 
 def _auto_backend(model: Any, args: GRPOConfig | None = None) -> str:
     """``"static"`` (the fast backend) when the model supports a static cache and no option
-    needs transformers ``generate``; else ``"hf"``."""
+    needs transformers ``generate``; else ``"hf"``.
+
+    Falling back is logged as a WARNING with the reason and its fix whenever the reason is not
+    the model's own architecture (an attention implementation, an installed transformers
+    whose interface changed): the fast path is never lost in silence.
+    """
     from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
 
     reason = needs_generate(args) if args is not None else None
@@ -336,6 +342,10 @@ def _auto_backend(model: Any, args: GRPOConfig | None = None) -> str:
     try:
         check_static_cache_support(unwrap_causal_lm(model))
     except (ValueError, TypeError) as exc:
-        logger.info("generation backend 'hf' (the static backend does not apply: %s)", exc)
+        inherent = isinstance(exc, TypeError) or getattr(exc, "inherent", True)
+        logger.log(
+            logging.INFO if inherent else logging.WARNING,
+            "generation backend 'hf' (the fast 'static' backend does not apply: %s)", exc,
+        )
         return "hf"
     return "static"

@@ -36,9 +36,10 @@ import torch
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.config import GRPOConfig
 from mtgrpo.policy import build_optimizer, build_scheduler
+from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
-from mtgrpo.rollout import SamplingParams
+from mtgrpo.rollout import SamplingParams, backend_description
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
@@ -573,7 +574,10 @@ class GRPOTrainer:
         scalar = all_adv.scalar_rewards.numpy()
         metrics.update(task_metrics(self.task_names, generated, scalar,
                                     all_adv.zero_gradient.numpy(), weights, report, improvement))
-        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
+        errors = [g.payload.reward_errors for g in generated]
+        errors = np.concatenate(errors) if generated and all(e is not None for e in errors) \
+            else None
+        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
         metrics.update(self._rollout_metrics(generated, report))
         metrics["frac_reward_zero_std"] = float(all_adv.zero_gradient.float().mean())
         metrics.update(self.log_window.step_custom())
@@ -903,6 +907,8 @@ class GRPOTrainer:
         target = resume_from_checkpoint if resume_from_checkpoint is not None \
             else args.resume_from_checkpoint
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.is_main_process:  # what a save interrupted by a kill left behind
+            ckpt.remove_stale_temporaries(self.output_dir)
         if target:
             self._resume(target)
         elif self.is_main_process:
@@ -932,6 +938,7 @@ class GRPOTrainer:
             return
         self._write_config()
         self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
+        self._writer.write(self.run_record())
         if args.report_to:
             self._trackers = Trackers(args.report_to, self.output_dir,
                                       args.run_name or self.output_dir.name, args.to_dict())
@@ -1033,6 +1040,28 @@ class GRPOTrainer:
         ckpt.load_trainable(self.unwrapped, weights)
         logger.info("loaded the best model (%s = %s) from %s", self.args.metric_for_best_model,
                     self.state.best_metric, best)
+
+    def run_record(self) -> dict[str, Any]:
+        """How this run computes, the ``split: "run"`` record at the head of each ``train()``
+        call in ``metrics.jsonl``: the generation backend (and the static backend's decode
+        path), whether the update's forward is padding-free, and the versions of torch,
+        transformers and mtgrpo. Also logged at INFO."""
+        import transformers
+
+        from mtgrpo import __version__
+
+        route = resolve_logprob_path(self.unwrapped)
+        record = {
+            "step": self.step, "split": "run", **backend_description(self.backend),
+            "policy/logprob_path": route.path,
+            "policy/padding_free": bool(self.args.padding_free and route.packed),
+            "versions/torch": torch.__version__,
+            "versions/transformers": transformers.__version__,
+            "versions/mtgrpo": __version__,
+        }  # fmt: skip
+        logger.info("run: %s", ", ".join(f"{k}={v}" for k, v in record.items()
+                                           if k not in ("step", "split")))
+        return record
 
     def _profiled_step(self) -> dict[str, Any]:
         from torch.profiler import ProfilerActivity, profile
