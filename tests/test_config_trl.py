@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 
 import pytest
 
@@ -96,7 +97,13 @@ def test_refused_fields_name_what_to_use_instead(name):
         GRPOConfig(**{name: REFUSED_VALUES[name]})
 
 
-def _other(value: object) -> object:
+def _other(value: object, annotation: object) -> object:
+    """A value other than ``value`` that has the field's type."""
+    if value is None:
+        for kind, sample in ((list, ["x"]), (dict, {"x": 1}), (int, 2), (float, 0.5), (str, "x")):
+            if kind.__name__ in str(annotation):
+                return sample
+        return "x"
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -114,7 +121,8 @@ def _other(value: object) -> object:
 def test_no_effect_fields_are_accepted_and_named_in_a_warning(name, caplog):
     default = COMPAT[name].default_factory() if COMPAT[name].default_factory is not \
         dataclasses.MISSING else COMPAT[name].default
-    value = {"accelerator_config": {"split_batches": True}}.get(name, _other(default))
+    annotation = typing.get_type_hints(TRLCompatibleFields)[name]
+    value = {"accelerator_config": {"split_batches": True}}.get(name, _other(default, annotation))
     with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
         GRPOConfig(**{name: value})
     vllm_only = name.startswith("vllm_")  # read only with use_vllm, as in TRL: no warning

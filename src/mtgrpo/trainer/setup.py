@@ -268,7 +268,9 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) ->
         return backend
     if ":" in backend:
         return import_object(backend)(model, tokenizer)
-    name = _auto_backend(model, args) if backend == "auto" else backend
+    name = backend
+    if backend == "auto":
+        name = "hf" if _needs_hf_generate(model, args) else _auto_backend(model)
     if name != "hf" and needs_generate(args):
         raise ValueError(
             f"{needs_generate(args)} need transformers generate, but generation_backend="
@@ -322,9 +324,21 @@ def _transformers_generate() -> Any:
 _TRANSFORMERS_GENERATE = _transformers_generate()
 
 
-def _auto_backend(model: Any, args: GRPOConfig | None = None) -> str:
-    """``"static"`` (the fast backend) when the model supports a static cache and no option
-    needs transformers ``generate``; else ``"hf"``.
+def _needs_hf_generate(model: Any, args: GRPOConfig) -> bool:
+    """Generation must go through transformers ``generate``: an option only it implements, or
+    a model class with its own ``generate``."""
+    reason = needs_generate(args)
+    if reason:
+        logger.info("generation backend 'hf' (%s need transformers generate)", reason)
+        return True
+    if _custom_generate(model):
+        logger.info("generation backend 'hf' (the model's class has its own generate)")
+        return True
+    return False
+
+
+def _auto_backend(model: Any) -> str:
+    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``.
 
     Falling back is logged as a WARNING with the reason and its fix whenever the reason is not
     the model's own architecture (an attention implementation, an installed transformers
@@ -332,13 +346,6 @@ def _auto_backend(model: Any, args: GRPOConfig | None = None) -> str:
     """
     from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
 
-    reason = needs_generate(args) if args is not None else None
-    if reason:
-        logger.info("generation backend 'hf' (%s need transformers generate)", reason)
-        return "hf"
-    if _custom_generate(model):
-        logger.info("generation backend 'hf' (the model's class has its own generate)")
-        return "hf"
     try:
         check_static_cache_support(unwrap_causal_lm(model))
     except (ValueError, TypeError) as exc:
