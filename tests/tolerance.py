@@ -22,7 +22,8 @@ comment: roughly, how many roundings can differ between the two computations. Th
     64    KV-cached decoding against one forward; gradients summed in another order
 
 On the AMD EPYC (AVX-512, no AMX) where an absolute 1e-6 failed, every comparison's observed
-error was at most a quarter of its allowance, most under a tenth, with 1 and 2 threads. Each
+error was at most a ninth of its allowance, and under a twentieth for most, with 1 and 2
+threads (measured with the log below: issue 11). Each
 allowance must stay far below what a real bug changes (a wrong temperature, position or
 mask moves a log-prob by more than 1e-2; the comment next to each comparison names the bug
 it guards against).
