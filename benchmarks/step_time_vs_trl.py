@@ -109,6 +109,7 @@ __all__ = [
     "TrainerResult",
     "Workload",
     "build_model",
+    "check_fast_paths",
     "check_same_workload",
     "main",
     "make_rows",
@@ -475,6 +476,31 @@ def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
                        processing_class=tokenizer)
 
 
+def check_fast_paths(run_record: dict[str, Any], ours_backend: str) -> None:
+    """Refuse a run that would not measure the paths it is labelled with.
+
+    ``run_record``: our trainer's :meth:`~mtgrpo.GRPOTrainer.run_record`. With
+    ``--ours-backend auto`` the ratio stands for mtgrpo's fast paths, so the trainer must have
+    picked the ``static`` backend and a padding-free update (every workload here is a
+    Llama-family model they serve); an explicit ``--ours-backend`` must be the backend used.
+    """
+    backend = run_record.get("generation/backend")
+    wanted = "static" if ours_backend == "auto" else ours_backend
+    problems = []
+    if backend != wanted:
+        problems.append(f"generation backend {backend!r} instead of {wanted!r}")
+    if ours_backend == "auto" and not run_record.get("policy/padding_free"):
+        problems.append(f"a padded update (log-prob path {run_record.get('policy/logprob_path')!r})"
+                        " instead of the padding-free one")
+    if problems:
+        raise RuntimeError(
+            "this run would not measure what its ratio claims: our trainer uses "
+            + " and ".join(problems) + "; the trainer's log says why (a WARNING from "
+            "mtgrpo.trainer.setup); install the tested versions (requirements/lock.txt) or "
+            "pass --ours-backend hf to measure the 'hf' backend on purpose"
+        )
+
+
 def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
               config: BenchConfig, output_dir: Path, *, defaults: bool,
               timer: TRLStepTimer) -> Any:
@@ -730,6 +756,7 @@ def _alternate(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
     """Ours and TRL (best setting), ``--block`` steps each in turn; ours goes first."""
     w = config.workload
     ours = build_ours(copy.deepcopy(base), tokenizer, rows, config, tmp / "ours")
+    check_fast_paths(ours.run_record(), config.ours_backend)
     backend = _backend_name(ours.backend)
     ours_result = TrainerResult(f"mtgrpo ({backend})",
                                 _settings_label(w.bf16, w.bf16, ours.args.gradient_checkpointing))

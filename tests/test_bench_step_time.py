@@ -159,6 +159,30 @@ def test_resident_counts_parameters_and_optimizer_state():
     assert bench.resident_mib(layer, optimizer) == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_run_that_lost_the_fast_paths_prints_no_ratio():
+    fast = {"generation/backend": "static", "policy/padding_free": True}
+    bench.check_fast_paths(fast, "auto")
+    bench.check_fast_paths({"generation/backend": "hf", "policy/padding_free": True}, "hf")
+    with pytest.raises(RuntimeError, match=r"would not measure what its ratio claims: our "
+                                           r"trainer uses generation backend 'hf' instead of "
+                                           r"'static'.*requirements/lock\.txt"):
+        bench.check_fast_paths({**fast, "generation/backend": "hf"}, "auto")
+    with pytest.raises(RuntimeError, match=r"a padded update \(log-prob path 'chunked_head'\)"):
+        bench.check_fast_paths({**fast, "policy/padding_free": False,
+                                "policy/logprob_path": "chunked_head"}, "auto")
+    with pytest.raises(RuntimeError, match=r"backend 'static' instead of 'hf'"):
+        bench.check_fast_paths(fast, "hf")
+
+
+def test_the_benchmark_refuses_before_timing_when_auto_falls_back(monkeypatch):
+    from mtgrpo.trainer import setup
+
+    monkeypatch.setattr(setup, "_auto_backend", lambda model: "hf")  # as a broken release would
+    config, _ = bench.config_from_args(TINY_ARGS)
+    with pytest.raises(RuntimeError, match="generation backend 'hf' instead of 'static'"):
+        bench.run_benchmark(config)
+
+
 # ---------------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def tiny_report():

@@ -320,5 +320,7 @@ def test_customer_comms_config_trains_one_step_on_the_tiny_model(tmp_path, tiny_
         assert f"rewards/comms/{channel}/mean" in metrics
     trained = {r["task"] for r in load_rows(files["train"])}
     assert {k.split("/")[1] for k in metrics if k.endswith("/weight")} == trained
-    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["split"] == "run"  # how the run computes, then the steps
+    record = json.loads(lines[1])
     assert record["step"] == 1

@@ -285,7 +285,9 @@ def test_gsm8k_config_trains_one_step_on_the_tiny_model(tmp_path, tiny_model_dir
     for channel in ("math_reward", "answer_format_reward", "length_reward"):
         assert f"rewards/{channel}/mean" in metrics
     assert metrics["tasks/gsm8k/groups_generated"] == 2
-    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["split"] == "run"  # how the run computes, then the steps
+    record = json.loads(lines[1])
     assert record["step"] == 1
     assert record["split"] == "train"
 

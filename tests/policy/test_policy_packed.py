@@ -9,6 +9,10 @@ import pytest
 import torch
 import transformers
 
+from mtgrpo.models.transformers_compat import (
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
+)
 from mtgrpo.policy import sequence_logprobs
 from mtgrpo.policy.logprobs import (
     _distinct_prompts,
@@ -185,10 +189,10 @@ def test_padding_that_is_not_trl_layout_runs_padded_with_the_same_result() -> No
 
 def test_models_the_packed_forward_cannot_serve_fall_back() -> None:
     model = tiny("llama")
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)
     assert "gradient checkpointing" in packed_mismatch(model.model)
     assert not resolve_logprob_path(model).packed
-    model.gradient_checkpointing_disable()
+    disable_activation_checkpointing(model)
     assert resolve_logprob_path(model).packed
     qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -11,6 +11,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from mtgrpo.models.transformers_compat import (
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
+)
 from mtgrpo.policy.logprobs import _shared_prompt_rows, resolve_logprob_path
 from tolerance import assert_close_f32
 
@@ -102,9 +106,9 @@ def test_falls_back_to_the_full_forward_where_sharing_does_not_apply() -> None:
     # more than half the rows with distinct prompts: nothing to gain
     assert _shared_prompt_rows(route, input_ids[:5], mask[:5], COMPLETION) is None
     # gradient checkpointing drops the cache the completions would attend to
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)
     assert _shared_prompt_rows(route, input_ids, mask, COMPLETION) is None
-    model.gradient_checkpointing_disable()
+    disable_activation_checkpointing(model)
     # a model type the sharing has not been checked on, or a sliding-window cache
     model.config.model_type = "gpt_neox"
     assert _shared_prompt_rows(route, input_ids, mask, COMPLETION) is None

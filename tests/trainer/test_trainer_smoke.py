@@ -48,6 +48,32 @@ def test_full_finetune_smoke(tiny_model_dir, tmp_path):
     assert (tmp_path / "checkpoint-3" / "model" / "config.json").is_file()
 
 
+def test_the_log_and_the_summary_name_the_generation_backend(tiny_model_dir, tmp_path):
+    import transformers
+    from rich.console import Console
+
+    from mtgrpo.reporting.compare import load_run, run_report, summarize_run, summarize_tasks
+
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [_common.alpha_reward, _common.beta_reward],
+        args=_common.args(tmp_path, max_steps=1), train_dataset=_common.rows(),
+    )
+    trainer.train()
+    [run] = read_metrics(tmp_path, split="run")
+    assert run["step"] == 0
+    assert run["generation/backend"] == "static"  # 'auto' picked the fast backend
+    assert run["generation/decode_path"] == "llama_modules"
+    assert run["policy/padding_free"] is True
+    assert run["versions/transformers"] == transformers.__version__
+    history = load_run(tmp_path)
+    assert history.ignored_records == 0
+    summary = summarize_run(history)
+    assert summary.generation == "static (decode path llama_modules)"
+    console = Console(width=140, record=True)
+    console.print(run_report(summary, summarize_tasks(history)))
+    assert "generation backend: static (decode path llama_modules)" in console.export_text()
+
+
 def test_lora_trains_only_the_adapter_and_logs_kl(tiny_model_dir, tmp_path):
     trainer = GRPOTrainer(
         str(tiny_model_dir), [_common.alpha_reward, _common.beta_reward],
@@ -114,8 +140,9 @@ def test_a_new_run_sets_an_earlier_run_aside(tiny_model_dir, tmp_path):
     for _ in range(2):
         GRPOTrainer(str(tiny_model_dir), [_common.alpha_reward, _common.beta_reward],
                     args=_common.args(tmp_path, max_steps=1), train_dataset=_common.rows()).train()
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1]  # the new run's log only
+    # the new run's log only: its run record, then its step
+    assert [(r["split"], r["step"]) for r in read_metrics(tmp_path)] == [("run", 0), ("train", 1)]
     previous = list(tmp_path.glob("previous-*"))
     assert len(previous) == 1
-    assert [r["step"] for r in read_metrics(previous[0])] == [1]
+    assert [r["step"] for r in read_metrics(previous[0], split="train")] == [1]
     assert (previous[0] / "checkpoint-1" / "trainer_state.json").is_file()

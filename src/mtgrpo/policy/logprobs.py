@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from mtgrpo.models.transformers_compat import cache_argument, returned_cache
 from mtgrpo.policy.packed import PackedLayout, packed_hidden, packed_layout, packed_mismatch
 
 __all__ = [
@@ -510,7 +511,7 @@ def _shared_prompt_hidden(
         position_ids=position_ids[first, :width],
         use_cache=True,
     )  # fmt: skip
-    cache = prompt.past_key_values
+    cache = returned_cache(prompt)
     layers = getattr(cache, "layers", None)
     if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
         raise RuntimeError(f"shared prompts need a plain DynamicCache, got {type(cache).__name__}")
@@ -521,8 +522,8 @@ def _shared_prompt_hidden(
         input_ids=input_ids[:, width:],
         attention_mask=attention_mask,
         position_ids=position_ids[:, width:],
-        past_key_values=repeated,
         use_cache=True,
+        **cache_argument(repeated),
     ).last_hidden_state  # [N, L, H]
     last_prompt = prompt.last_hidden_state[inverse, -1:]  # [N, 1, H]: predicts token 0
     return torch.cat([last_prompt, completion[:, :-1]], dim=1)

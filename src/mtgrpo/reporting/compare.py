@@ -77,6 +77,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
+RUN_SPLIT = "run"  # the trainer's record of how a run computes (not a metrics split)
 DEFAULT_THRESHOLDS = (0.3, 0.4, 0.5)
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -143,6 +144,7 @@ class RunHistory:
         self.run_dir = run_dir
         self.config = dict(config) if config else None
         self.ignored_records = 0  # records without an int "step" or a known "split"
+        self.run_info: dict[str, Any] = {}  # the last "run" record: backend, versions
         self.last_step: int | None = None
         self._index: dict[str, dict[str, dict[int, float]]] = {split: {} for split in SPLITS}
         tasks: dict[str, None] = {}  # an ordered set
@@ -156,6 +158,9 @@ class RunHistory:
                             f"{type(record).__name__} {record!r:.80}; pass a run directory or "
                             "the parsed records")
         step, split = record.get("step"), record.get("split")
+        if split == RUN_SPLIT:
+            self.run_info = {k: v for k, v in record.items() if k not in ("step", "split")}
+            return
         if isinstance(step, bool) or not isinstance(step, int) or split not in SPLITS:
             self.ignored_records += 1
             return
@@ -371,6 +376,7 @@ class RunSummary:
     time_per_step: float | None = None  # mean seconds ("time/step", train records)
     prompts_per_informative_group: float | None = None  # mean over train records
     final_weights: dict[str, float] = field(default_factory=dict)  # last tasks/<t>/weight
+    generation: str | None = None  # the generation backend (and decode path) the run used
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -430,7 +436,17 @@ def summarize_run(
         prompts_per_informative_group=history.series(
             "sampling/prompts_per_informative_group", "train").mean(),
         final_weights=_final_weights(history, curve.tasks),
+        generation=_generation(history.run_info),
     )
+
+
+def _generation(run_info: Mapping[str, Any]) -> str | None:
+    """``"static (decode path llama_modules)"`` from a run record, None without one."""
+    backend = run_info.get("generation/backend")
+    if backend is None:
+        return None
+    decode = run_info.get("generation/decode_path")
+    return f"{backend} (decode path {decode})" if decode else str(backend)
 
 
 def _final_weights(history: RunHistory, tasks: Sequence[str]) -> dict[str, float]:
@@ -515,6 +531,8 @@ def _report_lines(s: RunSummary) -> list[str]:
               if s.prompts_per_informative_group is not None else None]
     if any(timing):
         lines.append("timing: " + "; ".join(t for t in timing if t))
+    if s.generation:
+        lines.append(f"generation backend: {s.generation}")
     return lines
 
 

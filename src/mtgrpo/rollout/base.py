@@ -23,6 +23,7 @@ __all__ = [
     "GenerationBackend",
     "GenerationOutput",
     "SamplingParams",
+    "backend_description",
     "check_num_samples",
     "check_prompt_ids",
     "check_weights_version",
@@ -153,6 +154,17 @@ class GenerationBackend(Protocol):
 
 BackendFactory = Callable[..., GenerationBackend]
 BACKENDS: Registry[BackendFactory] = Registry("generation backend")
+
+
+def backend_description(backend: object) -> dict[str, str]:
+    """What run logs and summaries say about a backend: ``{"generation/backend": name}``, the
+    backend's ``name`` attribute (``"static"``, ``"hf"``) or else its class name, plus
+    ``"generation/decode_path"`` for a backend that has a ``decoder_name`` (the static one)."""
+    described = {"generation/backend": str(getattr(backend, "name", type(backend).__name__))}
+    decoder = getattr(backend, "decoder_name", None)
+    if decoder is not None:
+        described["generation/decode_path"] = str(decoder)
+    return described
 
 
 def make_backend(name: str, model: Any, tokenizer: Any = None, **options: Any) -> GenerationBackend:

@@ -118,6 +118,8 @@ class HFGenerateBackend:
     one call). ``eos_token_ids``: override the EOS ids read from the model and tokenizer.
     """
 
+    name = "hf"
+
     def __init__(
         self,
         model: torch.nn.Module,

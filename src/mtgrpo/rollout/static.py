@@ -305,6 +305,8 @@ class StaticCacheBackend:
     call that captured them), ``False``: never.
     """
 
+    name = "static"
+
     def __init__(
         self,
         model: nn.Module,

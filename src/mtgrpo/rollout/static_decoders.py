@@ -6,7 +6,8 @@ vocabulary size, ``H`` hidden size.
 
 Two decoders, picked by name (:data:`DECODERS`):
 
-* ``"model_forward"``: the causal LM's own ``forward`` with ``past_key_values=StaticCache`` and
+* ``"model_forward"``: the causal LM's own ``forward`` with a ``StaticCache`` (passed as
+  ``cache``, or ``past_key_values`` before transformers 5.24: the name a probe found) and
   a prepared 4-D additive attention mask ``[n, 1, 1, C]`` (transformers returns a 4-D mask
   unchanged, ``masking_utils._preprocess_mask_arguments``). Any causal LM whose layers all get
   a full-attention ``StaticLayer`` works. ``StaticLayer.update`` writes the new key/value at its
@@ -36,6 +37,7 @@ padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -50,11 +52,18 @@ from mtgrpo.models.llama_family import (
     llama_family_mismatch,
     llama_functions,
 )
+from mtgrpo.models.transformers_compat import (
+    CACHE_KEYWORDS,
+    cache_argument,
+    cache_keyword,
+    sdpa_packs_one_token_queries,
+)
 
 __all__ = [
     "DECODERS",
     "LlamaModulesDecoder",
     "ModelForwardDecoder",
+    "StaticCacheUnsupportedError",
     "StaticDecoder",
     "check_static_cache_support",
     "resolve_decoder",
@@ -100,16 +109,32 @@ def unwrap_causal_lm(model: nn.Module) -> nn.Module:
     return module.get_base_model()
 
 
-def check_static_cache_support(lm: nn.Module) -> None:
-    """Raise ``ValueError`` (or ``TypeError``) unless ``lm`` can decode over a full-attention
-    ``StaticCache``.
+class StaticCacheUnsupportedError(ValueError):
+    """The static backend cannot serve a model. ``inherent``: the model itself rules it out
+    (encoder-decoder, sliding-window or recurrent layers, a forward that ignores position
+    ids); otherwise a setting or the installed transformers does, and the message names the
+    fix."""
 
-    Refused, with the reason: models without a transformers config or forward taking
-    ``past_key_values``/``position_ids``; encoder-decoders; any layer whose static cache layer
-    is not a plain ``StaticLayer`` (sliding-window or chunked attention, linear-attention /
-    recurrent state, shared or indexed caches: their masks or state updates differ from the
-    single growing causal window this backend prepares); attention implementations other than
-    ``"sdpa"`` and ``"eager"``.
+    def __init__(self, message: str, *, inherent: bool) -> None:
+        super().__init__(message)
+        self.inherent = inherent
+
+
+# The cache keyword each probed model's forward writes its StaticCache through.
+_PROBED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def check_static_cache_support(lm: nn.Module) -> str:
+    """Raise :class:`StaticCacheUnsupportedError` (``TypeError`` for a model that is no
+    transformers model) unless ``lm`` can decode over a full-attention ``StaticCache``; return
+    the keyword its ``forward`` takes the cache under.
+
+    Read off the config: a transformers config; not an encoder-decoder; every layer's static
+    cache layer a plain ``StaticLayer`` (sliding-window or chunked attention, linear-attention
+    / recurrent state, shared or indexed caches have masks or state updates other than the
+    single growing causal window this backend prepares); attention implementation ``"sdpa"``
+    or ``"eager"``. Then decided by running the model (:func:`_probe_forward`, once per model
+    object): the decoders' calls must write the cache and give the full forward's logits.
     """
     config = getattr(lm, "config", None)
     if config is None or not callable(getattr(config, "get_text_config", None)):
@@ -117,26 +142,130 @@ def check_static_cache_support(lm: nn.Module) -> None:
             f"{type(lm).__name__} has no transformers config; the static backend serves "
             "transformers causal LMs (use the 'hf' backend or an external engine otherwise)"
         )
-    parameters = inspect.signature(lm.forward).parameters
-    missing = [name for name in ("past_key_values", "position_ids") if name not in parameters]
-    if missing:
-        raise TypeError(
-            f"{type(lm).__name__}.forward does not take {missing}; the static backend needs a "
-            "causal LM forward with a KV cache and position ids (use the 'hf' backend)"
-        )
     if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
+        raise StaticCacheUnsupportedError(
             f"{type(lm).__name__} is an encoder-decoder model; the static backend serves "
-            "decoder-only causal LMs (use the 'hf' backend)"
+            "decoder-only causal LMs (use the 'hf' backend)",
+            inherent=True,
         )
     _check_cache_layers(config)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
-        raise ValueError(
+        raise StaticCacheUnsupportedError(
             f"the static backend prepares attention masks for attn_implementation "
             f"{SUPPORTED_ATTENTION}, but this model uses {implementation!r}; load it with "
-            "attn_implementation='sdpa' or use the 'hf' backend"
+            "attn_implementation='sdpa' or use the 'hf' backend",
+            inherent=False,
         )
+    if lm not in _PROBED:
+        _PROBED[lm] = _probe_forward(lm)
+    return _PROBED[lm]
+
+
+def _probe_forward(lm: nn.Module) -> str:
+    """Run ``lm`` as the backend does on a left-padded prompt and return the cache keyword
+    that works.
+
+    Reference: the full forward of tokens ``(a, b)`` at positions ``(0, 1)``, no cache. Probe,
+    for each name in :data:`~mtgrpo.models.transformers_compat.CACHE_KEYWORDS` (the installed
+    release's first): prefill the left-padded prompt ``(pad, a)`` (2-D mask ``(0, 1)``,
+    positions ``(0, 0)``) into a 4-column ``StaticCache`` passed under that name, which must
+    then hold two columns; then decode ``b`` at position 1 under the 4-D additive mask that
+    hides the padding column, as :meth:`ModelForwardDecoder.decode` does. Its logits must
+    equal the reference's last ones up to rounding (1024 units in the last place of the
+    model's dtype at the logits' magnitude: in half precision this catches only gross errors).
+    Finally the forward must read ``position_ids`` (positions ``(0, 5)`` change the logits),
+    since left padding is handled through them. Runs in eval mode under ``inference_mode``
+    with the RNG restored, so training is unaffected.
+    """
+    from transformers import StaticCache
+
+    device = next(lm.parameters()).device
+    vocab = lm.get_input_embeddings().weight.shape[0]
+    pad, a, b = (token % vocab for token in (3, 1, 2))
+
+    def forward(ids: list[int], positions: list[int], mask: Any = None, **extra: Any) -> Tensor:
+        ids_tensor = torch.tensor([ids], device=device)
+        mask = torch.ones_like(ids_tensor) if mask is None else mask
+        where = torch.tensor([positions], device=device)
+        output = lm(input_ids=ids_tensor, attention_mask=mask, position_ids=where, **extra)
+        return output.logits[0, -1]
+
+    with _probe_context(lm, device):
+        reference = forward([a, b], [0, 1], use_cache=False)  # [V]
+        keyword, failures = None, []
+        for name in dict.fromkeys((cache_keyword(), *CACHE_KEYWORDS)):
+            cache = StaticCache(config=lm.config, max_cache_len=4)
+            padding = torch.tensor([[0, 1]], device=device)
+            try:
+                forward([pad, a], [0, 0], padding, use_cache=True, **cache_argument(cache, name))
+            except TypeError as error:
+                failures.append(f"{name!r}: {error}")
+                continue
+            if int(cache.get_seq_length()) != 2:
+                failures.append(f"{name!r}: the cache was not written")
+                continue
+            keyword = name
+            break
+        if keyword is None:
+            raise StaticCacheUnsupportedError(
+                f"{type(lm).__name__}.forward does not write a StaticCache passed as "
+                f"{' or '.join(CACHE_KEYWORDS)} ({'; '.join(failures)}); {_VERSION_FIX}",
+                inherent=False,
+            )
+        mask = torch.zeros((1, 1, 1, 4), dtype=model_dtype(lm), device=device)
+        mask[..., [0, 3]] = torch.finfo(mask.dtype).min  # the padding and the unwritten column
+        decoded = forward([b], [1], mask, use_cache=True, **cache_argument(cache, keyword))
+        _check_probe_logits(lm, decoded, reference)
+        if torch.equal(forward([a, b], [0, 5], use_cache=False), reference):
+            raise StaticCacheUnsupportedError(
+                f"{type(lm).__name__}.forward ignores position_ids (logits at positions (0, 5) "
+                "equal those at (0, 1)); the static backend handles left padding through them "
+                "(use the 'hf' backend)",
+                inherent=True,
+            )
+    return keyword
+
+
+def _check_probe_logits(lm: nn.Module, decoded: Tensor, reference: Tensor) -> None:
+    finfo = torch.finfo(reference.dtype)
+    scale = max(1.0, float(reference.abs().max()))
+    tolerance = 1024 * finfo.eps * scale  # rounding of another summation order, not a bug
+    error = float((decoded.float() - reference.float()).abs().max())
+    if not error <= tolerance:  # also catches NaN
+        raise StaticCacheUnsupportedError(
+            f"{type(lm).__name__}: decoding a left-padded prompt over a StaticCache under a 4-D "
+            f"mask gives other logits than the full forward (max difference {error:.3g}, tolerance "
+            f"{tolerance:.3g}); {_VERSION_FIX}",
+            inherent=False,
+        )
+
+
+_VERSION_FIX = (
+    "the installed transformers changed an interface the static backend relies on: install "
+    "the tested versions (pip install -c requirements/lock.txt ..., or ./run.sh's set-up) "
+    "or use the 'hf' backend"
+)
+
+
+@contextmanager
+def _probe_context(lm: nn.Module, device: torch.device) -> Iterator[None]:
+    """Eval mode, no autograd, no autocast, the RNG of ``device`` restored afterwards."""
+    accelerator = device.type != "cpu"
+    training = lm.training
+    lm.eval()
+    try:
+        with (
+            torch.random.fork_rng(
+                devices=[device.index or 0] if accelerator else [],
+                device_type=device.type if accelerator else None,
+            ),
+            torch.inference_mode(),
+            torch.autocast(device.type, enabled=False),
+        ):
+            yield
+    finally:
+        lm.train(training)
 
 
 def _check_cache_layers(config: Any) -> None:
@@ -146,16 +275,18 @@ def _check_cache_layers(config: Any) -> None:
     try:
         probe = StaticCache(config=config, max_cache_len=1)  # layers allocate lazily: cheap
     except (ValueError, TypeError, KeyError, AttributeError) as error:
-        raise ValueError(
+        raise StaticCacheUnsupportedError(
             f"transformers cannot build a StaticCache for this model ({error}); use the 'hf' "
-            "backend"
+            "backend",
+            inherent=True,
         ) from error
     unsupported = sorted({type(layer).__name__ for layer in probe.layers} - {"StaticLayer"})
     if unsupported or not all(type(layer) is StaticLayer for layer in probe.layers):
-        raise ValueError(
+        raise StaticCacheUnsupportedError(
             f"the static backend needs full causal attention in every layer, but this model's "
             f"static cache has {unsupported} layers (sliding-window, chunked or recurrent "
-            "attention); use the 'hf' backend"
+            "attention); use the 'hf' backend",
+            inherent=True,
         )
 
 
@@ -172,6 +303,7 @@ class ModelForwardDecoder:
     def __init__(self, lm: nn.Module) -> None:
         self.lm = lm
         self._keep = _logits_to_keep(lm)
+        self._cache = check_static_cache_support(lm)  # the forward's cache keyword
 
     def prefill(
         self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
@@ -184,8 +316,8 @@ class ModelForwardDecoder:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(cache, self._cache),
             **self._keep,
         )
         return output.logits[:, -1]
@@ -206,8 +338,8 @@ class ModelForwardDecoder:
             input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(cache, self._cache),
             **self._keep,
         )
         return output.logits[:, -1]
@@ -217,7 +349,8 @@ class LlamaModulesDecoder(ModelForwardDecoder):
     """The decode step of a Llama-family model, composed from its modules (module docstring).
 
     Mirrors ``<Family>DecoderLayer.forward`` and ``<Family>Attention.forward`` of transformers
-    5.23 line by line: ``x += attn(input_layernorm(x))``; ``x += mlp(post_attention_layernorm(x))``;
+    5.23-5.24 line by line: ``x += attn(input_layernorm(x))``;
+    ``x += mlp(post_attention_layernorm(x))``;
     attention: project, view ``[n, 1, heads, d]``, q/k norms where the family has them,
     transpose, rotary embedding, write key/value at ``column``, attention over all ``C``
     columns under the additive mask, ``o_proj``. With ``sdpa`` on the CPU the attention is
@@ -239,7 +372,8 @@ class LlamaModulesDecoder(ModelForwardDecoder):
                 "decode_path='model_forward' (or 'auto')"
             )
         self._rotary, self._attention = llama_functions(lm.model)
-        self._sdpa = lm.config._attn_implementation == "sdpa"
+        # torch's kernel called directly where transformers' wrapper would make the same call
+        self._sdpa = lm.config._attn_implementation == "sdpa" and sdpa_packs_one_token_queries()
         self._transposed: dict[nn.Module, Tensor] = {}
 
     @contextmanager
@@ -376,9 +510,11 @@ def _grouped_query_sdpa(
 
     Head ``h`` reads key/value head ``h // (heads // kv_heads)``, as with ``repeat_kv``. This
     is the call transformers' ``sdpa_attention_forward`` makes for a one-token query (its
-    ``pack_gqa``; older versions repeated the key/value heads instead), without the wrapper's
-    per-call work: about 4 % of a ``generate`` call on the CPU benchmark's model. Used on the
-    CPU only (measured there).
+    ``pack_gqa``), without the wrapper's per-call work: about 4 % of a ``generate`` call on
+    the CPU benchmark's model. Used on the CPU only (measured there), and only with a
+    transformers whose wrapper makes this call (5.23 on; older releases repeat the key/value
+    heads, and the decoder then calls their wrapper so that its numbers stay the forward's:
+    :func:`~mtgrpo.models.transformers_compat.sdpa_packs_one_token_queries`).
     """
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]

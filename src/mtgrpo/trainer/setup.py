@@ -9,6 +9,7 @@ from typing import Any
 
 from mtgrpo._registry import import_object
 from mtgrpo.config import GRPOConfig
+from mtgrpo.models.transformers_compat import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward
 
@@ -92,7 +93,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
     if args.gradient_checkpointing:
-        loaded.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(loaded, {"use_reentrant": False})
         if is_peft:
             loaded.enable_input_require_grads()
     return loaded, tokenizer, is_peft
@@ -126,12 +127,21 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) ->
 
 
 def _auto_backend(model: Any) -> str:
-    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``."""
+    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``.
+
+    Falling back is logged as a WARNING with the reason and its fix whenever the reason is not
+    the model's own architecture (an attention implementation, an installed transformers
+    whose interface changed): the fast path is never lost in silence.
+    """
     from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
 
     try:
         check_static_cache_support(unwrap_causal_lm(model))
     except (ValueError, TypeError) as exc:
-        logger.info("generation backend 'hf' (the static backend does not apply: %s)", exc)
+        inherent = isinstance(exc, TypeError) or getattr(exc, "inherent", True)
+        logger.log(
+            logging.INFO if inherent else logging.WARNING,
+            "generation backend 'hf' (the fast 'static' backend does not apply: %s)", exc,
+        )
         return "hf"
     return "static"

@@ -32,9 +32,10 @@ import torch
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.config import GRPOConfig
 from mtgrpo.policy import build_optimizer, build_scheduler
+from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
-from mtgrpo.rollout import SamplingParams
+from mtgrpo.rollout import SamplingParams, backend_description
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer.data import PromptSet, is_lazy_split
@@ -522,6 +523,7 @@ class GRPOTrainer:
         if self.is_main_process:
             self._write_config()
             writer = MetricsWriter(self.output_dir / "metrics.jsonl")
+            writer.write(self.run_record())
             if args.report_to:
                 trackers = Trackers(args.report_to, self.output_dir,
                                     args.run_name or self.output_dir.name, self.args.to_dict())
@@ -550,6 +552,28 @@ class GRPOTrainer:
             if trackers is not None:
                 trackers.close()
         return last
+
+    def run_record(self) -> dict[str, Any]:
+        """How this run computes, the ``split: "run"`` record at the head of each ``train()``
+        call in ``metrics.jsonl``: the generation backend (and the static backend's decode
+        path), whether the update's forward is padding-free, and the versions of torch,
+        transformers and mtgrpo. Also logged at INFO."""
+        import transformers
+
+        from mtgrpo import __version__
+
+        route = resolve_logprob_path(self.unwrapped)
+        record = {
+            "step": self.step, "split": "run", **backend_description(self.backend),
+            "policy/logprob_path": route.path,
+            "policy/padding_free": bool(self.args.padding_free and route.packed),
+            "versions/torch": torch.__version__,
+            "versions/transformers": transformers.__version__,
+            "versions/mtgrpo": __version__,
+        }  # fmt: skip
+        logger.info("run: %s", ", ".join(f"{k}={v}" for k, v in record.items()
+                                           if k not in ("step", "split")))
+        return record
 
     def _profiled_step(self) -> dict[str, Any]:
         from torch.profiler import ProfilerActivity, profile

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU check in one command, on a CUDA machine without network (the device tool's H100:
+# Python 3.12, torch, transformers, peft, accelerate and triton preinstalled):
+#
+#   here:        MTGRPO_PYTHON312=python3.12 python scripts/gpu_wheelhouse.py   # builds .whl/
+#   on the GPU:  scripts/gpu-check.sh [tests|step|generation|all]               # default all
+#   on a CPU:    scripts/gpu-check.sh --dry-run    # the same steps, tiny settings, no install
+#
+# It installs .whl/ offline into /tmp/mtgrpo-site (put before the image's own packages, so the
+# locked transformers / TRL / peft are the ones measured), then
+#   tests       pytest tests/rollout/test_static_gpu.py (CUDA-graph decoding)
+#   step        benchmarks/step_time_vs_trl.py --workload gpu-qwen0.5b --trl-defaults
+#               (TRL 1.16 at its best setting and at its defaults, side by side in one run)
+#   generation  benchmarks/generation_speed.py --device cuda (hf, static, static-eager)
+# and writes each part's output, with the machine and the versions, to gpu-check-<part>.md in
+# $OUT when set (the device tool brings that folder back) or else in benchmarks/results/.
+# Each part fits the device tool's 10-minute command limit on an H100; run them as separate
+# commands when time is short.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+dry=0
+parts=()
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) dry=1 ;;
+        tests|step|generation) parts+=("$arg") ;;
+        all) parts+=(tests step generation) ;;
+        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|all]" >&2; exit 2 ;;
+    esac
+done
+[ ${#parts[@]} -eq 0 ] && parts=(tests step generation)
+out="${OUT:-benchmarks/results}"
+mkdir -p "$out"
+
+if [ $dry -eq 1 ]; then
+    python="${MTGRPO_PYTHON:-.venv/bin/python}"
+    step_args=(--workload cpu-tiny --steps 2 --block 1 --num-prompts 2 --group-size 2
+               --max-new-tokens 4 --prompt-tokens 8 --micro-batch 2 --hidden-size 64
+               --num-layers 2 --num-heads 4 --num-kv-heads 2 --intermediate-size 128)
+    generation_args=(--device cpu --models tiny --rows 4 --new-tokens 4 --repeats 1)
+else
+    python="${MTGRPO_PYTHON:-python3}"
+    if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "[gpu-check] no CUDA device visible to $python; use --dry-run on a CPU" >&2
+        exit 1
+    fi
+    if [ ! -d .whl ] || ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "[gpu-check] no .whl/: build it where there is network with" \
+             "'python scripts/gpu_wheelhouse.py' and carry it (device tool: carry ['.whl'])" >&2
+        exit 1
+    fi
+    site=/tmp/mtgrpo-site
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl || exit 1
+    export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    step_args=(--workload gpu-qwen0.5b --trl-defaults)
+    generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
+                     --prompt-tokens 48 --repeats 5)
+fi
+export PYTHONUNBUFFERED=1
+
+header() {
+    echo "# GPU check: $1"
+    echo
+    echo "Command: \`scripts/gpu-check.sh $([ $dry -eq 1 ] && echo '--dry-run ')$1\` ($(date -u +%FT%TZ))"
+    echo
+    "$python" - <<'PY'
+import platform, torch, transformers
+try:
+    import trl; trl_version = trl.__version__
+except ImportError:
+    trl_version = "not installed"
+device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+print(f"Machine: {device}; Python {platform.python_version()}; torch {torch.__version__}; "
+      f"transformers {transformers.__version__}; trl {trl_version}")
+PY
+    echo
+}
+
+status=0
+for part in "${parts[@]}"; do
+    file="$out/gpu-check-$part.md"
+    echo "[gpu-check] $part -> $file" >&2
+    {
+        header "$part"
+        echo '```'
+        case "$part" in
+            tests) "$python" -m pytest -q -p no:cacheprovider tests/rollout/test_static_gpu.py ;;
+            step) "$python" benchmarks/step_time_vs_trl.py "${step_args[@]}" ;;
+            generation) "$python" benchmarks/generation_speed.py "${generation_args[@]}" ;;
+        esac
+        rc=$?
+        echo '```'
+        echo
+        echo "Exit status: $rc"
+    } > "$file" 2>&1
+    grep -q "^Exit status: 0$" "$file" || status=1
+    tail -5 "$file" >&2
+done
+exit $status
