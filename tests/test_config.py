@@ -103,3 +103,34 @@ def test_every_field_has_help_text():
     assert len(rows) > 50
     missing = [name for name, _, _, text in rows if not text]
     assert not missing, f"fields without help: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"learning_rate": "fast"}, r"learning_rate: 'fast' \(str\) is not a number"),
+        ({"max_steps": 2.5}, r"max_steps: 2.5 \(float\) is not an integer"),
+        ({"num_generations": True}, r"num_generations: True \(bool\) is not an integer"),
+        ({"report_to": 5}, r"report_to: 5 \(int\) is not a string or a list of strings"),
+        ({"task_weighting_params": [1]}, r"task_weighting_params: \[1\] \(list\) is not a mapping"),
+        ({"beta": None}, r"beta: None \(NoneType\) is not a number"),
+    ],
+)
+def test_a_wrong_type_names_the_option_and_the_expected_type(options, message):
+    with pytest.raises(TypeError, match=message):
+        GRPOConfig(**options)
+
+
+def test_wrong_types_in_a_run_file_and_its_sections(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: fast\n")
+    with pytest.raises(TypeError, match=r"learning_rate: 'fast' \(str\) is not a number; set "
+                                        r"learning_rate to a number in the run file or with "
+                                        r"--learning_rate"):
+        load_run_config(path)
+    path.write_text("learning_rate: 1e-5\nmodel: {trust_remote_code: maybe}\n")
+    with pytest.raises(TypeError, match=r"model.trust_remote_code: 'maybe' \(str\) is not "
+                                        r"true or false"):
+        load_run_config(path)
+    assert load_run_config(path, ["--model.trust_remote_code", "true"]).training.learning_rate \
+        == 1e-5  # YAML reads 1e-5 as a string; numeric options convert it

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtgrpo._config_types import check_option_types
+
 __all__ = [
     "DataConfig",
     "GRPOConfig",
@@ -67,7 +69,7 @@ class GRPOConfig:
     run_name: str | None = _help("Name shown by trackers (default: output_dir's name).",
                                  default=None)
     logging_steps: int = _help("Log metrics every N training steps.", default=1)
-    report_to: list[str] = _help(
+    report_to: str | list[str] = _help(
         "Trackers besides metrics.jsonl: any of tensorboard, wandb, trackio (or 'none').",
         default_factory=list)
     log_completions: bool = _help("Write sampled completions to completions.jsonl.",
@@ -174,7 +176,7 @@ class GRPOConfig:
         default="sum_then_normalize")
     reward_aggregation_method: str | None = _help(
         "Alias of multi_objective_aggregation (TRL tutorials' name).", default=None)
-    scale_rewards: str = _help("group, batch or none (TRL's true/false accepted).",
+    scale_rewards: str | bool = _help("group, batch or none (TRL's true/false accepted).",
                                default="group")
     none_handling: str = _help(
         "How a reward function's None enters the advantage: neutral or zero.", default="neutral")
@@ -207,6 +209,7 @@ class GRPOConfig:
                                       default="strict")
 
     def __post_init__(self) -> None:
+        check_option_types(self)
         self._merge_aliases()
         self._check_ranges()
         self._check_choices()
@@ -368,6 +371,9 @@ class ModelConfig:
         "Shape of the tiny model (hidden_size, num_layers, ...; see mtgrpo tiny-model).",
         default=None)
 
+    def __post_init__(self) -> None:
+        check_option_types(self, "model")
+
 
 @dataclass
 class DataConfig:
@@ -385,6 +391,9 @@ class DataConfig:
         "train and eval (e.g. mtgrpo.tasks.gsm8k:load_gsm8k).", default=None)
     loader_options: dict[str, Any] = _help("Keyword options of the loader.",
                                            default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_option_types(self, "data")
 
 
 @dataclass

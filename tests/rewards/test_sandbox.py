@@ -4,6 +4,8 @@ Each hostile program must earn nothing it did not earn honestly (0, or the share
 it really passes) and leave nothing behind: its working directory is removed (the runs
 use a private temporary root, checked empty afterwards), no sandbox process survives
 (checked in /proc), and the files it tries to create outside its directory do not exist.
+The attacks on the kernel's part of the sandbox (with the in-process audit hook off) are in
+``test_sandbox_attacks.py``.
 Limits are small so every case takes at most about a second.
 """
 
@@ -12,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import LIMITS, SECRET
 
 from mtgrpo.rewards.verifiers.sandbox import (
     IOCase,
@@ -27,48 +29,6 @@ from mtgrpo.rewards.verifiers.sandbox import (
     run_python_io,
 )
 
-LIMITS = SandboxLimits(
-    timeout_seconds=4.0,
-    test_timeout_seconds=0.5,
-    cpu_seconds=2,
-    memory_bytes=256 << 20,
-    output_bytes=64 << 10,
-    file_bytes=1 << 20,
-    max_files=8,
-)
-SECRET = "hunter2-" + uuid.uuid4().hex
-ROOT = os.geteuid() == 0
-
-
-def _harness_processes() -> list[int]:
-    """Pids of live processes running the sandbox harness (zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"_sandbox_harness.py" in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-@pytest.fixture
-def sandbox_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private temporary root for the sandboxes' working directories, plus a planted
-    secret in this process's environment; after the test, the root must be empty and no
-    harness process alive."""
-    root = tmp_path / "sandboxes"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    monkeypatch.setenv("MTGRPO_FAKE_SECRET", SECRET)
-    yield root
-    assert list(root.iterdir()) == []
-    assert _harness_processes() == []
-
 
 def test_an_honest_program_passes_its_tests(sandbox_root: Path) -> None:
     code = "def add(a, b):\n    return a + b\n"
@@ -76,14 +36,15 @@ def test_an_honest_program_passes_its_tests(sandbox_root: Path) -> None:
     assert result.status == "ok"
     assert result.passed == (True, False)
     assert result.pass_fraction == 0.5
-    assert result.privileges_dropped is ROOT
+    assert result.privileges_dropped
+    assert result.network_isolated
 
 
 def test_a_test_file_string_has_setup_and_tests(sandbox_root: Path) -> None:
     tests = "import math\nTOL = 1e-9\nassert abs(root(4) - 2) < TOL\nassert root(9) == 3.0\n"
     result = run_python("import math\ndef root(x):\n    return math.sqrt(x)", tests, LIMITS)
     assert result.passed == (True, True)
-    assert prepare_tests(tests)[0] == ("setup", "import math")
+    assert prepare_tests(tests).units[0] == ("setup", "import math")
 
 
 def test_stdlib_imports_work(sandbox_root: Path) -> None:
@@ -328,8 +289,7 @@ def test_no_network(sandbox_root: Path, code: str) -> None:
     result = run_python(code, ["assert True"], LIMITS)
     assert result.passed == (False,)
     assert "sandbox: module" in result.stderr
-    if ROOT:  # a root parent can always give the child an empty network namespace
-        assert result.network_isolated
+    assert result.network_isolated
 
 
 # -------------------------------------------------------------------------- output
@@ -503,3 +463,43 @@ def test_invalid_limits() -> None:
         SandboxLimits(memory_bytes=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_open_files must be at least 16"):
         SandboxLimits(max_open_files=4)
+
+
+# ---------------------------------------------------------------------- value checks
+
+
+def test_value_checks_compare_plain_data_outside_the_sandbox(sandbox_root: Path) -> None:
+    code = (
+        "import os\n"
+        "class Mine(int):\n    def __eq__(self, other):\n        return True\n"
+        "def value(kind):\n"
+        "    return {'big': 2 ** 20000 + 1, 'float': 0.1 + 0.2, 'nan': float('nan'),\n"
+        "            'text': 'é\\ud800\\n\"', 'nested': {'a': [1, (2.5, 3j)], 'b': {b'x'}},\n"
+        "            'frozen': frozenset({1, 2}), 'none': None, 'sub': Mine(7),\n"
+        "            'env': os.environ, 'keys': {'k': 1}.keys(), 'obj': object()}[kind]\n"
+    )
+    tests = [
+        f"assert value('big') == {hex(2**20000 + 1)}",  # past int(str)'s 4,300 digits
+        "assert value('float') == 0.30000000000000004",
+        "assert value('float') != 0.3",
+        "assert value('nan') != 0.0",
+        "assert value('text') == 'é\\ud800\\n\"'",
+        "assert value('nested') == {'a': [1, (2.5, 3j)], 'b': {b'x'}}",
+        "assert value('nested') == {'a': [1, [2.5, 3j]], 'b': {b'x'}}",  # a list is no tuple
+        "assert value('frozen') == {2, 1}",
+        "assert value('none') is None",
+        "assert not value('none') is not None",
+        "assert value('sub') == 7",  # an int subclass is read as its int value
+        "assert value('sub') == 8",  # ... so its lying __eq__ does not count
+        "assert 'PATH' in value('env')",  # a Mapping reads as a dict
+        "assert value('keys') == {'k'}",  # a Set reads as a set
+        "assert 'x' in value('text')",
+        "assert value('obj') == 1",  # not plain data: never equal to a literal
+        "assert value('obj') is not None",
+    ]
+    expected = (True, True, True, True, True, True, False, True, True, True, True, False,
+                True, True, False, False, True)  # fmt: skip
+    plan = prepare_tests(tests)
+    assert len(plan.checks) == len(tests)  # each one judged outside the sandbox
+    assert plan.token_tests == ()
+    assert run_python(code, tests, LIMITS).passed == expected

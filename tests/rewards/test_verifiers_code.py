@@ -3,12 +3,15 @@ I/O cases in their three forms, validation before any run, and the bounded threa
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
 import pytest
 
 import mtgrpo.rewards.verifiers.code as code_module
+import mtgrpo.rewards.verifiers.sandbox as sandbox_module
+from mtgrpo.rewards.guard import collect_scoring_errors
 from mtgrpo.rewards.verifiers.code import (
     MAX_CODE_CHARS,
     SYNTAX_ERROR_REWARD,
@@ -16,7 +19,7 @@ from mtgrpo.rewards.verifiers.code import (
     extract_code,
     syntax_reward,
 )
-from mtgrpo.rewards.verifiers.sandbox import SandboxLimits
+from mtgrpo.rewards.verifiers.sandbox import SandboxLimits, SandboxUnavailableError
 
 LIMITS = SandboxLimits(timeout_seconds=5.0, test_timeout_seconds=1.0, memory_bytes=256 << 20)
 ADD = "<code>\ndef add(a, b):\n    return a + b\n</code>"
@@ -127,3 +130,38 @@ def test_samples_run_in_parallel_on_a_bounded_pool() -> None:
     assert rewards == [1.0] * 6
     # Two rounds of three (1 s of sleep) plus start-ups; one at a time would take 3 s.
     assert 1.0 <= elapsed < 2.5
+
+
+def test_a_failure_scoring_one_sample_is_counted_and_scores_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = code_module.run_python
+
+    def flaky(code: str, tests: object, limits: SandboxLimits):
+        if "boom" in code:
+            raise MemoryError("the parent ran out of memory reading this sample")
+        return real(code, tests, limits)
+
+    monkeypatch.setattr(code_module, "run_python", flaky)
+    boom = "<code>\nboom = 1\ndef add(a, b):\n    return a + b\n</code>"
+    with collect_scoring_errors() as failed:
+        scores = code_reward(None, [ADD, boom, ADD], tests=[["assert add(1, 2) == 3"]] * 3,
+                             limits=LIMITS)  # fmt: skip
+    assert scores == [1.0, 0.0, 1.0]
+    assert failed == [1]
+
+
+def test_no_sandbox_no_run_and_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A launcher the kernel refused: it reports why and runs nothing.
+    refusing = ("import marshal, os, sys\nsize = int.from_bytes(os.read(0, 8), 'little')\n"
+                "job = marshal.loads(os.read(0, size))\n"
+                "os.write(job['report_fd'], b'refused unshare: Operation not permitted\\n')\n")
+    monkeypatch.setattr(sandbox_module, "_LAUNCH_CODE", refusing)
+    monkeypatch.setattr(sandbox_module, "_sandbox_check", functools.lru_cache(maxsize=1)(
+        sandbox_module._sandbox_check.__wrapped__))  # a fresh cache for this test
+    with pytest.raises(SandboxUnavailableError,
+                       match=r"unshare: Operation not permitted\. .*Run the trainer as root"):
+        code_reward(None, [ADD], tests=[["assert add(1, 2) == 3"]], limits=LIMITS)
+    with pytest.raises(SandboxUnavailableError, match="The program was not run"):
+        sandbox_module.run_python("x = 1", ["assert x == 1"], LIMITS)
+    assert code_reward(None, [ADD]) == [1.0]  # syntax-only scoring needs no sandbox

@@ -10,6 +10,7 @@ import pytest
 import reasoning_gym
 
 import mtgrpo.rewards.verifiers.reasoning_gym as rg_module
+from mtgrpo.rewards.guard import collect_scoring_errors
 from mtgrpo.rewards.verifiers.reasoning_gym import (
     AUDITED_FAMILIES,
     MAX_SCORED_ANSWER_CHARS,
@@ -115,13 +116,30 @@ def test_upstream_guards(monkeypatch: pytest.MonkeyPatch) -> None:
         reasoning_gym_reward("arc_1d")
 
 
-def test_scorer_values_are_clamped_and_scorer_crashes_score_zero() -> None:
+def test_scorer_values_are_clamped_and_scorer_crashes_score_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     entry = {"answer": "a", "metadata": {}}
-    assert rg_module._safe_score(lambda a, e: 3.5, "a", entry) == 1.0
-    assert rg_module._safe_score(lambda a, e: -1.0, "a", entry) == 0.0
-    assert rg_module._safe_score(lambda a, e: float("nan"), "a", entry) == 0.0
+    assert rg_module._checked_score(lambda a, e: 3.5, "a", entry) == 1.0
+    assert rg_module._checked_score(lambda a, e: -1.0, "a", entry) == 0.0
+    assert rg_module._checked_score(lambda a, e: float("nan"), "a", entry) == 0.0
 
-    def crashes(answer: str | None, entry: dict) -> float:
-        raise ZeroDivisionError("a scorer bug")
+    def crashes_on_b(answer: str | None, entry: dict) -> float:
+        if answer == "b":
+            raise ZeroDivisionError("a scorer bug")
+        return 1.0
 
-    assert rg_module._safe_score(crashes, "a", entry) == 0.0
+    monkeypatch.setattr(rg_module, "_upstream_scorer", lambda family: crashes_on_b)
+    reward = reasoning_gym_reward("zebra_puzzles")
+    with collect_scoring_errors() as failed:
+        scores = reward(None, ["<answer>a</answer>", "<answer>b</answer>"], answer=["a", "a"])
+    assert scores == [1.0, 0.0]  # the model's text broke the scorer: 0, counted
+    assert failed == [1]
+
+
+def test_an_entry_its_scorer_cannot_score_is_a_dataset_error() -> None:
+    def needs_metadata(answer: str | None, entry: dict) -> float:
+        return float(entry["metadata"]["target"] == answer)
+
+    with pytest.raises(rg_module.EntryError, match="does not fit its scorer"):
+        rg_module._checked_score(needs_metadata, "b", {"answer": "a", "metadata": {}})

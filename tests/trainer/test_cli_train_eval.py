@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from mtgrpo.cli import main
@@ -47,6 +48,26 @@ def test_train_print_config_and_bad_option(tmp_path, tiny_model_dir, capsys):
     assert main(["train", config, "--learning_rat", "1"]) == 2
     assert "did you mean 'learning_rate'" in capsys.readouterr().err
     assert main(["train", "no-such-recipe"]) == 2
+    capsys.readouterr()
+    assert main(["train", config, "--learning_rate", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert "learning_rate: 'fast' (str) is not a number" in err
+    assert "Traceback" not in err
+
+
+def test_an_error_after_the_config_check_is_one_line_unless_debug(tmp_path, tiny_model_dir,
+                                                                  capsys):  # fmt: skip
+    missing = str(tmp_path / "no-model-here")
+    argv = ["train", _config(tmp_path, tiny_model_dir), "--model.name_or_path", missing]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mtgrpo train: ")
+    assert "no-model-here" in err
+    assert "(add --debug to see the traceback)" in err
+    assert "Traceback" not in err
+    for debug in (["--debug", *argv], [*argv, "--debug"]):
+        with pytest.raises(Exception, match="no-model-here"):
+            main(debug)
 
 
 def test_eval_writes_results_and_delta_m(tmp_path, tiny_model_dir, capsys):

@@ -45,8 +45,12 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
     # the killed run logged step 5 after its last checkpoint (step 4)
     assert [r["step"] for r in _steps(crashed)] == [1, 2, 3, 4, 5]
 
+    # what a kill during a checkpoint write leaves: a temporary directory, removed on resume
+    stale = crashed / ".checkpoint-6.tmp-99999"
+    (stale / "model").mkdir(parents=True)
     resumed = _run(tiny_model_dir, crashed, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not stale.exists()
 
     expected = [_comparable(r) for r in _steps(full)]
     actual = [_comparable(r) for r in _steps(crashed)]
@@ -64,3 +68,19 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
     assert final_full.keys() == final_resumed.keys()
     for name, tensor in final_full.items():
         assert torch.equal(tensor, final_resumed[name]), name
+
+
+def test_stale_checkpoint_temporaries_are_removed_and_nothing_else(tmp_path):
+    from mtgrpo.trainer.checkpoint import remove_stale_temporaries, write_atomically
+
+    for name in (".checkpoint-3.tmp-123", ".checkpoint-10.tmp-4", "checkpoint-2",
+                 ".checkpoint-3.tmp-abc", "notes.tmp-1"):
+        (tmp_path / name).mkdir()
+    assert sorted(p.name for p in remove_stale_temporaries(tmp_path)) == [
+        ".checkpoint-10.tmp-4", ".checkpoint-3.tmp-123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".checkpoint-3.tmp-abc", "checkpoint-2", "notes.tmp-1"]
+    written = write_atomically(tmp_path / "checkpoint-5", lambda tmp: (tmp / "f").write_text("x"))
+    assert written.name == "checkpoint-5"
+    assert remove_stale_temporaries(tmp_path) == []  # a finished write leaves nothing
+    assert remove_stale_temporaries(tmp_path / "missing") == []

@@ -1,7 +1,9 @@
 """The ``mtgrpo`` command line: thin sub-commands that parse arguments and call the library.
 
 Each sub-command lives in its own module of this package and exposes
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A command module
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). An exception that
+escapes a command is printed as one line (its message) with exit status 1; ``--debug``
+(before or after the command) lets it propagate with its traceback. A command module
 imports nothing heavy at module level (torch, transformers, ...): those imports go
 inside ``run``, so ``mtgrpo --help`` stays fast.
 """
@@ -53,18 +55,25 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+DEBUG_HELP = "on an error, show the full traceback (default: the error's message only)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mtgrpo",
         description="Multi-task, multi-reward GRPO post-training of language models.",
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    # Also accepted after the command; SUPPRESS keeps a sub-command from resetting it.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text, aliases) in COMMANDS.items():
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(
             name, help=help_text.replace("%", "%%"), aliases=list(aliases),
             description=(module.__doc__ or "").replace("%", "%%"),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=argparse.RawDescriptionHelpFormatter, parents=[debug],
         )
         module.add_arguments(command_parser)
         command_parser.set_defaults(_module=module_name)
@@ -81,7 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except Exception as error:  # one clear line for the user; --debug shows where it came from
+        if args.debug:
+            raise
+        print(f"mtgrpo {args.command}: {error}\n(add --debug to see the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
 
 if __name__ == "__main__":

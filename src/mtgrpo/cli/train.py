@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(getattr(args, "overrides", []))
     try:
         run_config = load_run_config(recipe_path(args.config), overrides)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # the run file or its options
         print(f"mtgrpo train: {exc}", file=sys.stderr)
         return 2
     if args.print_config:

@@ -58,6 +58,7 @@ from typing import Any
 
 from mtgrpo._registry import Registry
 from mtgrpo.rewards import RewardFunction, conditioned
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers.answer import completion_text
 from mtgrpo.tasks.data import write_jsonl_splits
 
@@ -482,10 +483,13 @@ def _judge_batch(
         )
     for name in {s for s in scenario if s is not None}:
         SCENARIOS.canonical(name)  # an unknown scenario is a data error: raise before judging
-    return [
-        None if name is None else judge_reply(completion, name).channels
-        for completion, name in zip(completions, scenario, strict=True)
-    ]
+
+    def judge(row: tuple[Any, str | None]) -> tuple[float, float, float] | None:
+        completion, name = row
+        return None if name is None else judge_reply(completion, name).channels
+
+    return score_each("comms", zip(completions, scenario, strict=True), judge,
+                      fallback=(0.0, 0.0, 0.0))  # fmt: skip
 
 
 comms_judge = RewardFunction(_judge_batch, name="comms", channels=CHANNELS)

@@ -60,7 +60,9 @@ Every broken contract is a :class:`RewardError` (a ``ValueError``) raised at the
 call, before any training step: a wrong number of values, a value that is not a number or
 ``None``, NaN or infinity, an unscorable completion, a task label no function is routed to, or
 a function that raises (re-raised with the first sample it fails on and the original
-traceback chained).
+traceback chained). The built-in verifiers are the exception to the last rule: an error
+while scoring one completion's text scores it 0 and is counted as ``rewards/<name>/errors``
+(:mod:`mtgrpo.rewards.guard`), so model output cannot stop training.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from mtgrpo.rewards.evaluation import (
     function_failure,
     run_awaitables,
 )
+from mtgrpo.rewards.guard import collect_scoring_errors
 
 __all__ = ["UNSCORABLE_POLICIES", "WILDCARD_TASK", "RewardScores", "RewardSuite"]
 
@@ -50,16 +51,23 @@ class RewardScores:
         applied: ``[N, R]`` bool, ``~isnan(values)``: the channel scored the completion.
         channel_names: ``[R]`` column names.
         tasks: ``[N]`` task label of each completion.
+        errors: ``[N, R]`` bool: a built-in verifier failed on the completion's text and
+            scored it 0 (:mod:`mtgrpo.rewards.guard`); all False when not given.
     """
 
     values: Tensor  # [N, R]
     applied: Tensor  # [N, R]
     channel_names: list[str]  # [R]
     tasks: list[str]  # [N]
+    errors: Tensor | None = None  # [N, R]
 
     def __post_init__(self) -> None:
         assert self.values.shape == (len(self.tasks), len(self.channel_names))
         assert self.applied.shape == self.values.shape
+        if self.errors is None:
+            object.__setattr__(self, "errors", torch.zeros_like(self.applied))
+        assert self.errors is not None
+        assert self.errors.shape == self.values.shape
 
     @property
     def unscorable(self) -> Tensor:
@@ -87,10 +95,13 @@ class RewardScores:
 
     def metrics(self, prefix: str = "rewards") -> dict[str, float]:
         """Per channel ``{prefix}/{channel}/mean`` and ``/std`` over the applied rows (TRL's
-        names; std unbiased as TRL's ``nanstd``, NaN with fewer than two values) and
-        ``/applied`` (fraction of rows the channel scored)."""
+        names; std unbiased as TRL's ``nanstd``, NaN with fewer than two values),
+        ``/applied`` (fraction of rows the channel scored) and ``/errors`` (completions a
+        built-in verifier failed on)."""
         out: dict[str, float] = {}
+        assert self.errors is not None
         for r, name in enumerate(self.channel_names):
+            out[f"{prefix}/{name}/errors"] = int(self.errors[:, r].sum())
             present = self.values[self.applied[:, r], r].double()
             std = present.std().item() if present.numel() > 1 else math.nan
             mean = present.mean().item() if present.numel() else math.nan
@@ -439,6 +450,7 @@ class RewardSuite:
         batch = RewardBatch.build(prompts, completions, completion_ids, columns, tasks, extra)
         self._check_task_labels(set(batch.tasks), batch.tasks)
         values = np.full((len(batch), self.num_channels), np.nan)  # [N, R]
+        errors = np.zeros(values.shape, dtype=bool)  # [N, R]
         pending: list[tuple[int, list[int], Any]] = []
         try:
             for owner, rf in enumerate(self._functions):
@@ -446,9 +458,13 @@ class RewardSuite:
                 if not rows:
                     continue
                 try:
-                    out = rf.fn(**batch.kwargs(rows))
+                    with collect_scoring_errors() as failed:
+                        out = rf.fn(**batch.kwargs(rows))
                 except Exception as exc:
                     raise function_failure(rf, batch, rows, exc) from exc
+                if failed:
+                    start, stop = self._offsets[owner], self._offsets[owner + 1]
+                    errors[[rows[i] for i in failed], start:stop] = True
                 if inspect.isawaitable(out):
                     pending.append((owner, rows, out))
                 else:
@@ -468,7 +484,8 @@ class RewardSuite:
             self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
         UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
         scores = torch.from_numpy(values.astype(np.float32))  # [N, R]
-        return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks)
+        return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks,
+                            torch.from_numpy(errors))  # fmt: skip
 
     def _store(self, values: np.ndarray, owner: int, rows: list[int], block: np.ndarray) -> None:
         start, stop = self._offsets[owner], self._offsets[owner + 1]

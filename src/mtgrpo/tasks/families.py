@@ -67,6 +67,8 @@ __all__ = [
     "ARC_1D_MAX_SIZE",
     "FAMILIES",
     "LEVELS",
+    "MAX_CELL_DIGITS",
+    "MAX_GRID_CELLS",
     "AnswerChecker",
     "ItemGenerator",
     "QuestionBuilder",
@@ -334,6 +336,8 @@ def zebra_question(item: Mapping[str, Any], answer_format: AnswerFormat) -> str:
 
 _ARC_TAIL = "Your final answer should be just the test output grid itself."
 _INT_TOKEN = re.compile(r"-?\d+")
+MAX_GRID_CELLS = 10_000  # grids are at most 40 cells (ARC_1D_MAX_SIZE)
+MAX_CELL_DIGITS = 100  # cells are colours 0-9
 _SEPARATORS = re.compile(r"[\s,]+")
 
 
@@ -341,13 +345,19 @@ def parse_int_sequence(text: str) -> list[int] | None:
     """A grid written as integers separated by whitespace and/or commas, else ``None``.
 
     One pair of enclosing square brackets is allowed (``[0, 1, 1]``); any other character
-    (words, a second grid marker, digits run together ambiguously) makes it unparseable.
+    (words, a second grid marker, digits run together ambiguously) makes it unparseable, and
+    so does a grid of more than :data:`MAX_GRID_CELLS` cells or a cell of more than
+    :data:`MAX_CELL_DIGITS` digits (model text: bounded work, and never Python's limit on
+    converting a 4,301-digit string to an int).
     """
     body = text.strip()
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
     tokens = [token for token in _SEPARATORS.split(body) if token]
-    if not tokens or not all(_INT_TOKEN.fullmatch(token) for token in tokens):
+    if not tokens or len(tokens) > MAX_GRID_CELLS:
+        return None
+    if not all(len(token) <= MAX_CELL_DIGITS + 1 and _INT_TOKEN.fullmatch(token)
+               for token in tokens):  # fmt: skip
         return None
     return [int(token) for token in tokens]
 

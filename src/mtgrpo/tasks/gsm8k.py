@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers.answer import MAX_NUMBER_CHARS, completion_text, extract_answer
 from mtgrpo.tasks.data import FILE_SUFFIXES, _read_file, write_jsonl_splits
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, format_prompt
@@ -304,10 +305,12 @@ def answer_format_reward(
             f"{len(completions)} completions; a column holds one value per completion"
         )
     styles = {name: _style(name) for name in set(answer_format) if name is not None}
-    return [
-        None if fmt is None else _format_score(completion_text(completion), styles[fmt])
-        for completion, fmt in zip(completions, answer_format, strict=True)
-    ]
+
+    def score(row: tuple[Any, str | None]) -> float | None:
+        completion, fmt = row
+        return None if fmt is None else _format_score(completion_text(completion), styles[fmt])
+
+    return score_each("answer_format_reward", zip(completions, answer_format, strict=True), score)
 
 
 def _style(answer_format: str) -> str:

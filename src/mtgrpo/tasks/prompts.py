@@ -37,7 +37,6 @@ reasoning and the final one counts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,32 +70,28 @@ _PLAIN_TEMPLATE = (
 )
 THINK_PREFIX = "<think>"
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_BOXED_OPEN = re.compile(r"\\boxed\s*\{")
-
-
 def extract_tagged(text: str) -> str | None:
-    """Content of the last ``<answer>…</answer>`` pair, stripped; ``None`` if there is none."""
-    matches = _ANSWER_TAG.findall(text)
-    return matches[-1].strip() if matches else None
+    """Content of the last ``<answer>…</answer>`` pair, stripped; ``None`` if there is none.
+
+    Linear-time and size-capped: :func:`mtgrpo.rewards.verifiers.answer.extract_tag` (a
+    text over 1,000,000 characters has no answer).
+    """
+    from mtgrpo.rewards.verifiers.answer import extract_tag  # not at import: generation
+    # workers import this module and need none of the reward code
+
+    return extract_tag(text)
 
 
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{…}`` with balanced braces, stripped; ``None`` if none.
 
     Braces are matched by depth so that ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``;
-    an unclosed box does not count as an answer.
+    an unclosed box does not count as an answer. Linear-time and size-capped:
+    :func:`mtgrpo.rewards.verifiers.answer.extract_boxed`.
     """
-    for match in reversed(list(_BOXED_OPEN.finditer(text))):
-        depth = 1
-        for pos in range(match.end(), len(text)):
-            if text[pos] == "{":
-                depth += 1
-            elif text[pos] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[match.end() : pos].strip()
-    return None
+    from mtgrpo.rewards.verifiers.answer import extract_boxed as extract
+
+    return extract(text)
 
 
 @dataclass(frozen=True)

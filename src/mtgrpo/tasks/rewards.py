@@ -17,6 +17,11 @@ reasoning-gym datasets by normalised exact match (strip, collapse whitespace run
 case-fold); ARC-1D by comparing the output grid as a sequence of integers (whitespace,
 newlines, commas and one pair of enclosing brackets are tolerated).
 
+Scoring never stops training on model text: answers are read by linear-time, size-capped
+extractors, and an exception while scoring one completion scores it ``unformatted`` (0.0)
+and is counted as ``rewards/<name>/errors`` (:mod:`mtgrpo.rewards.guard`); metadata a
+checker needs and lacks is a dataset error, raised before any scoring.
+
 Each :class:`TaskReward` follows TRL's contract,
 ``f(prompts, completions, completion_ids=None, **columns) -> list[float | None]``, reads
 the ``answer`` and ``metadata`` columns, and returns ``None`` for rows of other families
@@ -156,17 +161,24 @@ class TaskReward:
             )
         metadatas = columns.get("metadata") or [None] * n
         tasks = columns.get("task") or [None] * n
-        rewards: list[float | None] = []
+        rows = []  # (completion, answer, metadata) of this family's rows; None for others
         for row, (completion, answer, raw, task) in enumerate(
             zip(completions, columns["answer"], metadatas, tasks, strict=True)
         ):
             metadata = _parse_metadata(raw, row, self.__name__)
-            if not self.applies(task, metadata):
-                rewards.append(None)
-                continue
-            self._check_metadata(metadata, row)
-            rewards.append(self.score(completion, answer, metadata))
-        return rewards
+            applies = self.applies(task, metadata)
+            if applies:  # dataset errors, raised before any scoring
+                self._check_metadata(metadata, row)
+                ANSWER_FORMATS.canonical(metadata.get("answer_format", self.answer_format))
+            rows.append((completion, answer, metadata) if applies else None)
+        from mtgrpo.rewards.guard import score_each  # not at import: generation workers
+        # import this package and need none of the reward code
+
+        return score_each(self.__name__, rows, self._score_row,
+                          fallback=float(self.scheme.unformatted))  # fmt: skip
+
+    def _score_row(self, row: tuple[Any, Any, Mapping[str, Any]] | None) -> float | None:
+        return None if row is None else self.score(*row)
 
     def _check_metadata(self, metadata: Mapping[str, Any], row: int) -> None:
         missing = [name for name in self.family.metadata_fields if name not in metadata]

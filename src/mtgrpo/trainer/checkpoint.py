@@ -10,8 +10,10 @@ A checkpoint directory ``checkpoint-<step>/`` holds
 * ``trainer_state.json``: step, task-weighting state, sampler state and other loop state;
 * ``rng_state_<rank>.pt``: Python, NumPy and torch RNG states of every process.
 
-It is written into a temporary sibling directory and renamed into place, so a crash during a
-save never leaves a half-written ``checkpoint-<step>``.
+It is written into a temporary sibling directory (``.checkpoint-<step>.tmp-<pid>``) and
+renamed into place, so a crash during a save never leaves a half-written ``checkpoint-<step>``;
+the temporary directories such a crash leaves are removed when a run starts or resumes
+(:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "load_rng_state",
     "load_trainable",
     "read_trainer_state",
+    "remove_stale_temporaries",
     "rng_state",
     "rotate_checkpoints",
     "save_trainable",
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+_TEMPORARY = re.compile(r"^\.checkpoint-\d+\.tmp-\d+$")
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -69,6 +73,18 @@ def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> None:
     checkpoints = list_checkpoints(output_dir)
     for old in checkpoints[: max(len(checkpoints) - keep, 0)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Remove the ``.checkpoint-<step>.tmp-<pid>`` directories an interrupted save left in
+    ``output_dir`` (call it before a run writes checkpoints); the removed paths."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    stale = [child for child in root.iterdir() if _TEMPORARY.match(child.name) and child.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def write_atomically(final: Path, write: Any) -> Path:

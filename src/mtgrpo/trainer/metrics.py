@@ -74,8 +74,11 @@ def task_metrics(
 
 
 def channel_metrics(channel_names: Sequence[str], values: np.ndarray,
-                    scalar_rewards: np.ndarray) -> dict[str, float]:
-    """Per reward channel mean and std over the rows it applied to (``values [N, R]``)."""
+                    scalar_rewards: np.ndarray,
+                    errors: np.ndarray | None = None) -> dict[str, float]:
+    """Per reward channel mean and std over the rows it applied to (``values [N, R]``), and
+    ``rewards/<channel>/errors``: completions a built-in verifier failed on (``errors [N, R]``
+    bool, :mod:`mtgrpo.rewards.guard`)."""
     out = {
         "reward": float(np.nanmean(scalar_rewards)) if np.isfinite(scalar_rewards).any()
         else math.nan,
@@ -87,6 +90,7 @@ def channel_metrics(channel_names: Sequence[str], values: np.ndarray,
         present = column[~np.isnan(column)]
         out[f"rewards/{name}/mean"] = _mean(present)
         out[f"rewards/{name}/std"] = float(present.std(ddof=1)) if present.size > 1 else math.nan
+        out[f"rewards/{name}/errors"] = int(errors[:, r].sum()) if errors is not None else 0
     return out
 
 

@@ -33,6 +33,7 @@ class GroupPayload:
     completion_ids: list[list[int]]  # [G]
     completions: list[Any]  # [G] text, or assistant messages for chat prompts
     finished: list[bool]  # [G] ended with a stop token (vs. cut at max_completion_length)
+    reward_errors: np.ndarray | None = None  # [G, R] a built-in verifier failed on the text
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class RolloutWorker:
         correct = correct_completions(scores.values, self.accuracy_threshold,
                                       self.accuracy_channel).numpy()
         values = scores.values.numpy().astype(np.float64)  # [N, R]
+        errors = scores.errors.numpy() if scores.errors is not None else None  # [N, R]
         self.seconds["score"] += time.perf_counter() - begin
         groups = []
         for b, prompt_id in enumerate(ids):
@@ -126,6 +128,7 @@ class RolloutWorker:
             payload = GroupPayload(
                 prompt_ids=out.prompt_ids[b * g], completion_ids=out.completion_ids[rows],
                 completions=completions[rows], finished=out.finished[rows],
+                reward_errors=None if errors is None else errors[rows],
             )
             groups.append(ScoredGroup(
                 prompt_id=prompt_id, task=int(self.prompts.prompt_tasks[prompt_id]),

@@ -332,7 +332,10 @@ class GRPOTrainer:
         scalar = all_adv.scalar_rewards.numpy()
         metrics.update(task_metrics(self.task_names, generated, scalar,
                                     all_adv.zero_gradient.numpy(), weights, report, improvement))
-        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
+        errors = [g.payload.reward_errors for g in generated]
+        errors = np.concatenate(errors) if generated and all(e is not None for e in errors) \
+            else None
+        metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
         metrics.update(self._rollout_metrics(generated, report))
         step_seconds = time.perf_counter() - begin
         metrics.update({
@@ -515,6 +518,8 @@ class GRPOTrainer:
 
         args = self.args
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.is_main_process:  # what a save interrupted by a kill left behind
+            ckpt.remove_stale_temporaries(self.output_dir)
         if args.resume_from_checkpoint:
             self._resume(args.resume_from_checkpoint)
         elif self.is_main_process:

@@ -1,23 +1,26 @@
-"""Child side of the code sandbox: run as ``python -I -S -B -X utf8 _sandbox_harness.py``.
+"""The sandboxed process: ``python -I -S -B -X utf8`` inside the sandbox, importing this
+module from ``/sandbox/harness`` (with its compiled bytecode) and calling :func:`main`.
 
-This file is executed in the sandboxed process, never imported by the library. It reads its
-job from stdin, locks the process down, runs the untrusted program, and reports on a result
-pipe. The parent side, the protocol and the threat model are in ``sandbox.py`` and
-``docs/sandbox.md``.
+Started by ``_sandbox_launch.py`` (which built the namespaces, the file-system view, the
+limits and dropped every privilege before exec); the library imports it only for its
+constants. It reads its job from descriptor 3, runs the untrusted program, and writes
+records to descriptor 4 for the launcher. The threat model is in ``docs/sandbox.md``.
 
-Order of work (everything before step 5 runs before any untrusted code):
+Order of work (everything before step 3 runs before any untrusted code):
 
-1. Read the job (``marshal``: length-prefixed dict) from stdin with ``os.read``.
-2. A new network namespace when the kernel allows one; when root, the switch to
-   ``nobody``; resource limits (``RLIMIT_AS/CPU/FSIZE/NOFILE/NPROC/CORE``); SIGXFSZ
-   ignored so oversized writes fail with ``EFBIG``.
-3. Compile the program and the tests (a syntax error is reported before anything runs).
-4. Harden: bind every function the harness will call to a local, replace dangerous
-   functions of loaded modules with refusals, guard ``_imp.create_builtin`` so fresh copies
-   of ``_signal``/``posix``/``pwd``/``_imp`` cannot be made, and install the audit hook.
-5. Run: in ``tests`` mode the program, then each test in a copy of its namespace under a
-   per-test timer, writing the test's secret token to the result pipe when it passes; in
-   ``io`` mode the program as ``__main__`` with the case input on stdin.
+1. Read the job (``marshal``: length-prefixed dict) from descriptor 3 and close it.
+2. Compile the program and the tests (a syntax error is reported before anything runs);
+   harden: bind every function the harness will call to a local, replace dangerous
+   functions of loaded modules with refusals, guard ``_imp.create_builtin``, and install the
+   audit hook. The kernel already enforces the boundary (``_sandbox_launch.py``); the hook
+   is a second, finer layer (it refuses frame walking that would reach the tokens, imports
+   of blocked modules, and file access outside the allowed paths with a clear message).
+3. Run: in ``tests`` mode the program, then each test unit in a copy of its namespace under
+   a per-unit timer. A value check (``assert <expr> == <literal>`` and friends, rewritten by
+   the parent) reports the value of ``<expr>`` as ``V<index> <json>``: the expected value
+   is not in this process, the launcher compares. A unit that runs to the end reports its
+   random token (``T<token>``). In ``io`` mode the program runs as ``__main__`` with the case
+   input on stdin.
 
 The tokens exist only as locals of :func:`_run_tests`; the audit hook refuses the ways
 Python code reaches another function's frame (``sys._getframe``, ``tb_frame``/``gi_frame``/
@@ -63,12 +66,11 @@ PATH_EVENTS = frozenset(
 READ_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
 REPLACED_POSIX = ("mknod", "mkfifo", "chroot", "pidfd_open", "setns", "unshare")
 REPLACED_SIGNAL = ("signal", "set_wakeup_fd", "pidfd_send_signal", "siginterrupt")
-GUARDED_BUILTINS = frozenset({"_imp", "_signal", "posix", "pwd"})
+GUARDED_BUILTINS = frozenset({"_imp", "_signal", "posix", "pwd", "_ctypes", "_testcapi",
+                              "_testinternalcapi", "_socket", "_posixsubprocess"})
 STRICT_EQ = "__mtgrpo_strict_eq__"
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 8, 38
-CAPABILITY_VERSION_3, CAP_DAC_READ_SEARCH = 0x20080522, 2
-NOBODY = 65534
+VALUE_CHECK = "__mtgrpo_check__"
+JOB_FD, RESULT_FD = 3, 4
 
 
 def main() -> None:
@@ -76,125 +78,43 @@ def main() -> None:
 
     install_handler = _signal.signal  # before hardening replaces it; used once, pre-program
     job = _read_job()
-    result_fd = job["result_fd"]
-    isolated, dropped = _isolate(job)
-    _apply_limits(job)
-    os.write(result_fd, b"N%d P%d\n" % (isolated, dropped))
-    if job["mode"] == "tests":
-        null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
     try:
         program = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
-        os.write(result_fd, f"S {type(error).__name__}\n".encode())
+        os.write(RESULT_FD, f"S {type(error).__name__}\n".encode())
         os._exit(0)
     tests = [
         (kind, compile(source, f"<test {index}>", "exec", dont_inherit=True, optimize=0))
-        for index, (kind, source) in enumerate(job["tests"])
+        for index, (kind, source) in enumerate(job["units"])
     ]
     import types  # noqa: F401  # reads a traceback's tb_frame at import: load it before the hook
 
-    _harden(job)
+    sys.path.extend(job["extra_paths"])
+    if job["audit_hook"]:
+        _harden(job)
     if job["mode"] == "tests":
-        strict_eq = _make_strict_eq()
-        _run_tests(program, tests, job, strict_eq, install_handler)
+        strict_eq, canonical = _make_strict_eq()
+        check = _make_value_check(canonical, job["value_bytes"])
+        _run_tests(program, tests, job, (strict_eq, check), install_handler)
     _run_io(program)
 
 
 def _read_job() -> dict:
     header = _read_exactly(8)
-    return marshal.loads(_read_exactly(int.from_bytes(header, "little")))
+    job = marshal.loads(_read_exactly(int.from_bytes(header, "little")))
+    os.close(JOB_FD)
+    return job
 
 
 def _read_exactly(size: int) -> bytes:
     chunks, remaining = [], size
     while remaining:
-        chunk = os.read(0, min(remaining, 1 << 20))
+        chunk = os.read(JOB_FD, min(remaining, 1 << 20))
         if not chunk:
             raise SystemExit("sandbox harness: job truncated")
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
-
-
-def _apply_limits(job: dict) -> None:
-    import _signal
-    import resource
-
-    limits = {
-        resource.RLIMIT_AS: job["memory_bytes"],
-        resource.RLIMIT_CPU: job["cpu_seconds"],
-        resource.RLIMIT_FSIZE: job["file_bytes"],
-        resource.RLIMIT_NOFILE: job["max_open_files"],
-        resource.RLIMIT_NPROC: 0,
-        resource.RLIMIT_CORE: 0,
-    }
-    for kind, value in limits.items():
-        hard = value + 1 if kind == resource.RLIMIT_CPU else value
-        resource.setrlimit(kind, (value, hard))
-    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
-    del sys.modules["resource"]
-
-
-def _isolate(job: dict) -> tuple[bool, bool]:
-    """(network isolated, privileges dropped), using ``ctypes`` before the program runs.
-
-    Network: enter a new, empty network namespace (only ``lo``, down).
-    ``unshare(CLONE_NEWNET)`` needs ``CAP_SYS_ADMIN``; without it an unprivileged user
-    namespace (``CLONE_NEWUSER | CLONE_NEWNET``) is tried; where both are refused, the audit
-    hook's socket ban is the only network barrier.
-
-    Privileges: when running as root, become uid/gid 65534 (``nobody``) keeping only
-    ``CAP_DAC_READ_SEARCH`` (so the interpreter can still read its library wherever it is
-    installed). The kernel then enforces what the audit hook also refuses: no writes outside
-    world-writable places, no signals to other users' processes, and ``RLIMIT_NPROC`` (which
-    root ignores).
-    """
-    isolated = dropped = False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-    except (OSError, ImportError):
-        return isolated, dropped
-    if job["network_namespace"]:
-        isolated = libc.unshare(CLONE_NEWNET) == 0
-        if not isolated:
-            isolated = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
-    if os.geteuid() == 0:
-        try:
-            dropped = _drop_privileges(ctypes, libc, job["workdir"])
-        except (OSError, AttributeError):
-            dropped = False
-    for name in ("ctypes", "ctypes._endian", "_ctypes", "struct", "_struct"):
-        sys.modules.pop(name, None)
-    return isolated, dropped
-
-
-def _drop_privileges(ctypes, libc, workdir: str) -> bool:
-    class CapHeader(ctypes.Structure):
-        _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
-
-    class CapData(ctypes.Structure):
-        _fields_ = (
-            ("effective", ctypes.c_uint32),
-            ("permitted", ctypes.c_uint32),
-            ("inheritable", ctypes.c_uint32),
-        )
-
-    os.chown(workdir, NOBODY, NOBODY)
-    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        return False
-    os.setgroups([])
-    os.setresgid(NOBODY, NOBODY, NOBODY)
-    os.setresuid(NOBODY, NOBODY, NOBODY)
-    header, data = CapHeader(CAPABILITY_VERSION_3, 0), (CapData * 2)()
-    data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
-    if libc.capset(ctypes.byref(header), ctypes.byref(data)) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")  # uid already dropped: stop here
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    return True
 
 
 def _refuse(name: str):
@@ -216,8 +136,7 @@ def _harden(job: dict) -> None:
             if hasattr(module, name):
                 setattr(module, name, _refuse(f"{module.__name__}.{name}"))
     _imp.create_builtin = _guarded_create_builtin(_imp.create_builtin)
-    sys.path.extend(job["read_paths"])
-    roots = tuple(path for path in sys.path if path)
+    roots = tuple(job["read_paths"])
     sys.addaudithook(_make_audit_hook(job["workdir"], roots, job["max_files"]))
 
 
@@ -408,15 +327,22 @@ def _make_strict_eq():
 
     Plain data (None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets
     of plain data, subclasses included) is copied into exact built-in types through the base
-    types' own methods, then compared with ``==``. When exactly one side is plain, the other
+    types' own methods, then compared with ``==``; other mappings and sets (``os.environ``,
+    ``dict.keys()``) are copied through their own methods into dicts and frozensets, as
+    Python's ``==`` would compare them. When exactly one side is plain, the other
     side (an object whose class decides what ``==`` means) is not equal; when neither is,
-    ordinary ``==`` applies.
+    ordinary ``==`` applies. Also returns ``canonical(value)``, that plain copy (anything else
+    becomes an object of no plain type), which value checks report.
     """
     scalars = ((bool, bool), (int, int.__index__), (float, float.__float__))
     scalars += ((complex, complex.__complex__), (str, str.__str__), (bytes, bytes.__bytes__))
     containers = ((list, list.__iter__, list), (tuple, tuple.__iter__, tuple))
     containers += ((frozenset, frozenset.__iter__, frozenset), (set, set.__iter__, set))
-    dict_, dict_items, isinstance_, type_, bool_ = dict, dict.items, isinstance, type, bool
+    import _collections_abc
+
+    dict_, dict_items, issubclass_, type_, bool_ = dict, dict.items, issubclass, type, bool
+    isinstance_, frozenset_ = isinstance, frozenset
+    mapping, abstract_set = _collections_abc.Mapping, _collections_abc.Set
     not_plain, budget_error, base_exception = object(), RecursionError, BaseException
 
     def plain(value: object, depth: int, budget: list[int]) -> object:
@@ -426,17 +352,28 @@ def _make_strict_eq():
         if value is None:
             return None
         kind = type_(value)
+        # ``issubclass`` on the type, not ``isinstance``: the latter reads ``__class__``,
+        # which a program's object can answer with code of its own.
         for base, convert in scalars:
-            if kind is base or isinstance_(value, base):
+            if kind is base or issubclass_(kind, base):
                 return convert(value)
         for base, iterate, build in containers:
-            if isinstance_(value, base):
+            if issubclass_(kind, base):
                 return build(plain(item, depth + 1, budget) for item in iterate(value))
-        if isinstance_(value, dict_):
+        if issubclass_(kind, dict_):
             return {
                 plain(key, depth + 1, budget): plain(item, depth + 1, budget)
                 for key, item in dict_items(value)
             }
+        # Python's own ``==`` compares any Mapping with a dict by items and any Set with a
+        # set by elements (the ABCs' ``__eq__``), so these read as plain data too.
+        if isinstance_(value, mapping):
+            return {
+                plain(key, depth + 1, budget): plain(item, depth + 1, budget)
+                for key, item in value.items()
+            }
+        if isinstance_(value, abstract_set):
+            return frozenset_(plain(item, depth + 1, budget) for item in value)
         return not_plain
 
     def canonical(value: object) -> object:
@@ -453,26 +390,77 @@ def _make_strict_eq():
             return False
         return left_plain == right_plain
 
-    return strict_eq
+    return strict_eq, canonical
 
 
-def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
+def _make_value_check(canonical, limit: int):
+    """``check(index, value)``: write ``V<index> <json>`` for the launcher to compare.
+
+    The value is first copied to plain data (``canonical``), then written as JSON made of
+    tags and hexadecimal text only, which the launcher reads back without evaluating
+    anything: ``null``/``true``/``false``, ``["i", hex]`` int, ``["f", repr]`` float,
+    ``["c", re, im]`` complex, ``["u", hex of UTF-8]`` str, ``["b", hex]`` bytes,
+    ``["l"|"t"|"s"|"z", [items]]`` list, tuple, set, frozenset, ``["d", [[k, v], ...]]``
+    dict, ``["?"]`` anything that is not plain data. An encoding over ``limit`` bytes is
+    sent as ``["?"]``.
+    """
+    type_, join, write, len_ = type, "".join, os.write, len
+    int_format, float_repr, hexify, utf8 = int.__format__, float.__repr__, bytes.hex, str.encode
+    tags = {list: "l", tuple: "t", set: "s", frozenset: "z"}
+    simple = {type(None): lambda v: "null", bool: lambda v: "true" if v else "false",
+              int: lambda v: '["i","' + int_format(v, "x") + '"]',
+              float: lambda v: '["f","' + float_repr(v) + '"]',
+              complex: lambda v: '["c","' + float_repr(v.real) + '","' + float_repr(v.imag) + '"]',
+              str: lambda v: '["u","' + hexify(utf8(v, "utf-8", "surrogatepass")) + '"]',
+              bytes: lambda v: '["b","' + hexify(v) + '"]'}  # fmt: skip
+    dict_items = dict.items
+
+    def emit(value: object, parts: list) -> None:
+        kind = type_(value)
+        if kind in simple:
+            parts.append(simple[kind](value))
+        elif kind in tags:
+            parts.append('["' + tags[kind] + '",[')
+            for position, item in enumerate(value):
+                parts.append("," if position else "")
+                emit(item, parts)
+            parts.append("]]")
+        elif kind is dict:
+            parts.append('["d",[')
+            for position, (key, item) in enumerate(dict_items(value)):
+                parts.append(",[" if position else "[")
+                emit(key, parts)
+                parts.append(",")
+                emit(item, parts)
+                parts.append("]")
+            parts.append("]]")
+        else:
+            parts.append('["?"]')
+
+    def check(index: int, value: object) -> None:
+        parts: list = []
+        emit(canonical(value), parts)
+        text = join(parts)
+        if len_(text) > limit:
+            text = '["?"]'
+        write(RESULT_FD, b"V%d " % index + text.encode("ascii") + b"\n")
+
+    return check
+
+
+def _run_tests(program, tests, job, helpers, install_handler) -> None:
     """Run the program, then each test; write a passing test's token to the result pipe.
 
     Every name used once the program has started is a local bound on the first lines (a
     module global or builtin could have been replaced by the program). Setup statements run
-    in the program's namespace; each test runs in a copy of it with pristine builtins and
-    the strict equality, so a program cannot rebind what a test sees.
+    in the program's namespace; each test runs in a copy of it with pristine builtins, the
+    strict equality and the value check, so a program cannot rebind what a test sees.
     """
     run = _make_timed_runner(job["test_seconds"], install_handler)
     describe = _make_describer()
     write, exit_, copy, base_exception = os.write, os._exit, dict, BaseException
-    result_fd, tokens, code_token, eq_name = (
-        job["result_fd"],
-        job["tokens"],
-        job["code_token"],
-        STRICT_EQ,
-    )
+    result_fd, tokens, code_token = RESULT_FD, job["unit_tokens"], job["code_token"]
+    (strict_eq, check), eq_name, check_name = helpers, STRICT_EQ, VALUE_CHECK
     flushes = (sys.stdout.flush, sys.stderr.flush)
     pristine_builtins = dict(builtins.__dict__)
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
@@ -484,7 +472,7 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
         if failure is None:
             write(result_fd, b"C" + code_token + b"\n")
         test_index = 0
-        for kind, code in tests:
+        for unit, (kind, code) in enumerate(tests):
             if kind != "test":
                 failure = run(code, namespace)
                 if failure is not None:
@@ -492,9 +480,10 @@ def _run_tests(program, tests, job, strict_eq, install_handler) -> None:
                 continue
             scope = copy(namespace)
             scope["__builtins__"], scope[eq_name] = pristine_builtins, strict_eq
+            scope[check_name] = check
             failure = run(code, scope)
             if failure is None:
-                write(result_fd, b"T" + tokens[test_index] + b"\n")
+                write(result_fd, b"T" + tokens[unit] + b"\n")
             else:
                 describe(f"test {test_index}", failure)
             test_index += 1

@@ -63,6 +63,7 @@ _REVERSED_NUMBER = re.compile(
 )
 _BOXED = "\\boxed"
 _BRACES = re.compile(r"[{}]")
+_SPACES = re.compile(r"\s*")
 
 
 def completion_text(completion: Any) -> str:
@@ -123,6 +124,8 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
 def extract_boxed(text: str) -> str | None:
     """Content of the last complete ``\\boxed{...}`` (balanced braces), stripped, or ``None``.
 
+    Whitespace between ``\\boxed`` and its brace is allowed.
+
     Tries the last :data:`MAX_BOXED_CANDIDATES` occurrences from the end; the first whose
     braces balance (within :data:`MAX_BOXED_CHARS`, and before the next ``\\boxed`` that was
     already tried) wins, so a trailing unbalanced ``\\boxed{`` does not hide an earlier
@@ -147,9 +150,9 @@ def extract_boxed(text: str) -> str | None:
 
 
 def _balanced_content(text: str, start: int, end: int) -> str | None:
-    """Text inside the brace group opening at ``start`` (after spaces), closed before ``end``."""
-    while start < end and text[start] == " ":
-        start += 1
+    """Text inside the brace group opening at ``start`` (after whitespace), closed before
+    ``end``."""
+    start = _SPACES.match(text, start, end).end()  # type: ignore[union-attr]  # always matches
     if start >= end or text[start] != "{":
         return None
     depth = 0
@@ -171,7 +174,12 @@ def extract_last_number(text: str) -> str | None:
     """
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         return None
-    match = _REVERSED_NUMBER.search(text[::-1])
+    # The number ends at the last digit; from there the reversed grammar is matched in
+    # place (a regular-expression search without a literal prefix would try every position).
+    last = max(text.rfind(digit) for digit in "0123456789")
+    if last < 0:
+        return None
+    match = _REVERSED_NUMBER.match(text[last::-1])
     if match is None or len(match.group()) > MAX_NUMBER_CHARS:
         return None
     return match.group()[::-1].replace(",", "")

@@ -22,7 +22,10 @@ running hostile code. Here nothing is executed outside the sandbox and syntax-on
 samples are only compiled, so that keyword filter is dropped.
 
 Samples run in parallel: a thread pool of ``max_workers`` threads, each waiting on one
-sandbox subprocess.
+sandbox subprocess. An exception while scoring one sample's text scores it 0 and is counted
+(``rewards/code_reward/errors``); a sandbox the kernel cannot build
+(:class:`~mtgrpo.rewards.verifiers.sandbox.SandboxUnavailableError`) stops scoring with the
+fix, checked once before the first sample runs.
 """
 
 from __future__ import annotations
@@ -33,15 +36,18 @@ import os
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from mtgrpo.rewards.guard import note_scoring_error
 from mtgrpo.rewards.verifiers._batch import completion_texts, optional_column
 from mtgrpo.rewards.verifiers.answer import MAX_TEXT_CHARS
 from mtgrpo.rewards.verifiers.sandbox import (
     IOCase,
     SandboxLimits,
     SandboxResult,
+    SandboxUnavailableError,
+    ensure_sandbox,
     prepare_tests,
     run_python,
     run_python_io,
@@ -148,26 +154,39 @@ def code_reward(
     texts = completion_texts("code_reward", completions)
     tests = optional_column("code_reward", columns, ("tests",), len(texts))
     cases = optional_column("code_reward", columns, ("test_cases", "input_output"), len(texts))
+    limits = limits or SandboxLimits()
     jobs = [
-        _job(row, tests[row] if tests else None, cases[row] if cases else None)
+        _job(row, tests[row] if tests else None, cases[row] if cases else None, limits)
         for row in range(len(texts))
     ]
-    codes = [extract_code(text) for text in texts]
-    limits = limits or SandboxLimits()
+    if any(mode != "syntax" for mode, _ in jobs):
+        ensure_sandbox(limits)  # a clear error now, not a zero for every sample
     workers = max_workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [
-            pool.submit(_score, code, job, limits, all_or_nothing)
-            for code, job in zip(codes, jobs, strict=True)
+            pool.submit(_score, text, job, limits, all_or_nothing)
+            for text, job in zip(texts, jobs, strict=True)
         ]
-        return [future.result() for future in futures]
+        return [_outcome(row, future) for row, future in enumerate(futures)]
 
 
-def _job(row: int, tests: Any, cases: Any) -> tuple[str, Any]:
+def _outcome(row: int, future: Future[float]) -> float:
+    """A sample's score; an exception scoring its text is counted and scores 0 (see
+    :mod:`mtgrpo.rewards.guard`), a sandbox the kernel refuses stops scoring."""
+    try:
+        return future.result()
+    except SandboxUnavailableError:
+        raise
+    except Exception as error:
+        note_scoring_error("code_reward", row, error)
+        return 0.0
+
+
+def _job(row: int, tests: Any, cases: Any, limits: SandboxLimits) -> tuple[str, Any]:
     """("tests", units) | ("io", cases) | ("syntax", None) for one row, validated."""
     if tests is not None and not (isinstance(tests, (str, Sequence)) and len(tests) == 0):
-        try:
-            prepare_tests(tests)  # validate now; run_python prepares them again per sample
+        try:  # validate now; run_python prepares them again per sample
+            prepare_tests(tests, values_only=bool(limits.extra_paths))
         except (TypeError, ValueError) as error:
             raise ValueError(f"code_reward: row {row}: {error}") from None
         return "tests", tests
@@ -211,10 +230,9 @@ def _io_cases(row: int, cases: Any) -> list[IOCase]:
     return checked
 
 
-def _score(
-    code: str | None, job: tuple[str, Any], limits: SandboxLimits, all_or_nothing: bool
-) -> float:
+def _score(text: str, job: tuple[str, Any], limits: SandboxLimits, all_or_nothing: bool) -> float:
     mode, payload = job
+    code = extract_code(text)
     if mode == "syntax":
         return syntax_reward(code)
     if code is None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import column, completion_texts
 from mtgrpo.rewards.verifiers.answer import extract_tag
 from mtgrpo.rewards.verifiers.format import parse_think_answer
@@ -290,19 +291,23 @@ def countdown_reward(
     texts = completion_texts("countdown_reward", completions)
     targets = column("countdown_reward", columns, ("target",), len(texts))
     numbers = column("countdown_reward", columns, ("nums", "numbers"), len(texts))
-    rewards: list[float | None] = []
-    for text, target, given in zip(texts, targets, numbers, strict=True):
-        if target is None or given is None:
-            rewards.append(None)
-            continue
-        goal = _column_target(target)
+    goals = [None if target is None else _column_target(target) for target in targets]
+    for goal, given in zip(goals, numbers, strict=True):  # dataset input: checked up front,
+        if goal is not None and given is not None:  # so a malformed row is an error, not
+            _target(goal)  # a failure to score some completion
+            _given_numbers(given)
+
+    def score(row: tuple[str, Any, Any]) -> float | None:
+        text, goal, given = row
+        if goal is None or given is None:
+            return None
         expression = _expression(text, require_format)
         if expression is None:
-            rewards.append(0.0)
-            continue
+            return 0.0
         check = countdown_check(expression, given, goal, use_all_numbers=use_all_numbers)
-        rewards.append(1.0 if check.correct else 0.0)
-    return rewards
+        return 1.0 if check.correct else 0.0
+
+    return score_each("countdown_reward", zip(texts, goals, numbers, strict=True), score)
 
 
 def _expression(text: str, require_format: bool) -> str | None:

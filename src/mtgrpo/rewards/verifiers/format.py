@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import completion_texts
 from mtgrpo.rewards.verifiers.answer import MAX_TEXT_CHARS
 
@@ -78,4 +79,6 @@ def format_reward(
     [1.0, 0.0]
     """
     texts = completion_texts("format_reward", completions)
-    return [0.0 if parse_think_answer(text) is None else 1.0 for text in texts]
+    return score_each(
+        "format_reward", texts, lambda text: 0.0 if parse_think_answer(text) is None else 1.0
+    )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtgrpo._registry import Registry
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import completion_texts
 
 __all__ = ["LENGTH_UNITS", "length_reward"]
@@ -60,13 +61,13 @@ def length_reward(
     ) -> list[float | None]:
         texts = completion_texts("length_reward", completions)
         if unit == "chars":
-            return [score(len(text)) for text in texts]
+            return score_each("length_reward", texts, lambda text: score(len(text)))
         if completion_ids is None or len(completion_ids) != len(texts):
             got = "none" if completion_ids is None else f"{len(completion_ids)} rows"
             raise ValueError(
                 f"length_reward(unit='tokens') needs completion_ids for the {len(texts)} "
                 f"completions, got {got}; pass completion_ids or use unit='chars'"
             )
-        return [score(len(ids)) for ids in completion_ids]
+        return score_each("length_reward", completion_ids, lambda ids: score(len(ids)))
 
     return length_reward

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mtgrpo._registry import Registry
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import column, completion_texts
 from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer
 
@@ -107,18 +108,18 @@ def math_reward(
         raise ValueError(
             f"math_reward: timeout_seconds must be a number in (0, 3600), got {timeout_seconds!r}"
         )
-    rewards: list[float | None] = []
-    for text, gold in zip(texts, golds, strict=True):
+    gold_texts = [None if gold is None else _gold_text(gold) for gold in golds]
+
+    def score(row: tuple[str, str | None]) -> float | None:
+        text, gold = row
         if gold is None:
-            rewards.append(None)
-            continue
+            return None
         answer = extract_answer(text, order)
         if answer is None or len(answer) > MAX_ANSWER_CHARS:
-            rewards.append(0.0)
-            continue
-        ok = check_math_answer(_gold_text(gold), answer, timeout_seconds, mode)
-        rewards.append(1.0 if ok else 0.0)
-    return rewards
+            return 0.0
+        return 1.0 if check_math_answer(gold, answer, timeout_seconds, mode) else 0.0
+
+    return score_each("math_reward", zip(texts, gold_texts, strict=True), score)
 
 
 def check_math_answer(

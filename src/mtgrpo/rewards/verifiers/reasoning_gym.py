@@ -50,6 +50,7 @@ from importlib import metadata as package_metadata
 from typing import Any
 
 from mtgrpo._registry import Registry
+from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import completion_texts, optional_column
 from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer
 from mtgrpo.rewards.verifiers.countdown import countdown_check
@@ -135,16 +136,18 @@ def reasoning_gym_reward(
     ) -> list[float | None]:
         texts = completion_texts(reward.__name__, completions)
         entries = _entries(reward.__name__, columns, len(texts))
-        scores: list[float | None] = []
-        for text, entry in zip(texts, entries, strict=True):
+
+        def score(row: tuple[str, dict[str, Any] | None]) -> float | None:
+            text, entry = row
             if entry is None:
-                scores.append(None)
-                continue
+                return None
             answer = extract_answer(text, order)
             if answer is not None and len(answer) > MAX_SCORED_ANSWER_CHARS:
                 answer = None
-            scores.append(_safe_score(scorer, answer, entry))
-        return scores
+            return _checked_score(scorer, answer, entry)
+
+        return score_each(reward.__name__, zip(texts, entries, strict=True), score,
+                          passthrough=(EntryError,))  # fmt: skip
 
     reward.__name__ = reward.__qualname__ = f"reasoning_gym_{family.name}"
     return reward
@@ -182,18 +185,29 @@ def _countdown_score(answer: str | None, entry: dict[str, Any]) -> float:
     return 0.05
 
 
-def _safe_score(scorer: Scorer, answer: str | None, entry: dict[str, Any]) -> float:
-    """The scorer's value clamped to [0, 1]; 0.0 if it raises on the model's answer."""
+class EntryError(ValueError):
+    """A dataset entry that its family's scorer cannot score, whatever the answer."""
+
+
+def _checked_score(scorer: Scorer, answer: str | None, entry: dict[str, Any]) -> float:
+    """The scorer's value clamped to [0, 1] (0.0 when not finite).
+
+    When the scorer raises, it is asked again with the entry's own oracle answer: if that
+    fails too, the entry is at fault (dataset input: :class:`EntryError`, raised); if not,
+    the model's answer made it fail, and the exception propagates to be counted by
+    :func:`~mtgrpo.rewards.guard.score_each` (the sample scores 0).
+    """
     try:
         value = float(scorer(answer, entry))
-    except (KeyError, TypeError, ValueError) as error:  # the audited scorers raise these
-        # only on a malformed entry (dataset input), never on the answer text
-        raise ValueError(
-            f"the reasoning-gym entry does not fit its scorer ({error!r}); pass the full "
-            f"entry (column 'entry') or 'answer' plus 'metadata'; entry: {entry!r:.200}"
-        ) from error
-    except Exception:  # a scorer bug triggered by model output must not stop training
-        return 0.0
+    except Exception as error:
+        try:
+            scorer(entry.get("answer"), entry)
+        except Exception:
+            raise EntryError(
+                f"the reasoning-gym entry does not fit its scorer ({error!r}); pass the full "
+                f"entry (column 'entry') or 'answer' plus 'metadata'; entry: {entry!r:.200}"
+            ) from error
+        raise
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
 

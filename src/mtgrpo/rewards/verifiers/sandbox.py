@@ -1,51 +1,43 @@
-"""Run untrusted Python (model completions) against tests in a locked-down child process.
+"""Run untrusted Python (model completions) against tests in a kernel-enforced sandbox.
 
 Two entry points:
 
 * :func:`run_python` (``tests`` mode): the program, then assert-style tests, in one process.
-  A test passes when it runs to the end without raising within its time budget.
+  A test passes when it runs to the end within its time budget and every value check in
+  it holds (see below).
 * :func:`run_python_io` (``io`` mode): one process per input/output case; the program reads
   the case input on stdin and passes when it exits normally and its stdout matches the
   expected output (trailing whitespace of each line and trailing blank lines ignored). The
   comparison happens here, in the parent, so nothing the program does can fake a pass.
 
-The child (``_sandbox_harness.py``, run with ``python -I -S -B -X utf8``: isolated mode, no
-site-packages, no bytecode writes) gets:
+Isolation is the kernel's (``_sandbox_launch.py`` builds it, ``docs/sandbox.md`` has the
+threat model): new mount, PID, network, IPC and UTS namespaces (inside a user namespace when
+the trainer is not root); a read-only root holding only the interpreter, its standard
+library (no site-packages of any interpreter, no FFI module) and the caller's
+``extra_paths`` (``_sandbox_view.py``); no ``/proc``; a private writable work directory that
+cannot hold executable code, removed afterwards; uid 65534 with no capability at all and
+``no_new_privs``; resource limits (address space, CPU, file size, open files, no new
+processes); a per-test timer and a wall-clock deadline after which the whole process group
+is killed. Where the kernel refuses any of this, :class:`SandboxUnavailableError` is raised
+and the program is not run. Inside, an audit hook adds a finer layer (clear errors, no
+frame walking); it is not what the boundary rests on.
 
-* **time**: a per-test timer (``SIGALRM``), ``RLIMIT_CPU``, and a wall-clock deadline after
-  which the parent kills the child's whole process group;
-* **memory**: ``RLIMIT_AS``; **files**: ``RLIMIT_FSIZE`` (oversized writes fail with
-  ``EFBIG``), at most ``max_files`` opens for writing, ``RLIMIT_NOFILE``; an empty temporary
-  working directory, removed afterwards;
-* **processes**: ``RLIMIT_NPROC = 0`` plus an audit hook refusing fork/exec/spawn/``system``/
-  ``subprocess``/``kill`` (the rlimit alone is not enforced for root);
-* **network**: a new network namespace when the kernel allows (``N1`` in the report), and
-  the audit hook's ban on ``socket``/``ssl``/``ctypes`` and friends in any case;
-* **file system**: writes only inside the working directory, reads only there and in the
-  interpreter's own library (the audit hook), and, when the parent is root, the child drops
-  to ``nobody`` so the kernel enforces write permissions too;
-* **environment**: an explicit five-variable environment (no inherited secrets);
-* **output**: at most ``output_bytes`` of stdout+stderr are read; past that, the child is
-  killed (status ``"output_limit"``).
-
-Result channel. A passing test is reported by writing that test's random 128-bit token to a
-pipe. Tokens are generated per run, sent on stdin (read by the harness before the program
-starts) and kept only in local variables of the harness's frames, which the audit hook
-keeps out of reach; stdout is never parsed. Printing ``ALL TESTS PASSED``, writing fake
-JSON to every file descriptor, or exiting early earns nothing. Assert tests of the form
-``assert a == b`` are rewritten to a strict equality, so a returned object whose ``__eq__``
-always answers ``True`` does not pass either. What this does not protect against is in
-``docs/sandbox.md``.
+Verdicts. ``assert <expr> == <literal>`` and its relatives are *value checks*: the program
+evaluates ``<expr>`` and reports its value as plain data; the launcher (outside the
+sandbox, the only holder of the expected value) compares. Other tests report a random
+per-test token on a pipe when they run to the end; stdout is never parsed. Printing ``ALL
+TESTS PASSED``, writing fake records to every descriptor, exiting early or reading the
+process's own memory earns nothing on a value check. See
+:mod:`~mtgrpo.rewards.verifiers._sandbox_tests`.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import functools
 import marshal
 import math
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -54,27 +46,63 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mtgrpo.rewards.verifiers._sandbox_tests import TestPlan, ValueCheck, prepare_tests
+from mtgrpo.rewards.verifiers._sandbox_view import (
+    HARNESS_DIR,
+    LAUNCHER,
+    WORK_DIR,
+    InterpreterView,
+    interpreter_view,
+)
 
 __all__ = [
     "SANDBOX_STATUSES",
     "IOCase",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxUnavailableError",
+    "TestPlan",
+    "ValueCheck",
+    "ensure_sandbox",
     "prepare_tests",
     "run_python",
     "run_python_io",
 ]
 
-HARNESS = Path(__file__).with_name("_sandbox_harness.py")
-STRICT_EQ = "__mtgrpo_strict_eq__"  # the harness binds this name in every test's globals
-STARTUP_SECONDS = 2.0  # wall-clock allowance for interpreter start-up, per process
+# The launcher and the harness run as imported modules, so their bytecode (compiled once by
+# the interpreter probe) is reused; argv[1] is the launcher's path.
+_LAUNCH_CODE = (
+    "import sys; sys.path.insert(0, sys.argv[1].rpartition('/')[0]); "
+    "import _sandbox_launch; _sandbox_launch.main()"
+)
+_HARNESS_CODE = (
+    f"import sys; sys.path.insert(0, {HARNESS_DIR!r}); import _sandbox_harness; "
+    "del sys.path[0]; _sandbox_harness.main()"
+)
+STARTUP_SECONDS = 2.0  # wall-clock allowance for starting the sandbox, per process
 SANDBOX_STATUSES = (
     "ok", "syntax_error", "error", "timeout", "output_limit", "killed", "sandbox_error"
 )  # fmt: skip
 _READ_CHUNK = 65536
+_AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
+_LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
+_UNAVAILABLE_FIX = (
+    "mtgrpo runs model-written programs only inside Linux namespaces (mount, PID, network, "
+    "IPC) with no capabilities, and refuses to run them otherwise. Run the trainer as root, "
+    "or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+    "kernel.unprivileged_userns_clone=1 where that setting exists; on Ubuntu 23.10 and "
+    "later kernel.apparmor_restrict_unprivileged_userns=0). In a container, the default "
+    "seccomp profile of Docker refuses these calls: run it with --security-opt "
+    "seccomp=unconfined --cap-add SYS_ADMIN (or --privileged). The program was not run"
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The kernel refused to build the sandbox, so no untrusted code was run."""
 
 
 @dataclass(frozen=True)
@@ -88,15 +116,16 @@ class SandboxLimits:
             mode, a timer inside the child), or of each I/O case (plus start-up).
         cpu_seconds: ``RLIMIT_CPU`` of each process.
         memory_bytes: ``RLIMIT_AS`` of each process (address space, not resident memory).
-        output_bytes: most bytes of stdout+stderr read from a process; more kills it.
+        output_bytes: most bytes of stdout+stderr read from a process; more kills it. Also
+            the most bytes of reported values read.
         file_bytes: ``RLIMIT_FSIZE``: the largest file the program may write.
         max_files: how many files the program may open for writing (and directories it may
             create), in total.
         max_open_files: ``RLIMIT_NOFILE``.
-        network_namespace: try to enter an empty network namespace (the audit hook bans
-            sockets regardless).
-        extra_paths: directories added to the child's import path and readable by it (for
-            example a site-packages directory, to allow numpy); none by default.
+        extra_paths: existing directories added, read-only, to the sandbox's file system
+            and the child's import path (for example a site-packages directory, to allow
+            numpy); none by default. A package there may read the process's memory, so
+            with any extra path only value checks and I/O cases are accepted as tests.
     """
 
     timeout_seconds: float = 10.0
@@ -107,8 +136,7 @@ class SandboxLimits:
     file_bytes: int = 1 << 20
     max_files: int = 64
     max_open_files: int = 64
-    network_namespace: bool = True
-    extra_paths: tuple[str, ...] = ()
+    extra_paths: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("timeout_seconds", "test_timeout_seconds"):
@@ -128,7 +156,15 @@ class SandboxLimits:
                 f"SandboxLimits.max_open_files must be at least 16 (the interpreter needs "
                 f"some), got {self.max_open_files}"
             )
+        if isinstance(self.extra_paths, (str, bytes)):
+            raise TypeError(
+                f"SandboxLimits.extra_paths must be a sequence of directories, got the string "
+                f"{self.extra_paths!r}; write extra_paths=({self.extra_paths!r},)"
+            )
         paths = tuple(str(Path(path).resolve()) for path in self.extra_paths)
+        missing = [path for path in paths if not Path(path).is_dir()]
+        if missing:
+            raise ValueError(f"SandboxLimits.extra_paths: {missing} are not directories")
         object.__setattr__(self, "extra_paths", paths)
 
 
@@ -149,16 +185,17 @@ class SandboxResult:
             ended by itself), ``"syntax_error"`` (the program does not compile),
             ``"error"`` (its top level raised or, in ``io`` mode, it exited non-zero),
             ``"timeout"`` (wall clock or CPU time spent), ``"output_limit"``, ``"killed"``
-            (ended by another signal), ``"sandbox_error"`` (the harness itself failed). In
+            (ended by another signal), ``"sandbox_error"`` (the sandbox itself failed). In
             ``io`` mode: the first case's status that is not ``"ok"``.
         passed: per test (or case), whether it passed.  # [T]
         stdout: the program's stdout (at most ``output_bytes``, decoded leniently); in
             ``io`` mode, of the first failing case, else of the last.
         stderr: the same for stderr.
-        returncode: the (last examined) process's exit status; negative for a signal.
+        returncode: the (last examined) program process's exit status; negative for a
+            signal; ``None`` when it was killed at the deadline.
         wall_seconds: wall-clock time of the whole run, start-up included.
-        network_isolated: the child entered an empty network namespace.
-        privileges_dropped: the child switched from root to ``nobody``.
+        network_isolated: the program ran in an empty network namespace.
+        privileges_dropped: the program ran as uid 65534 with no capabilities.
     """
 
     status: str
@@ -186,54 +223,28 @@ class SandboxResult:
 
 @dataclass
 class _Process:
-    """Raw outcome of one child process (parent-side bookkeeping)."""
+    """Raw outcome of one sandboxed run (parent-side bookkeeping)."""
 
     stdout: bytes = b""
     stderr: bytes = b""
     report: bytes = b""
-    returncode: int | None = None
     timed_out: bool = False
     output_exceeded: bool = False
 
+    def lines(self, kind: str) -> list[str]:
+        """The launcher's report lines ``<kind> <rest>``: their ``<rest>``."""
+        prefix = kind + " "
+        return [line[len(prefix):] for line in self.report.decode("utf-8", "replace").split("\n")
+                if line.startswith(prefix) or line == kind]  # fmt: skip
 
-def prepare_tests(tests: str | Sequence[str]) -> list[tuple[str, str]]:
-    """Split tests into ``("test" | "setup", source)`` units, asserts made strict.
+    @property
+    def started(self) -> bool:
+        return bool(self.lines("sandbox"))
 
-    A string is a test file: each top-level ``assert`` is one test, every other top-level
-    statement (imports, helpers, assignments) is setup run in the program's namespace. A
-    list holds one test per item (an item may have several statements; it passes when all
-    run). ``assert a == b`` becomes ``assert __mtgrpo_strict_eq__(a, b)``. Tests come from
-    the dataset: one that is not valid Python is a ``ValueError`` naming it.
-
-    >>> prepare_tests("from math import sqrt\\nassert sqrt(4) == 2")
-    [('setup', 'from math import sqrt'), ('test', 'assert __mtgrpo_strict_eq__(sqrt(4), 2)')]
-    """
-    if isinstance(tests, str):
-        body = _parse_tests(tests, "tests").body
-        units = [("test" if isinstance(node, ast.Assert) else "setup", [node]) for node in body]
-    elif isinstance(tests, Sequence) and all(isinstance(test, str) for test in tests):
-        units = [("test", _parse_tests(test, f"tests[{i}]").body) for i, test in enumerate(tests)]
-    else:
-        raise TypeError(
-            "tests must be a string of Python statements or a list of strings (one test "
-            f"each), got {type(tests).__name__}: {tests!r:.80}"
-        )
-    return [(kind, ast.unparse([_strict_assert(node) for node in nodes])) for kind, nodes in units]
-
-
-def _parse_tests(source: str, where: str) -> ast.Module:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        raise ValueError(f"{where} is not valid Python ({error}): {source!r:.120}") from None
-
-
-def _strict_assert(node: ast.stmt) -> ast.stmt:
-    test = node.test if isinstance(node, ast.Assert) else None
-    if not (isinstance(test, ast.Compare) and [type(op) for op in test.ops] == [ast.Eq]):
-        return node
-    call = ast.Call(ast.Name(STRICT_EQ, ast.Load()), [test.left, test.comparators[0]], [])
-    return ast.copy_location(ast.Assert(ast.copy_location(call, test), node.msg), node)
+    @property
+    def returncode(self) -> int | None:
+        codes = self.lines("exit")
+        return int(codes[-1]) if codes else None
 
 
 def run_python(
@@ -242,33 +253,26 @@ def run_python(
     """Run ``code`` then ``tests`` (see :func:`prepare_tests`) in the sandbox.
 
     The program's top level runs in a namespace named ``__solution__`` (so its
-    ``if __name__ == "__main__":`` block does not run); its stdin is empty.
+    ``if __name__ == "__main__":`` block does not run); its stdin is empty. Raises
+    :class:`SandboxUnavailableError` where the kernel cannot build the sandbox.
 
     >>> result = run_python("def add(a, b):\\n    return a + b", ["assert add(1, 2) == 3"])
     >>> result.status, result.passed
     ('ok', (True,))
     """
     limits = limits or SandboxLimits()
-    units = prepare_tests(tests)
-    count = sum(kind == "test" for kind, _ in units)
-    tokens = [secrets.token_hex(16).encode() for _ in range(count)]
-    code_token = secrets.token_hex(16).encode()
+    plan = prepare_tests(tests, values_only=bool(limits.extra_paths))
     if not isinstance(code, str):
-        return SandboxResult("syntax_error", (False,) * count)
-    job = {"mode": "tests", "code": code, "tests": units, "tokens": tokens}
-    job["code_token"] = code_token
+        return SandboxResult("syntax_error", (False,) * plan.test_count)
     started = time.monotonic()
+    job = _job("tests", code, plan, limits)
     raw = _spawn(job, b"", limits, started + limits.timeout_seconds)
-    status, network, dropped = _status(raw, code_token)
-    return SandboxResult(
-        status=status,
-        passed=tuple(b"T" + token + b"\n" in raw.report for token in tokens),
-        stdout=raw.stdout.decode("utf-8", "replace"),
-        stderr=raw.stderr.decode("utf-8", "replace"),
-        returncode=raw.returncode,
-        wall_seconds=time.monotonic() - started,
-        network_isolated=network,
-        privileges_dropped=dropped,
+    passed_units = {int(unit) for unit in raw.lines("pass")}
+    return _result(
+        raw,
+        _status(raw, tests_mode=True),
+        tuple(unit in passed_units for unit in plan.test_units()),
+        started,
     )
 
 
@@ -281,7 +285,8 @@ def run_python_io(
 
     Cases are :class:`IOCase` or mappings with ``input`` and ``output`` (strings). Each case
     is a fresh process with ``test_timeout_seconds`` (plus start-up) of wall clock; cases
-    left when ``timeout_seconds`` is spent fail without running.
+    left when ``timeout_seconds`` is spent fail without running. Raises
+    :class:`SandboxUnavailableError` where the kernel cannot build the sandbox.
 
     >>> run_python_io("print(int(input()) * 2)", [IOCase("21\\n", "42\\n")]).passed
     (True,)
@@ -292,15 +297,15 @@ def run_python_io(
     deadline = started + limits.timeout_seconds
     passed: list[bool] = []
     first_failure: tuple[str, _Process] | None = None
-    raw, status, network, dropped = _Process(), "ok", False, False
+    raw, status = _Process(), "ok"
     for case in checked:
         case_deadline = min(deadline, time.monotonic() + limits.test_timeout_seconds)
         if time.monotonic() >= deadline or not isinstance(code, str):
             passed.append(False)
             continue
-        job = {"mode": "io", "code": code, "tests": [], "tokens": [], "code_token": b""}
+        job = _job("io", code, None, limits)
         raw = _spawn(job, case.input.encode(), limits, case_deadline + STARTUP_SECONDS)
-        status, network, dropped = _status(raw, None)
+        status = _status(raw, tests_mode=False)
         ok = status == "ok" and _same_output(raw.stdout, case.output)
         passed.append(ok)
         if not ok and first_failure is None:
@@ -309,15 +314,19 @@ def run_python_io(
         status, raw = first_failure
     if not isinstance(code, str):
         status = "syntax_error"
+    return _result(raw, status, tuple(passed), started)
+
+
+def _result(raw: _Process, status: str, passed: tuple[bool, ...], started: float) -> SandboxResult:
     return SandboxResult(
         status=status,
-        passed=tuple(passed),
+        passed=passed,
         stdout=raw.stdout.decode("utf-8", "replace"),
         stderr=raw.stderr.decode("utf-8", "replace"),
         returncode=raw.returncode,
         wall_seconds=time.monotonic() - started,
-        network_isolated=network,
-        privileges_dropped=dropped,
+        network_isolated=raw.started,
+        privileges_dropped=raw.started,
     )
 
 
@@ -344,45 +353,141 @@ def _same_output(stdout: bytes, expected: str) -> bool:
     return normal(stdout.decode("utf-8", "replace")) == normal(expected)
 
 
-def _status(raw: _Process, code_token: bytes | None) -> tuple[str, bool, bool]:
-    """(status, network isolated, privileges dropped) from the report and the exit."""
-    first, _, rest = raw.report.partition(b"\n")
-    network, dropped = b"N1" in first, b"P1" in first
+def _status(raw: _Process, *, tests_mode: bool) -> str:
+    """The run's status from the launcher's report and the output bookkeeping."""
+    returncode = raw.returncode
     if raw.output_exceeded:
-        return "output_limit", network, dropped
-    if raw.timed_out or raw.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        return "timeout", network, dropped
-    if not first.startswith(b"N"):
-        return "sandbox_error", network, dropped
-    if rest.startswith(b"S "):
-        return "syntax_error", network, dropped
-    if raw.returncode is not None and raw.returncode < 0:
-        return "killed", network, dropped
-    if code_token is not None:
-        return ("ok" if b"C" + code_token + b"\n" in rest else "error"), network, dropped
-    return ("ok" if raw.returncode == 0 else "error"), network, dropped
+        return "output_limit"
+    if raw.timed_out or returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        return "timeout"
+    if not raw.started or returncode is None:
+        return "sandbox_error"
+    if raw.lines("syntax"):
+        return "syntax_error"
+    if returncode < 0:
+        return "killed"
+    if tests_mode:
+        return "ok" if raw.lines("program") else "error"
+    return "ok" if returncode == 0 else "error"
+
+
+def ensure_sandbox(limits: SandboxLimits | None = None) -> None:
+    """Check once per process that the sandbox can be built here, raising
+    :class:`SandboxUnavailableError` (with the fix) where it cannot; and that the
+    ``extra_paths`` of ``limits`` can be added to it (``ValueError`` naming them)."""
+    _sandbox_check()
+    if limits is not None and limits.extra_paths:
+        _view().plan(limits.extra_paths, 1, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _sandbox_check() -> None:
+    result = run_python("x = 1", ["assert x == 1"], SandboxLimits(timeout_seconds=30.0))
+    if result.passed != (True,):
+        raise SandboxUnavailableError(
+            f"the code sandbox started but a trivial program failed in it (status "
+            f"{result.status!r}, stderr {result.stderr[-300:]!r}); the program was not trusted"
+        )
+
+
+def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> dict[str, Any]:
+    """The launcher's job, without the per-run paths (added by :func:`_spawn`)."""
+    view = _view()
+    units = list(plan.units) if plan is not None else []
+    checks = [(c.unit, c.op, c.expected, c.literal_left, c.negate)
+              for c in (plan.checks if plan is not None else ())]  # fmt: skip
+    return {
+        "mode": mode,
+        "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
+        "interpreter": view.interpreter,
+        "harness": _HARNESS_CODE,
+        "environment": _child_environment(),
+        "limits": {
+            "memory_bytes": limits.memory_bytes,
+            "cpu_seconds": limits.cpu_seconds,
+            "file_bytes": limits.file_bytes,
+            "max_open_files": limits.max_open_files,
+        },
+        "checks": checks,
+        "result_bytes": limits.output_bytes + 64 * 1024,
+        "harness_job": {
+            "mode": mode,
+            "code": code,
+            "units": units,
+            "test_seconds": float(limits.test_timeout_seconds),
+            "max_files": limits.max_files,
+            "read_paths": [*view.stdlib_paths, *limits.extra_paths],
+            "extra_paths": list(limits.extra_paths),
+            "workdir": WORK_DIR,
+            "value_bytes": limits.output_bytes,
+            "audit_hook": _AUDIT_HOOK,
+        },
+    }
+
+
+def _interpreter() -> str:
+    """The interpreter of the launcher and the sandboxed process (``-I -S``: its standard
+    library only, whatever environment ``sys.executable`` belongs to)."""
+    return os.environ.get("MTGRPO_SANDBOX_PYTHON") or sys.executable
+
+
+def _view() -> InterpreterView:
+    try:
+        return interpreter_view(_interpreter())
+    except (OSError, ValueError) as error:
+        raise SandboxUnavailableError(f"{error}. {_UNAVAILABLE_FIX}") from None
+
+
+def _child_environment() -> dict[str, str]:
+    """The program's whole environment: nothing inherited, so no secret can leak through it.
+    One thread for numeric libraries: the sandbox allows no new threads."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": WORK_DIR,
+        "TMPDIR": WORK_DIR,
+        "LD_LIBRARY_PATH": "/sandbox/lib",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
 
 
 def _spawn(
     job: dict[str, Any], stdin_tail: bytes, limits: SandboxLimits, deadline: float
 ) -> _Process:
-    """Start the harness on ``job``, feed it, collect its output until exit or ``deadline``."""
+    """Start the launcher on ``job``, feed it, collect its output until exit or ``deadline``.
+
+    Raises :class:`SandboxUnavailableError` when the launcher reports that the kernel
+    refused to build the sandbox.
+    """
     workdir = tempfile.mkdtemp(prefix="mtgrpo-sandbox-")
     report_read, report_write = os.pipe()
     raw = _Process()
     try:
-        job |= _job_limits(limits, workdir, report_write)
+        root = os.path.join(workdir, "root")  # a mount point, seen empty from here
+        os.mkdir(root)
+        if _LAUNCH_AS is not None:
+            for path in (workdir, root):
+                os.chown(path, _LAUNCH_AS, _LAUNCH_AS)
+        page = 4096
+        work_bytes = limits.max_files * -(-limits.file_bytes // page) * page + (1 << 20)
+        mounts = _view().plan(tuple(limits.extra_paths), work_bytes, limits.max_files + 16)
+        job = {**job, "report_fd": report_write, "root": root, "mounts": mounts}
         payload = marshal.dumps(job)
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-X", "utf8", str(HARNESS)],
+            [_interpreter(), "-I", "-S", "-B", "-c", _LAUNCH_CODE, str(LAUNCHER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(report_write,),
             cwd=workdir,
-            env=_child_environment(workdir),
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             start_new_session=True,
-        )
+            **({} if _LAUNCH_AS is None else
+               {"user": _LAUNCH_AS, "group": _LAUNCH_AS, "extra_groups": []}),
+        )  # fmt: skip
         os.close(report_write)
         report_write = -1
         try:
@@ -390,7 +495,7 @@ def _spawn(
                      report_read, limits, deadline, raw)  # fmt: skip
         finally:
             _kill_group(process)
-            raw.returncode = process.wait()
+            process.wait()
     except OSError as error:
         raw.stderr += f"sandbox could not start: {error}".encode()
     finally:
@@ -399,33 +504,12 @@ def _spawn(
                 with contextlib.suppress(OSError):
                     os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+    refused = raw.lines("refused")
+    if refused:
+        raise SandboxUnavailableError(
+            f"the code sandbox cannot be built here: {refused[0]}. {_UNAVAILABLE_FIX}"
+        )
     return raw
-
-
-def _job_limits(limits: SandboxLimits, workdir: str, report_fd: int) -> dict[str, Any]:
-    return {
-        "result_fd": report_fd,
-        "workdir": os.path.realpath(workdir),
-        "read_paths": list(limits.extra_paths),
-        "memory_bytes": limits.memory_bytes,
-        "cpu_seconds": limits.cpu_seconds,
-        "file_bytes": limits.file_bytes,
-        "max_files": limits.max_files,
-        "max_open_files": limits.max_open_files,
-        "network_namespace": limits.network_namespace,
-        "test_seconds": float(limits.test_timeout_seconds),
-    }
-
-
-def _child_environment(workdir: str) -> dict[str, str]:
-    """The child's whole environment: nothing inherited, so no secret can leak through it."""
-    return {
-        "PATH": "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-    }
 
 
 def _collect(

@@ -1,0 +1,571 @@
+"""Trusted stage of the code sandbox, run by ``sandbox.py`` for every run in a fresh
+``python -I -S -B`` (imported there as ``_sandbox_launch``, to reuse its compiled bytecode,
+and ``main()`` called; the library itself never imports it). It never runs untrusted code.
+It builds the sandbox with the kernel's namespaces, starts the harness in it, and turns
+what the harness reports into verdicts. Three processes:
+
+* **launcher** (this script's first process, in the trainer's PID namespace): reads its job
+  on stdin, enters new PID, network, IPC and UTS namespaces (as root directly; otherwise
+  inside a new user namespace that maps one unprivileged id, 65534, to the caller), forks
+  the *reaper*, gives up its own privileges, sends the harness its job on a pipe, and reads
+  the harness's records: it compares each reported value with the expected value (which
+  only this process holds) and writes verdict lines to the trainer's report pipe.
+* **reaper** (PID 1 of the new PID namespace): enters a new mount namespace, mounts a
+  read-only tmpfs root holding only the mount plan of the job (the interpreter, its
+  standard library with every non-standard entry hidden, the shared libraries they need,
+  the allowed extra paths, four devices and the private working directory
+  ``/sandbox/work``, a size-limited tmpfs),
+  ``pivot_root``s into it and detaches the old root, forks the harness, drops its own
+  privileges and waits. When it exits, the kernel kills whatever is left in the namespace.
+* **harness** (PID 2): sets the resource limits, becomes uid/gid 65534 with no capabilities
+  at all (bounding, ambient, permitted, effective and inheritable sets emptied and read
+  back), ``PR_SET_NO_NEW_PRIVS``, dies with the reaper (``PR_SET_PDEATHSIG``), and execs
+  a fresh interpreter on ``_sandbox_harness.py``: a new process image, so ``ctypes`` (which
+  this module uses) is not loaded in the process that runs the program.
+
+Failures to build the sandbox are reported as ``refused <reason>``: untrusted code is then
+not run at all. Report lines (``sandbox.py`` reads them): ``sandbox <mode>``, ``refused
+<reason>``, ``error <reason>``, ``program``, ``syntax <name>``, ``pass <unit>``, ``exit
+<status>``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import marshal
+import os
+import resource
+import select
+import signal
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+# statvfs bits -> mount flags: a bind's remount must keep the ones the kernel locks
+ST_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048,
+            4096: 1 << 21}  # fmt: skip
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP = 1, 4, 23, 24
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+CAPABILITY_VERSION_3 = 0x20080522
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203,
+              "ppc64": 203, "s390x": 217}  # fmt: skip
+SANDBOX_ID = 65534  # uid and gid of the harness ("nobody")
+FIRST_FREE_FD = 10  # the harness's descriptors are moved above this before being placed
+HARNESS_FDS = 5  # 0 stdin, 1 stdout, 2 stderr, 3 job (read), 4 results (write)
+RESULT_LINE_LIMIT = 1 << 16  # records other than values are short
+LAUNCHER_PATH = os.path.abspath(__file__)
+
+
+class RefusedError(OSError):
+    """The kernel refused a step of building the sandbox: the program must not run."""
+
+
+def main() -> None:
+    job = _read_job()
+    report = job["report_fd"]
+    try:
+        mode = _enter_namespaces(job["user_namespace"])
+    except OSError as error:
+        _line(report, f"refused {error}")
+        return
+    pipes = {name: os.pipe() for name in ("job", "results", "setup")}
+    reaper = os.fork()
+    if reaper == 0:
+        _reaper(job, mode, pipes)
+    for name, end in (("job", 0), ("results", 1), ("setup", 1)):
+        os.close(pipes[name][end])
+    if job["checks"]:
+        import json  # noqa: F401  # for decode(): imported while the files are still readable
+    _drop_launcher_privileges(mode)
+    _line(report, f"sandbox {mode}")
+    tokens = _send_harness_job(job, pipes["job"][1])
+    _serve(job, tokens, pipes["results"][0], pipes["setup"][0], report)
+    os.waitpid(reaper, 0)
+
+
+def _read_job() -> dict:
+    size = int.from_bytes(_read_exactly(8), "little")
+    return marshal.loads(_read_exactly(size))
+
+
+def _read_exactly(size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = os.read(0, min(remaining, 1 << 20))
+        if not chunk:
+            raise SystemExit("sandbox launcher: job truncated")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _line(fd: int, text: str) -> None:
+    os.write(fd, text.replace("\n", " ").encode("utf-8", "replace") + b"\n")
+
+
+# ------------------------------------------------------------------------ namespaces
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
+    libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+    libc.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+LIBC = _libc()
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        number = ctypes.get_errno()
+        raise RefusedError(number, f"{what}: {os.strerror(number)}")
+
+
+def _enter_namespaces(user_namespace: bool) -> str:
+    """Enter new PID (for children), network, IPC and UTS namespaces; ``"root"`` or ``"user"``.
+
+    As root the namespaces are created directly and the harness later switches to uid
+    65534. Otherwise (or when the job asks for it) a user namespace is created first, mapping
+    uid and gid 65534 inside to the caller's ids, so the harness is unprivileged both inside
+    (a non-zero uid loses every capability on exec) and outside (the caller's own ids).
+    """
+    flags = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if os.geteuid() == 0 and not user_namespace:
+        _check(LIBC.unshare(flags), "unshare(PID, network, IPC, UTS namespaces)")
+        return "root"
+    uid, gid = os.geteuid(), os.getegid()
+    _check(LIBC.unshare(CLONE_NEWUSER | flags), "unshare(user, PID, network, IPC, UTS)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{SANDBOX_ID} {uid} 1"),
+                       ("gid_map", f"{SANDBOX_ID} {gid} 1")):  # fmt: skip
+        try:
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+        except OSError as error:
+            message = f"writing /proc/self/{name}: {error.strerror}"
+            raise RefusedError(error.errno, message) from None
+    return "user"
+
+
+# ---------------------------------------------------------------------------- reaper
+
+
+def _reaper(job: dict, mode: str, pipes: dict) -> None:
+    """PID 1 of the sandbox: build the root, start the harness, wait, report its status."""
+    setup = pipes["setup"][1]
+    for name, end in (("job", 1), ("results", 0), ("setup", 0)):
+        os.close(pipes[name][end])
+    os.close(job["report_fd"])
+    try:
+        _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+        cap_last = _cap_last()
+        _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount namespace)")
+        _build_root(job["root"], job["mounts"])
+        _pivot_root(job["root"])
+        os.set_inheritable(setup, False)  # the harness's copy closes on exec
+        harness = os.fork()
+        if harness == 0:
+            _start_harness(job, mode, cap_last, pipes["job"][0], pipes["results"][1], setup)
+        _drop_privileges(mode, cap_last)
+        LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        # Dies with the launcher (after the uid switch, which clears the setting); its
+        # death ends the PID namespace, so whatever the harness started ends too.
+        _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    except BaseException as error:  # nothing untrusted has run: report and stop
+        _line(setup, f"refused {error}")
+        os._exit(1)
+    os.closerange(0, setup)
+    os.closerange(setup + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    _line(setup, f"status {_wait_for(harness)}")
+    os._exit(0)
+
+
+def _cap_last() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def _wait_for(harness: int) -> int:
+    """Reap every process of the namespace; the harness's exit code (negative: a signal)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return -signal.SIGKILL
+        if pid == harness:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:  # fmt: skip
+    def encode(text):
+        return (None if text is None else os.fsencode(text))
+    result = LIBC.mount(encode(source), encode(target), encode(fstype), flags, encode(data))
+    _check(result, f"mount {source or fstype or ''} on {target}")
+
+
+def _build_root(root: str, mounts: list) -> None:
+    """Mount a tmpfs on ``root`` and the plan's entries into it, then make it read-only.
+
+    Entries: ``("bind", source, target, writable, executable)``; ``("only", directory,
+    names, prefixes)``: every entry of an already bound directory whose name (up to its
+    first dot) is not in ``names`` and starts with none of ``prefixes`` is hidden (an empty
+    read-only tmpfs over a directory, an empty file over a file), listed now; and ``("link",
+    points_to, path)``: a symbolic link in the tmpfs; ``("tmpfs", target, bytes, inodes)``: the
+    writable work directory, owned by uid 65534, no exec. A bind keeps the flags the kernel
+    locks on its source (read-only, nosuid, nodev, noexec, atime).
+    """
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    empty = os.path.join(root, "sandbox", "empty")  # an empty file to hide files with
+    os.makedirs(os.path.dirname(empty))
+    open(empty, "w").close()
+    for entry in mounts:
+        if entry[0] == "link":
+            os.symlink(entry[1], root + entry[2])
+            continue
+        if entry[0] == "tmpfs":
+            _, inside, size, inodes = entry
+            os.makedirs(root + inside)
+            options = f"size={size},nr_inodes={inodes},mode=0700,uid={SANDBOX_ID},gid={SANDBOX_ID}"
+            _mount("tmpfs", root + inside, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+            continue
+        if entry[0] == "only":
+            _hide_unlisted(root, empty, *entry[1:])
+            continue
+        _, source, inside, writable, executable = entry
+        target = root + inside
+        if not os.path.lexists(target):
+            if os.path.isdir(source):
+                os.makedirs(target)
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "w").close()  # a mount point for a file
+        _bind(source, target, writable=writable, executable=executable)
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _hide_unlisted(root: str, empty: str, directory: str, names: list, prefixes: list) -> None:
+    keep, starts = frozenset(names), tuple(prefixes)
+    for entry in os.listdir(directory):
+        target = root + os.path.join(directory, entry)
+        if entry.partition(".")[0] in keep or entry.startswith(starts) or os.path.islink(target):
+            continue  # a symbolic link resolves inside this root: to what is visible, or nothing
+        if os.path.isdir(target):
+            _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=4k,nr_inodes=1,mode=0555")  # fmt: skip
+        else:
+            _bind(empty, target, writable=False, executable=False)
+
+
+def _bind(source: str, target: str, *, writable: bool, executable: bool) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    locked = os.statvfs(source).f_flag
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID
+    flags |= sum(flag for bit, flag in ST_FLAGS.items() if locked & bit)
+    flags |= 0 if writable else MS_RDONLY
+    flags |= 0 if executable else MS_NOEXEC
+    if not source.startswith("/dev/"):
+        flags |= MS_NODEV
+    _mount(None, target, None, flags)
+
+
+def _pivot_root(root: str) -> None:
+    """Make ``root`` the root directory and detach the old one (``pivot_root(".", ".")``)."""
+    machine = os.uname().machine
+    if machine not in PIVOT_ROOT:
+        raise RefusedError(0, f"pivot_root: the syscall number for {machine} is not known")
+    os.chdir(root)
+    _check(LIBC.syscall(PIVOT_ROOT[machine], b".", b"."), "pivot_root")
+    _check(LIBC.umount2(b".", MNT_DETACH), "detaching the old root")
+    os.chdir("/")
+
+
+# ---------------------------------------------------------------------------- harness
+
+
+def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: int,
+                   setup: int) -> None:  # fmt: skip
+    """In the harness process: descriptors, limits, no privileges, then exec the harness."""
+    try:
+        setup = _high(setup, cloexec=True)
+        stdin = os.open("/dev/null", os.O_RDONLY) if job["mode"] == "tests" else 0
+        _place_descriptors([stdin, 1, 2, job_fd, result_fd], keep=setup)
+        # Limits after the uid switch: switching to a uid already at its RLIMIT_NPROC marks
+        # the process, and the kernel then refuses its execve.
+        _drop_privileges(mode, cap_last)
+        _apply_limits(job["limits"])
+        _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+        os.chdir(job["harness_job"]["workdir"])
+        interpreter = job["interpreter"]
+        # The launcher's path as a last argument (ignored) tells which installation started
+        # the process, for whoever lists processes (the tests check that none survives).
+        argv = [interpreter, "-I", "-S", "-B", "-X", "utf8", "-c", job["harness"], LAUNCHER_PATH]
+        os.execve(interpreter, argv, job["environment"])
+    except BaseException as error:
+        _line(setup, f"refused {error}")
+    os._exit(127)
+
+
+def _place_descriptors(sources: list[int], keep: int) -> None:
+    """Make ``sources[i]`` descriptor ``i``; close every other one except ``keep``."""
+    moved = [_high(os.dup(fd), cloexec=False) for fd in sources]
+    for number, fd in enumerate(moved):
+        os.dup2(fd, number)
+    os.closerange(HARNESS_FDS, keep)
+    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def _high(fd: int, *, cloexec: bool) -> int:
+    """``fd`` moved to a number of at least :data:`FIRST_FREE_FD` (the original closed)."""
+    command = fcntl.F_DUPFD_CLOEXEC if cloexec else fcntl.F_DUPFD
+    high = fcntl.fcntl(fd, command, max(FIRST_FREE_FD, fd))
+    os.close(fd)
+    return high
+
+
+def _apply_limits(limits: dict) -> None:
+    values = {
+        resource.RLIMIT_AS: limits["memory_bytes"],
+        resource.RLIMIT_CPU: limits["cpu_seconds"],
+        resource.RLIMIT_FSIZE: limits["file_bytes"],
+        resource.RLIMIT_NOFILE: limits["max_open_files"],
+        resource.RLIMIT_NPROC: 0,
+        resource.RLIMIT_CORE: 0,
+    }
+    for kind, value in values.items():
+        hard = value + 1 if kind == resource.RLIMIT_CPU else value  # SIGXCPU, then SIGKILL
+        resource.setrlimit(kind, (value, hard))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # kept across exec: writes fail with EFBIG
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32))  # fmt: skip
+
+
+def _drop_privileges(mode: str, cap_last: int) -> None:
+    """Become uid/gid 65534 with every capability set empty, and check it."""
+    for capability in range(cap_last + 1):
+        LIBC.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
+    LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if mode == "root":
+        os.setgroups([])
+        os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+        os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)  # from 0: clears every capability
+    header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    _check(LIBC.capget(ctypes.byref(header), ctypes.byref(data)), "capget")
+    held = [getattr(part, name) for part in data for name in ("effective", "permitted",
+                                                                "inheritable")]  # fmt: skip
+    bounding = [c for c in range(cap_last + 1) if LIBC.prctl(PR_CAPBSET_READ, c, 0, 0, 0) > 0]
+    if any(held) or bounding or os.getuid() != SANDBOX_ID or os.getgid() != SANDBOX_ID:
+        raise RefusedError(0, f"privileges remain: capability sets {held}, bounding {bounding}, "
+                         f"uid {os.getuid()}, gid {os.getgid()}")  # fmt: skip
+
+
+def _drop_launcher_privileges(mode: str) -> None:
+    """The launcher needs no privilege after the fork: drop them and be undumpable."""
+    LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _drop_privileges(mode, _cap_last())
+
+
+# ------------------------------------------------------------------------- verdicts
+
+
+def _send_harness_job(job: dict, fd: int) -> dict:
+    """Write the harness's job (program, test sources, fresh tokens; never expected values)
+    and close the pipe; the tokens by kind, for recognising the records."""
+    harness_job = dict(job["harness_job"])
+    units = harness_job["units"]
+    tokens = {"code": os.urandom(16).hex().encode()}
+    unit_tokens = [os.urandom(16).hex().encode() if kind == "test" else b"" for kind, _ in units]
+    harness_job["code_token"], harness_job["unit_tokens"] = tokens["code"], unit_tokens
+    payload = marshal.dumps(harness_job)
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(len(payload).to_bytes(8, "little") + payload)
+    except BrokenPipeError:  # the harness did not start; the setup pipe says why
+        pass
+    tokens["units"] = {token: index for index, token in enumerate(unit_tokens) if token}
+    return tokens
+
+
+def _serve(job: dict, tokens: dict, results: int, setup: int, report: int) -> None:
+    """Read the harness's records and the reaper's status until both pipes close."""
+    judge = _Judge(job["checks"], tokens, report)
+    streams = {results: bytearray(), setup: bytearray()}
+    budget = {results: job["result_bytes"], setup: RESULT_LINE_LIMIT}
+    poller = select.poll()
+    for fd in streams:
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+    while streams:
+        for fd, _ in poller.poll():
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                poller.unregister(fd)
+                for line in bytes(streams.pop(fd)).split(b"\n"):
+                    _dispatch(fd == results, line, judge, report)
+                continue
+            if budget[fd] <= 0:
+                continue  # drained past the cap: a flood is read and dropped
+            budget[fd] -= len(chunk)
+            buffer = streams[fd]
+            buffer += chunk
+            *complete, rest = bytes(buffer).split(b"\n")
+            streams[fd] = bytearray(rest)
+            for line in complete:
+                _dispatch(fd == results, line, judge, report)
+
+
+def _dispatch(from_harness: bool, line: bytes, judge: _Judge, report: int) -> None:
+    if from_harness:
+        judge.record(line)
+    elif line.startswith((b"status ", b"refused ")):
+        head, _, rest = line.partition(b" ")
+        text = rest.decode("utf-8", "replace")
+        _line(report, f"exit {int(rest)}" if head == b"status" else f"refused {text}")
+
+
+class _Judge:
+    """Verdicts from the harness's records.
+
+    A test unit passes when its token arrives (the unit ran to the end) and every value
+    check of the unit was reported exactly once and satisfies its comparison with the
+    expected value. Values are reported as JSON (:func:`decode`), so nothing the program
+    chose is executed here; an expected value never leaves this process.
+    """
+
+    def __init__(self, checks: list, tokens: dict, report: int) -> None:
+        self.checks = checks  # [(unit, op, expected, literal_left, negate)]
+        self.tokens = tokens
+        self.report = report
+        self.values: dict[int, list] = {}
+        self.by_unit: dict[int, list[int]] = {}
+        for index, (unit, *_) in enumerate(checks):
+            self.by_unit.setdefault(unit, []).append(index)
+
+    def record(self, line: bytes) -> None:
+        if line == b"C" + self.tokens["code"]:
+            _line(self.report, "program")
+        elif line.startswith(b"S "):
+            _line(self.report, f"syntax {line[2:66].decode('ascii', 'replace')}")
+        elif line.startswith(b"T") and line[1:] in self.tokens["units"]:
+            unit = self.tokens["units"][line[1:]]
+            if all(self._satisfied(check) for check in self.by_unit.get(unit, ())):
+                _line(self.report, f"pass {unit}")
+        elif line.startswith(b"V"):
+            head, _, text = line[1:].partition(b" ")
+            if head.isdigit() and len(head) < 10 and int(head) < len(self.checks):
+                self.values.setdefault(int(head), []).append(text)
+
+    def _satisfied(self, index: int) -> bool:
+        reported = self.values.get(index, [])
+        if len(reported) != 1:  # missing, or several guesses written by the program
+            return False
+        _, op, expected, literal_left, negate = self.checks[index]
+        try:
+            value = decode(reported[0])
+            outcome = compare(op, value, expected, literal_left)
+        except Exception:  # malformed or hostile data: the check fails
+            return False
+        return outcome is not negate
+
+
+class NotPlain:
+    """A reported value that is not plain data: equal to nothing but itself."""
+
+
+NOT_PLAIN = NotPlain()
+MAX_DEPTH, MAX_NODES, MAX_SCALAR_CHARS = 100, 1_000_000, 1 << 20
+SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
+
+
+def _refuse_number(text: str) -> None:
+    raise ValueError("numbers are sent as tagged strings")
+
+
+def decode(text: bytes) -> object:
+    """A value from the harness's JSON encoding (``_sandbox_harness._make_value_check``).
+
+    ``null``/``true``/``false``; ``["i", hex]`` int, ``["f", repr]`` float, ``["c", re,
+    im]`` complex, ``["u", hex of UTF-8]`` str, ``["b", hex]`` bytes, ``["l"|"t"|"s"|"z",
+    [items]]`` list, tuple, set, frozenset, ``["d", [[key, value], ...]]`` dict, ``["?"]``
+    not plain data. Bare JSON numbers and strings are refused; depth and size are capped
+    (``ValueError``). Linear in the text.
+    """
+    import json  # loaded by main() before the launcher gave up its privileges
+
+    tree = json.loads(text, parse_int=_refuse_number, parse_float=_refuse_number,
+                      parse_constant=_refuse_number)  # fmt: skip
+    return _rebuild(tree, 0, [MAX_NODES])
+
+
+def _rebuild(node: object, depth: int, budget: list[int]) -> object:
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
+        raise ValueError("value too deep or too large")
+    if node is None or isinstance(node, bool):
+        return node
+    if not (isinstance(node, list) and node and isinstance(node[0], str)):
+        raise ValueError("malformed value")
+    tag, rest = node[0], node[1:]
+    if tag in SEQUENCES and len(rest) == 1 and isinstance(rest[0], list):
+        return SEQUENCES[tag](_rebuild(item, depth + 1, budget) for item in rest[0])
+    if tag == "d" and len(rest) == 1 and isinstance(rest[0], list):
+        pairs = [pair for pair in rest[0] if isinstance(pair, list) and len(pair) == 2]
+        if len(pairs) != len(rest[0]):
+            raise ValueError("malformed dict")
+        return {_rebuild(k, depth + 1, budget): _rebuild(v, depth + 1, budget) for k, v in pairs}
+    if tag == "?" and not rest:
+        return NOT_PLAIN
+    if not (rest and all(isinstance(part, str) and len(part) <= MAX_SCALAR_CHARS
+                         for part in rest)):  # fmt: skip
+        raise ValueError("malformed scalar")
+    if tag == "i" and len(rest) == 1:
+        return int(rest[0], 16)
+    if tag == "f" and len(rest) == 1 and len(rest[0]) <= 64:
+        return float(rest[0])
+    if tag == "c" and len(rest) == 2 and max(map(len, rest)) <= 64:
+        return complex(float(rest[0]), float(rest[1]))
+    if tag == "b" and len(rest) == 1:
+        return bytes.fromhex(rest[0])
+    if tag == "u" and len(rest) == 1:
+        return bytes.fromhex(rest[0]).decode("utf-8", "surrogatepass")
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def compare(op: str, value: object, expected: object, literal_left: bool) -> bool:
+    """``value <op> expected`` (``expected <op> value`` when the literal was on the left),
+    on plain data rebuilt here: no object of the program takes part."""
+    left, right = (expected, value) if literal_left else (value, expected)
+    if op == "==":
+        return left == right
+    if op == "!=":
+        return left != right
+    if op == "in":
+        return left in right
+    if op == "not in":
+        return left not in right
+    if op == "is":
+        return left is right
+    if op == "is not":
+        return left is not right
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+if __name__ == "__main__":
+    main()
