@@ -5,6 +5,7 @@ fresh model object per test that changes weights)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """Restore torch's intra-op thread count after each test: the benchmark tests run their
+    scripts in-process, and those call ``torch.set_num_threads``, which would otherwise run every
+    later test with the benchmark's count instead of the ``OMP_NUM_THREADS`` the suite was
+    started with (float results depend on it: see tests/tolerance.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 TINY_SEED = 0

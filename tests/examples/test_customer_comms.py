@@ -34,6 +34,7 @@ from mtgrpo.rewards import RewardSuite
 from mtgrpo.tasks import load_rows
 from mtgrpo.trainer.run import run_training
 from mtgrpo.trainer.setup import build_reward_suite
+from tolerance import assert_close_f32
 
 # Politeness = 0.25 acknowledge + 0.25 apology (or none due) + 0.30 no blame + 0.20 closing;
 # next_step = 0 without an action, else 0.5 + 0.3 scenario term + 0.2 timeframe/reference.
@@ -240,7 +241,9 @@ def test_gate_zeroes_politeness_for_non_compliant_rows_hand_built():
     # row 2, i.e. [0.2, -0.2, 0, 0]; then each channel is normalised and weighted
     expected = _na(torch.tensor([[1.0, 0.2, 0.5], [1.0, -0.2, 1.0], [0.0, 0.0, 0.5],
                                  [1.0, 0.0, 0.0]]), weights)
-    np.testing.assert_allclose(gated.numpy(), expected, rtol=1e-5, atol=1e-6)
+    # the float32 estimator against the float64 formula: a few roundings of values up to ~3
+    # (a gate that let row 2's politeness through moves the advantages by more than 0.1)
+    assert_close_f32(gated, expected.tolist(), ulps=8)
     # row 2's politeness has no influence on any advantage
     rude = rewards.clone()
     rude[2, 1] = 0.0

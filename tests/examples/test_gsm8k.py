@@ -28,6 +28,7 @@ from mtgrpo.tasks.gsm8k import (
 from mtgrpo.tasks.prompts import PAPER_SYSTEM_PREAMBLE
 from mtgrpo.trainer.run import run_training
 from mtgrpo.trainer.setup import build_reward_suite
+from tolerance import assert_close_f32
 
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 # The final lines of the sample file's answers, as written there: "#### 22", "#### 1,250",
@@ -264,7 +265,9 @@ def test_config_reward_suite_scores_three_channels_and_advantages():
                                 aggregation=run.training.multi_objective_aggregation)
     s = np.array([1.75, 0.625, 1.125, 0.0])
     want = (s - s.mean()) / (s.std(ddof=1) + 1e-4)
-    np.testing.assert_allclose(result.advantages.numpy(), want, rtol=1e-6, atol=1e-6)
+    # the float32 estimator against the float64 formula: a few roundings of values near 1.2
+    # (another weight or std changes them by more than 1e-2)
+    assert_close_f32(result.advantages, want.tolist(), ulps=8)
 
 
 def test_gsm8k_config_trains_one_step_on_the_tiny_model(tmp_path, tiny_model_dir):

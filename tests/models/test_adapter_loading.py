@@ -1,6 +1,7 @@
 import torch
 
 from mtgrpo.models import apply_lora, load_model, load_tokenizer
+from tolerance import assert_close_f32
 
 
 def test_a_saved_lora_adapter_loads_with_its_base(tiny_model_dir, tmp_path):
@@ -12,7 +13,9 @@ def test_a_saved_lora_adapter_loads_with_its_base(tiny_model_dir, tmp_path):
     load_tokenizer(str(tiny_model_dir)).save_pretrained(tmp_path)
 
     loaded = load_model(str(tmp_path), for_training=False)
-    torch.testing.assert_close(loaded(ids).logits, expected, atol=1e-6, rtol=0)
+    # the same weights and adapter: equal up to float32 rounding of logits below 1 (a missing
+    # adapter changes them by more than 1e-2)
+    assert_close_f32(loaded(ids).logits, expected, ulps=8)
     assert not any(p.requires_grad for p in loaded.parameters())
     trainable = load_model(str(tmp_path), for_training=True)
     assert {n for n, p in trainable.named_parameters() if p.requires_grad}

@@ -26,6 +26,7 @@ from mtgrpo.models import (
     write_tiny_gguf,
 )
 from mtgrpo.models import loading as loading_module
+from tolerance import assert_close_f32
 
 PROMPT_IDS = torch.tensor([[71, 100, 107, 107, 110, 258, 256, 12, 18]])  # [1, 9]
 
@@ -167,7 +168,8 @@ def test_attention_implementation_is_passed_through(tiny_model_dir: Path) -> Non
     sdpa = load_model(tiny_model_dir, attn_implementation="sdpa")
     assert (eager.config._attn_implementation, sdpa.config._attn_implementation) == (
         "eager", "sdpa")
-    torch.testing.assert_close(_logits(eager), _logits(sdpa), rtol=0, atol=1e-5)
+    # two attention kernels: float32 rounding of the softmax and weighted sums in every layer
+    assert_close_f32(_logits(eager), _logits(sdpa), ulps=32)
 
 
 def test_gguf_file_loads_to_the_same_model(tiny_model_dir: Path, tiny_gguf_file: Path) -> None:
@@ -175,10 +177,12 @@ def test_gguf_file_loads_to_the_same_model(tiny_model_dir: Path, tiny_gguf_file:
     assert source == ModelSource(str(tiny_gguf_file.parent), tiny_gguf_file.name, is_local=True)
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     from_gguf = load_model(tiny_gguf_file)
-    # float32 GGUF (no quantisation), q/k permutation undone by transformers: same numbers
-    torch.testing.assert_close(_logits(from_gguf), _logits(original), rtol=0, atol=1e-6)
+    # float32 GGUF (no quantisation), q/k permutation undone by transformers: the same weights,
+    # so the same logits up to the rounding of kernels that may pick another path for the
+    # re-laid-out tensors; a q/k permutation left in place changes them by far more than 1e-3
+    assert_close_f32(_logits(from_gguf), _logits(original), ulps=8)
     from_mapping = load_model({"path": tiny_gguf_file.parent, "gguf_file": tiny_gguf_file.name})
-    torch.testing.assert_close(_logits(from_mapping), _logits(original), rtol=0, atol=1e-6)
+    assert_close_f32(_logits(from_mapping), _logits(original), ulps=8)
 
 
 def test_a_model_from_gguf_trains_saves_and_reloads_as_plain_safetensors(
@@ -205,7 +209,7 @@ def test_qwen2_gguf_round_trip(tiny_qwen2_model_dir: Path, tmp_path: Path) -> No
     assert model.config.model_type == "qwen2"
     original = AutoModelForCausalLM.from_pretrained(tiny_qwen2_model_dir)
     # Qwen2's q/k/v biases survive, and no rotary permutation applies to this architecture
-    torch.testing.assert_close(_logits(model), _logits(original), rtol=0, atol=1e-6)
+    assert_close_f32(_logits(model), _logits(original), ulps=8)
 
 
 def test_gguf_export_refuses_other_architectures(tmp_path: Path) -> None:

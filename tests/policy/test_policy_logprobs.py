@@ -2,6 +2,12 @@
 
 The reference everywhere is ``log_softmax(float32(model(...).logits) / T).gather(...)`` on the
 whole ``[N, T, V]`` logits, with generate's position ids for left-padded rows.
+
+The two sides run different kernels (the head on a few gathered rows against the head on every
+position; a chunked against a whole log-softmax), whose float32 roundings differ by CPU and
+thread count, so they are compared in float32 ulps of the values' magnitude (tests/tolerance.py).
+The bugs they guard against are far larger: a wrong temperature, position id, shifted target or
+missed adapter moves a log-prob by more than 1e-3 (several tests below show it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from mtgrpo.policy import (
     selective_log_softmax,
     sequence_logprobs,
 )
+from tolerance import assert_close_f32
 
 VOCAB = 300
 PROMPT_LEN = 6
@@ -106,9 +113,9 @@ def test_selective_log_softmax_matches_a_plain_loop_on_random_shapes() -> None:
             expected.append(scaled[target] - log_norm)
         assert got.dtype == torch.float32
         assert got.shape == index.shape
-        torch.testing.assert_close(
-            got.reshape(-1), torch.tensor(expected, dtype=torch.float32), rtol=0, atol=2e-6
-        )
+        # float32 x / T and logsumexp against a float64 loop: a few roundings of values up to
+        # ~20 in size; a wrong temperature or target is off by more than 0.1
+        assert_close_f32(got.reshape(-1), torch.tensor(expected, dtype=torch.float32), ulps=8)
 
 
 def test_selective_log_softmax_upcasts_bf16_before_the_softmax() -> None:
@@ -117,10 +124,10 @@ def test_selective_log_softmax_upcasts_bf16_before_the_softmax() -> None:
     index = torch.randint(0, 50, (6, 8), generator=generator)
     got = selective_log_softmax(logits, index, temperature=0.7, chunk_size=5)
     # Reference: the same bf16 values, upcast once, softmax in float32 (x[y] - logsumexp x
-    # and log_softmax(x)[y] differ by float32 rounding of values near -16: rtol 1e-6).
+    # and log_softmax(x)[y] differ by a few float32 roundings of values near -16).
     expected = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, index[..., None])[..., 0]
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert_close_f32(got, expected, ulps=8)
     # A bf16 softmax (no upcast) is off by far more than that.
     in_bf16 = torch.log_softmax(logits / 0.7, -1).gather(-1, index[..., None])[..., 0]
     assert (in_bf16.float() - expected).abs().max() > 1e-2
@@ -138,7 +145,8 @@ def test_selective_log_softmax_gradient_matches_naive() -> None:
     naive = base.clone().requires_grad_(True)
     logps = torch.log_softmax(naive / 0.5, -1).gather(-1, index[..., None])[..., 0]
     (logps * weights).sum().backward()
-    torch.testing.assert_close(chunked.grad, naive.grad, rtol=0, atol=1e-6)
+    # (onehot - softmax) * w / T from two kernels: a few roundings; a wrong T scales it by 2x
+    assert_close_f32(chunked.grad, naive.grad, ulps=8)
 
 
 def test_entropy_from_logits_hand_values() -> None:
@@ -149,10 +157,11 @@ def test_entropy_from_logits_hand_values() -> None:
     logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3)]])
     got = entropy_from_logits(logits, chunk_size=1)
     expected = torch.tensor([math.log(2), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))])
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    # float32 evaluation of a two-term formula: a few roundings (the rows differ by > 0.1)
+    assert_close_f32(got, expected, ulps=4)
     cooled = entropy_from_logits(logits[1:], temperature=0.5)
-    torch.testing.assert_close(
-        cooled, torch.tensor([-(0.1 * math.log(0.1) + 0.9 * math.log(0.9))]), rtol=0, atol=1e-6
+    assert_close_f32(
+        cooled, torch.tensor([-(0.1 * math.log(0.1) + 0.9 * math.log(0.9))]), ulps=4
     )
 
 
@@ -161,7 +170,8 @@ def test_entropy_from_logits_matches_naive_on_random_shapes() -> None:
     log_probs = torch.log_softmax(logits / 1.3, -1)
     expected = -(log_probs.exp() * log_probs).sum(-1)
     got = entropy_from_logits(logits, temperature=1.3, chunk_size=5)
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    # two float32 reductions of 33 terms in different orders (entropies near 3)
+    assert_close_f32(got, expected, ulps=16)
 
 
 @pytest.mark.parametrize(
@@ -185,12 +195,6 @@ def test_selective_log_softmax_rejects_a_misshaped_index() -> None:
 # --- sequence_logprobs on a tiny Llama -------------------------------------------------------
 
 
-def _atol(expected: torch.Tensor) -> float:
-    """float32 log-probabilities (magnitude up to ~6 here) summed in another order by another
-    kernel: 8 ulps of the largest value (1e-6 absolute is under 3 ulps at 6)."""
-    return 8 * torch.finfo(torch.float32).eps * max(1.0, float(expected.abs().max()))
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sequence_logprobs_equals_full_logits_with_left_padding(
     llama: LlamaForCausalLM, temperature: float
@@ -205,10 +209,12 @@ def test_sequence_logprobs_equals_full_logits_with_left_padding(
     )
     assert out.path == "chunked_head"
     assert out.logps.shape == (4, COMPLETION_LEN)
-    torch.testing.assert_close(out.logps, expected_logps, rtol=0, atol=_atol(expected_logps))
+    # The head's matmul on 3 gathered rows against all 44 positions, a 300-term log-softmax and
+    # entropy in two shapes: tens of roundings of values near 6 (entropies of 5.7, log-probs
+    # down to -6). 32 ulps of 5.7 is 2.2e-5; a bug (wrong T, position or target) is > 1e-3.
+    assert_close_f32(out.logps, expected_logps, ulps=32)
     assert out.entropy is not None
-    torch.testing.assert_close(out.entropy, expected_entropy, rtol=0,
-                               atol=_atol(expected_entropy))
+    assert_close_f32(out.entropy, expected_entropy, ulps=32)
     # Padded completion positions are exactly 0 (row 2 ends with 3 pads).
     assert torch.all(out.logps[2, -3:] == 0)
 
@@ -219,8 +225,10 @@ def test_bf16_model_scores_in_float32() -> None:
     out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=0.8, chunk_size=3)
     expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 0.8)  # upcasts logits
     assert out.logps.dtype == torch.float32
-    # Same bf16 logits (the head computes each row alike whatever the chunk), float32 after.
-    torch.testing.assert_close(out.logps, expected, rtol=1e-6, atol=1e-5)
+    # Same bf16 logits (the head computes each row alike whatever the chunk), float32 after:
+    # the float32 part differs as in the float32 model. Without the upcast, log-probs would
+    # carry bf16 rounding (> 1e-2, see test_selective_log_softmax_upcasts_bf16_...).
+    assert_close_f32(out.logps, expected, ulps=32)
 
 
 def test_position_ids_follow_generate_for_absolute_position_embeddings() -> None:
@@ -234,13 +242,13 @@ def test_position_ids_follow_generate_for_absolute_position_embeddings() -> None
     out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=1.0)
     assert out.path == "chunked_head"
     expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 1.0)
-    torch.testing.assert_close(out.logps, expected, rtol=0, atol=1e-6)
+    assert_close_f32(out.logps, expected, ulps=32)  # head on gathered rows vs all (see above)
     # Naive positions 0..T-1 ignore the padding: wrong for padded rows, right for row 0.
     default_positions = model(input_ids=input_ids, attention_mask=mask).logits
     wrong = torch.log_softmax(default_positions[:, -COMPLETION_LEN - 1 : -1], -1)
     wrong = wrong.gather(-1, input_ids[:, -COMPLETION_LEN:, None])[..., 0]
     assert (out.logps[2, :2] - wrong[2, :2]).abs().max() > 1e-3
-    torch.testing.assert_close(out.logps[0], wrong[0], rtol=0, atol=1e-6)
+    assert_close_f32(out.logps[0], wrong[0], ulps=32)
 
 
 def test_sequence_logprobs_matches_the_sampling_distribution_of_generate(
@@ -262,8 +270,10 @@ def test_sequence_logprobs_matches_the_sampling_distribution_of_generate(
     out = sequence_logprobs(
         llama, generated.sequences, attention_mask, new_tokens, temperature=temperature
     )
-    # KV-cached decoding and one full forward differ only by float32 rounding.
-    torch.testing.assert_close(out.logps, sampled[..., 0], rtol=0, atol=1e-5)
+    # KV-cached decoding and one full forward differ only by float32 rounding: other attention
+    # shapes and matmul blockings through two layers (values near 6); sampling from the wrong
+    # temperature or position would be off by > 1e-2.
+    assert_close_f32(out.logps, sampled[..., 0], ulps=64)
 
 
 def test_sequence_logprobs_gradient_equals_naive(llama: LlamaForCausalLM) -> None:
@@ -278,8 +288,11 @@ def test_sequence_logprobs_gradient_equals_naive(llama: LlamaForCausalLM) -> Non
     llama.zero_grad()
     logps, entropy = naive_scores(llama, input_ids, mask, COMPLETION_LEN, 0.9)
     ((logps * weights).sum() + entropy.sum()).backward()
+    # Gradients summed over 16 positions in another order, through recomputed (checkpointed)
+    # chunks: tens of roundings of the largest entry; a missed chunk or a wrong weight changes
+    # whole rows of a gradient by more than 1e-2 of its size.
     for name, param in llama.named_parameters():
-        torch.testing.assert_close(chunked[name], param.grad, rtol=1e-5, atol=1e-6, msg=name)
+        assert_close_f32(chunked[name], param.grad, ulps=64, msg=name)
     llama.zero_grad()
 
 
@@ -304,9 +317,9 @@ def test_forced_model_forward_path_agrees_with_the_chunked_head(llama: LlamaForC
         llama, input_ids, mask, 3, temperature=0.8, compute_entropy=True, path="model_forward"
     )
     assert forward.path == "model_forward"
-    torch.testing.assert_close(forward.logps, chunked.logps, rtol=0, atol=_atol(chunked.logps))
-    torch.testing.assert_close(forward.entropy, chunked.entropy, rtol=0,
-                               atol=_atol(chunked.entropy))
+    # the model's own head on every position against the chunked head (as above)
+    assert_close_f32(forward.logps, chunked.logps, ulps=32)
+    assert_close_f32(forward.entropy, chunked.entropy, ulps=32)
 
 
 def test_all_padding_completions_give_a_differentiable_zero(llama: LlamaForCausalLM) -> None:
@@ -367,13 +380,13 @@ def test_lora_adapters_on_backbone_and_head_are_applied() -> None:
     assert resolve_logprob_path(model).path == "chunked_head"
     out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=1.0)
     expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 1.0)
-    torch.testing.assert_close(out.logps, expected, rtol=0, atol=1e-6)
+    assert_close_f32(out.logps, expected, ulps=32)  # chunked head vs full logits (see top)
     # The adapter (random B, not the zero init) really changes the scores ...
     assert (out.logps - base_logps).abs().max() > 1e-3
     # ... and disabling it gives the base model back: the reference policy of a LoRA run.
     with model.disable_adapter():
         reference = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=1.0)
-    torch.testing.assert_close(reference.logps, base_logps, rtol=0, atol=1e-6)
+    assert_close_f32(reference.logps, base_logps, ulps=32)
     # Gradients reach the LoRA weights of the head through the checkpointed chunks.
     out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=1.0, chunk_size=3)
     out.logps.sum().backward()
@@ -417,14 +430,14 @@ def test_ddp_is_called_so_its_hooks_run_and_the_chunked_path_is_kept() -> None:
     through_ddp = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 0.8)
-    torch.testing.assert_close(out.logps, expected, rtol=0, atol=1e-6)
+    assert_close_f32(out.logps, expected, ulps=32)  # chunked head vs full logits (see top)
     expected.sum().backward()
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(through_ddp[name], param.grad, rtol=1e-5, atol=1e-6, msg=name)
+    for name, param in model.named_parameters():  # as in ..._gradient_equals_naive
+        assert_close_f32(through_ddp[name], param.grad, ulps=64, msg=name)
     forced = sequence_logprobs(
         ddp, input_ids, mask, COMPLETION_LEN, temperature=0.8, path="model_forward"
     )
-    torch.testing.assert_close(forced.logps, expected, rtol=0, atol=1e-6)
+    assert_close_f32(forced.logps, expected, ulps=32)
 
 
 # --- models whose forward transforms the logits ----------------------------------------------
@@ -444,7 +457,7 @@ def test_softcapped_model_takes_the_model_forward_path() -> None:
     out = sequence_logprobs(model, input_ids, mask, COMPLETION_LEN, temperature=0.9)
     assert out.path == "model_forward"
     expected, _ = naive_scores(model, input_ids, mask, COMPLETION_LEN, 0.9)
-    torch.testing.assert_close(out.logps, expected, rtol=0, atol=1e-6)
+    assert_close_f32(out.logps, expected, ulps=32)  # the same forward, softmaxed in two shapes
     # The head alone (what the chunked path would use) gives different numbers here.
     hidden = model.model(
         input_ids=input_ids,

@@ -15,6 +15,7 @@ from mtgrpo.policy import (
     policy_loss,
     sequence_logprobs,
 )
+from tolerance import assert_close_f32
 
 
 def padded_width(lengths: list, rows: list[int]) -> int:
@@ -258,6 +259,10 @@ def test_trimmed_micro_batches_reproduce_the_full_batch_gradient_of_a_model(
         part_loss = loss_of(batch.select(rows_of_part))
         part_loss.backward()
         accumulated += float(part_loss.detach())
-    assert accumulated == pytest.approx(float(full_loss.detach()), rel=1e-5, abs=1e-7)
+    # Float32 rounding only (tests/tolerance.py): trimmed micro-batches run other matmul and
+    # attention shapes, and the loss and each gradient are summed in another order. A micro-
+    # batch normalised by its own token count, or a row scored twice, changes the loss by more
+    # than 1e-2 and whole gradient rows by a multiple of their size.
+    assert_close_f32(accumulated, float(full_loss.detach()), ulps=16)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, full_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+        assert_close_f32(param.grad, full_grads[name], ulps=64, msg=name)

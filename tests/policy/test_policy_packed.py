@@ -20,6 +20,7 @@ from mtgrpo.policy.logprobs import (
     resolve_logprob_path,
 )
 from mtgrpo.policy.packed import packed_layout, packed_mismatch
+from tolerance import assert_close_f32
 
 VOCAB, PROMPT, COMPLETION = 61, 6, 7
 
@@ -76,11 +77,16 @@ def mlp_tokens(model) -> tuple[list[int], object]:
 
 
 def assert_same(packed, padded) -> None:
-    torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=1e-5)
-    torch.testing.assert_close(packed[1], padded[1], rtol=0, atol=1e-5)
+    """Equal up to float32 rounding (tests/tolerance.py): the packed forward runs other
+    attention kernels (one varlen sequence against padded rows with a mask) and other matmul
+    shapes through two layers, then sums each gradient over the tokens in another order.
+    Log-probs and entropies are near 4 and gradient entries below 1; a token attending to the
+    wrong one, a position off by one or a lost row moves them by more than 1e-2."""
+    assert_close_f32(packed[0], padded[0], ulps=32)
+    assert_close_f32(packed[1], padded[1], ulps=32)
     assert packed[2].keys() == padded[2].keys()
     for name, grad in padded[2].items():
-        torch.testing.assert_close(packed[2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_close_f32(packed[2][name], grad, ulps=64, msg=name)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])

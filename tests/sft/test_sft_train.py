@@ -17,6 +17,7 @@ from mtgrpo.sft import SFTConfig, completion_cross_entropy, sft_train
 from mtgrpo.sft.data import SFTExample, collate_examples, encode_examples, prompt_completion_pairs
 from mtgrpo.sft.train import accumulate_step_gradients
 from mtgrpo.trainer.data import PromptSet
+from tolerance import assert_close_f32
 
 MEMORISE = [
     {"prompt": "Q: 2+3?\nA:", "completion": " 5"},
@@ -61,7 +62,9 @@ def test_uniform_logits_give_log_vocab_per_token(tiny_model_dir):
     examples = _random_examples(0, 5)
     batch = collate_examples(examples, pad_token_id=256)
     summed = completion_cross_entropy(model, batch)
-    assert summed.item() / batch.num_target_tokens == pytest.approx(math.log(259), abs=1e-5)
+    # a float32 sum of ~25 equal terms of 5.56, then a division: tens of roundings of 5.56 at
+    # most; a target summed but not counted (or counted, not summed) is off by 5.56 / 25 = 0.2
+    assert_close_f32(summed.item() / batch.num_target_tokens, math.log(259), ulps=32)
 
 
 @pytest.mark.parametrize("completion_only_loss", [True, False])
@@ -74,7 +77,10 @@ def test_batched_loss_matches_a_per_example_loop(tiny_model_dir, completion_only
         with torch.no_grad():
             batched = completion_cross_entropy(model, batch)
             reference = _reference_ce(model, examples, completion_only_loss)
-        torch.testing.assert_close(batched, reference, rtol=1e-5, atol=1e-4)
+        # Padded batch against one example at a time: other matmul and attention shapes, a sum
+        # of ~25 cross-entropies near 5.6 in another order (float32 rounding of the ~140 total).
+        # A shifted target or a counted pad changes the sum by about 5.
+        assert_close_f32(batched, reference, ulps=64)
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -96,11 +102,14 @@ def test_accumulated_gradient_is_the_token_mean_whatever_the_micro_batches(tiny_
         loss_sum, targets, _ = accumulate_step_gradients(model, examples, config, 256,
                                                          torch.device("cpu"))
         assert targets == tokens
-        assert loss_sum == pytest.approx(reference.item(), rel=1e-5)
+        # float32 rounding only, as in the test above; the gradients are summed over other
+        # micro-batches (a micro-batch averaged over its own tokens instead of the step's would
+        # scale its share by a factor of 2 or more)
+        assert_close_f32(loss_sum, reference.item(), ulps=64)
         got = _grads(model)
         assert got.keys() == expected.keys()
         for name, grad in expected.items():
-            torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+            assert_close_f32(got[name], grad, ulps=64, msg=name)
 
 
 def test_memorises_a_tiny_set_and_generates_it_greedily(tiny_model_dir, tmp_path):
@@ -168,8 +177,9 @@ def test_merge_lora_saves_a_full_model_equal_to_base_plus_adapter(tiny_model_dir
     ids = torch.tensor([[5, 17, 99, 200, 42, 7]])
     with torch.no_grad():
         merged_logits = merged(input_ids=ids).logits
-        torch.testing.assert_close(merged_logits, with_adapter(input_ids=ids).logits,
-                                   rtol=1e-5, atol=1e-5)
+        # W + s B A (rounded into W) against W x + s B (A x): float32 rounding through every
+        # layer; the base model alone is off by > 1e-3 (below)
+        assert_close_f32(merged_logits, with_adapter(input_ids=ids).logits, ulps=32)
         assert not torch.allclose(merged_logits, base(input_ids=ids).logits, atol=1e-3)
 
 

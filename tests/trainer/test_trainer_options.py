@@ -13,6 +13,7 @@ import trainer_helpers as common
 from mtgrpo import GRPOTrainer
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.reporting import read_metrics
+from tolerance import assert_close_f32
 
 
 def _rollouts(run_dir) -> list[dict]:
@@ -36,7 +37,8 @@ def test_none_pattern_and_routing_table_give_the_same_advantages(tiny_model_dir,
     for a, b in zip(results["none"], results["routed"], strict=True):
         assert a["prompt_id"] == b["prompt_id"]
         assert a["rewards"] == b["rewards"]
-        assert a["advantages"] == pytest.approx(b["advantages"], abs=1e-7)
+        # the same estimator on equal rewards: at most a rounding apart
+        assert_close_f32(a["advantages"], b["advantages"], ulps=2)
 
 
 def test_reward_weights_enter_the_advantages(tiny_model_dir, tmp_path):
@@ -182,13 +184,17 @@ def test_the_padding_free_update_equals_the_padded_one(tiny_model_dir, tmp_path)
     assert [g["advantages"] for g in r_free] == [g["advantages"] for g in r_pad]
     assert len(plans_free[0]) == 1  # all 16 rows in one micro-batch
     assert len(plans_pad[0]) > 1  # length buckets
-    assert m_free["loss"] == pytest.approx(m_pad["loss"], rel=1e-5)
-    assert m_free["grad_norm"] == pytest.approx(m_pad["grad_norm"], rel=1e-5)
+    # Float32 rounding only (tests/tolerance.py): the padding-free forward runs other attention
+    # kernels and matmul shapes, and the loss and gradients are summed in another order. A token
+    # attending across rows, or a micro-batch normalised on its own, changes them by more than
+    # 1e-2 of their size.
+    assert_close_f32(m_free["loss"], m_pad["loss"], ulps=16)
+    assert_close_f32(m_free["grad_norm"], m_pad["grad_norm"], ulps=16)
     assert m_free["grad_norm"] > 0
     assert g_free.keys() == g_pad.keys()
     assert len(g_free) > 0
     for name, grad in g_pad.items():
-        torch.testing.assert_close(g_free[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+        assert_close_f32(g_free[name], grad, ulps=64, msg=name)
 
 
 def _recording(plan, calls):
