@@ -28,11 +28,10 @@ import pytest
 import torch
 
 from mtgrpo.advantages import compute_advantages
+from tolerance import f32_atol
 
 grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
 TRL = grpo_trainer.GRPOTrainer
-
-EPS32 = torch.finfo(torch.float32).eps
 
 
 def _reward_function(scores: torch.Tensor, channel: int):
@@ -121,7 +120,7 @@ MATCHING = {
 def _tolerance(expected: torch.Tensor) -> float:
     # float32 on both sides, a handful of operations (sums over at most 24 values, one
     # division by std + 1e-4 with std ~1): 8 ulps of the largest magnitude, <= 1e-6 at ~1.
-    return 8 * EPS32 * max(1.0, float(expected.abs().max()))
+    return f32_atol(expected, ulps=8)
 
 
 @pytest.mark.parametrize("kind", KINDS)
