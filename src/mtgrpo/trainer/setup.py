@@ -253,8 +253,12 @@ def _is_peft(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) -> Any:
-    """The generation backend: an object as given, a registered name, or an import path."""
+def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig,
+                  generation_dtype: Any = None) -> Any:
+    """The generation backend: an object as given, a registered name, or an import path.
+
+    ``generation_dtype``: the static backend generates in this dtype (from a copy of the
+    weights) when it differs from the model's; other backends ignore it."""
     from mtgrpo.rollout import GenerationBackend, make_backend
 
     if backend is None:
@@ -279,6 +283,8 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) ->
     options: dict[str, Any] = {"max_batch_size": args.generation_batch_size}
     if name == "hf":
         options["generation_options"] = generation_options(args)
+    elif name == "static" and generation_dtype is not None:
+        options["dtype"] = generation_dtype
     return make_backend(name, model, tokenizer, **options)
 
 
