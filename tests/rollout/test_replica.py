@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tolerance import assert_close_f32
 
 from mtgrpo.models import apply_lora
 from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend
 from mtgrpo.rollout import replica as replica_module
 from mtgrpo.rollout.replica import WeightReplica
+from tolerance import assert_close_f32
 
 PROMPTS = [[5, 9, 14, 3, 22, 8], [7, 21], [30, 31, 32, 33]]
 BF16_EPS = torch.finfo(torch.bfloat16).eps  # 2**-7 = 7.8e-3
@@ -84,7 +84,8 @@ def test_the_copy_follows_every_change_of_the_policy() -> None:
     assert not copy.stale()
     assert_close_f32(_logits(copy.module), _logits(policy), ulps=64)
     # only the LoRA-wrapped projections are copied again, not the frozen rest
-    assert copied and all(name.endswith("_proj") for name in copied)
+    assert copied
+    assert all(name.endswith("_proj") for name in copied)
 
 
 def test_other_adapters_are_refused() -> None:
@@ -102,7 +103,8 @@ def test_the_backend_generates_from_a_bfloat16_copy_that_stays_current() -> None
     backend = StaticCacheBackend(policy, eos_token_ids=[2], dtype="bfloat16")
     assert backend.dtype is torch.bfloat16
     served = backend._lm
-    assert served is not policy and next(served.parameters()).dtype == torch.bfloat16
+    assert served is not policy
+    assert next(served.parameters()).dtype == torch.bfloat16
     params = SamplingParams(max_new_tokens=5, greedy=True)
     backend.generate(PROMPTS, params)
     with torch.no_grad():

@@ -12,6 +12,7 @@ Importing this module imports neither torch nor transformers.
 
 from __future__ import annotations
 
+import functools
 import platform
 import subprocess
 from pathlib import Path
@@ -44,6 +45,7 @@ def cpu_bf16_feature(cpuinfo: str | None = None, machine: str | None = None) -> 
     return next((flag for flag in _X86_FLAGS if flag in flags), None)
 
 
+@functools.cache
 def _read_cpuinfo() -> str | None:
     path = Path("/proc/cpuinfo")
     try:
@@ -52,6 +54,7 @@ def _read_cpuinfo() -> str | None:
         return None
 
 
+@functools.cache
 def _macos_bf16() -> str | None:
     if platform.system() != "Darwin":
         return None
