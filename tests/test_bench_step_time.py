@@ -75,6 +75,9 @@ class _AddsBos:
         ids = [ord(c) for c in text]
         return {"input_ids": ([1] if add_special_tokens else []) + ids}
 
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
 
 def test_rows_have_exactly_the_requested_prompt_length():
     from mtgrpo.models import build_tiny_tokenizer
