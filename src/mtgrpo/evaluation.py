@@ -131,12 +131,12 @@ def evaluate_prompts(
     extra: dict[str, Any] | None = None,
 ) -> EvaluationResult:
     """Sample ``num_samples`` completions per prompt of ``prompts`` (a
-    :class:`~mtgrpo.trainer.data.PromptSet`) and score them with ``rewards`` (``extra``: the
+    :class:`~mtgrpo.tasks.PromptSet`) and score them with ``rewards`` (``extra``: the
     keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``)."""
     import torch
 
     from mtgrpo.rewards.accuracy import accuracy_values
-    from mtgrpo.trainer.rollouts import RolloutWorker
+    from mtgrpo.rollout import RolloutWorker
 
     worker = RolloutWorker(
         prompts, backend, rewards, params, num_samples, tokenizer,
@@ -185,21 +185,22 @@ def run_evaluation(
     """Load ``model`` (name, path, adapter directory or loaded model) and evaluate it on
     ``rows`` (a list of task rows or a task suite split) scored by ``rewards`` (anything
     :class:`~mtgrpo.rewards.RewardSuite.from_user` takes, names and reward models included)."""
-    from mtgrpo.config import GRPOConfig
     from mtgrpo.models import load_model, load_tokenizer
-    from mtgrpo.rollout import SamplingParams
-    from mtgrpo.trainer.data import PromptSet
-    from mtgrpo.trainer.setup import build_backend, build_reward_suite
+    from mtgrpo.rewards import RewardSuite
+    from mtgrpo.rewards.registry import resolve_rewards
+    from mtgrpo.rollout import SamplingParams, build_backend
+    from mtgrpo.tasks import PromptSet
 
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
-    suite = build_reward_suite(rewards, GRPOConfig(num_generations=2))
+    suite = rewards if isinstance(rewards, RewardSuite) else \
+        RewardSuite.from_user(resolve_rewards(rewards))
     loaded = load_model(model, for_training=False)
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (
         model if isinstance(model, str | Path) else loaded))
     prompts = PromptSet(rows, tokenizer, max_prompt_length=max_prompt_length)
     suite.validate_tasks(prompts.task_names)
-    generation = build_backend(backend, loaded, tokenizer, GRPOConfig(num_generations=2))
+    generation = build_backend(backend, loaded, tokenizer)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p if temperature > 0 else 1.0)
     result = evaluate_prompts(prompts, generation, suite, params, num_samples, tokenizer,

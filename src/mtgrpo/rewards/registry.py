@@ -28,7 +28,7 @@ from typing import Any
 
 from mtgrpo._registry import Registry, import_object
 
-__all__ = ["REWARD_FUNCTIONS", "resolve_reward"]
+__all__ = ["REWARD_FUNCTIONS", "resolve_reward", "resolve_rewards"]
 
 # name -> "module:attribute" (imported on first use, so listing names stays cheap)
 REWARD_FUNCTIONS: Registry[str] = Registry("reward function")
@@ -137,6 +137,17 @@ def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool 
     if callable(spec):
         return spec
     raise TypeError(f"cannot use a {type(spec).__name__} as a reward function")
+
+
+def resolve_rewards(spec: Any, *, trust_remote_code: bool = False) -> Any:
+    """:func:`resolve_reward` on every entry of ``spec``: one entry, a list of them, or a
+    routing table ``{task: entries}``; the shape is kept."""
+    if isinstance(spec, Mapping):
+        return {task: resolve_rewards(fns, trust_remote_code=trust_remote_code)
+                for task, fns in spec.items()}
+    if isinstance(spec, list | tuple):
+        return [resolve_reward(f, trust_remote_code=trust_remote_code) for f in spec]
+    return resolve_reward(spec, trust_remote_code=trust_remote_code)
 
 
 def _is_sequence_classifier(obj: Any) -> bool:

@@ -96,7 +96,7 @@ def _eval_rows(run: RunConfig, suite: Any) -> Any:
 
 def _task_corpus(suite: Any, per_task: int) -> list[str]:
     """Texts of the suite's training problems (questions and gold answers) for a vocabulary."""
-    from mtgrpo.trainer.data import is_conversational
+    from mtgrpo.tasks.prompt_set import is_conversational
 
     texts = []
     for task in suite.task_ids:

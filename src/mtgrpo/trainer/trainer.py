@@ -33,20 +33,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from mtgrpo._files import write_atomically
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.config import GRPOConfig
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
-from mtgrpo.rollout import SamplingParams, backend_description
+from mtgrpo.rollout import (
+    GroupPayload,
+    RolloutWorker,
+    SamplingParams,
+    Shard,
+    backend_description,
+)
 from mtgrpo.sampling import ScoredGroup, make_sampler
+from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
-from mtgrpo.trainer.data import PromptSet, is_lazy_split
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
-from mtgrpo.trainer.rollouts import GroupPayload, RolloutWorker, Shard
 from mtgrpo.trainer.setup import (
     TrainingData,
     build_backend,
@@ -783,7 +789,7 @@ class GRPOTrainer:
 
             if self.state.best_global_step == self.step:
                 self.state.best_model_checkpoint = str(final)
-            ckpt.write_atomically(final, write)
+            write_atomically(final, write)
             best = self.state.best_model_checkpoint
             ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
                                     keep=Path(best) if best else None)
@@ -1048,7 +1054,7 @@ class GRPOTrainer:
         transformers and mtgrpo. Also logged at INFO."""
         import transformers
 
-        from mtgrpo import __version__
+        from mtgrpo._version import __version__
 
         route = resolve_logprob_path(self.unwrapped)
         record = {

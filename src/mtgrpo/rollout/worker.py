@@ -18,9 +18,9 @@ import numpy as np
 
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
-from mtgrpo.rollout import GenerationBackend, SamplingParams
+from mtgrpo.rollout.base import GenerationBackend, SamplingParams
 from mtgrpo.sampling import ScoredGroup
-from mtgrpo.trainer.data import PromptSet, is_conversational
+from mtgrpo.tasks import PromptSet, is_conversational
 
 __all__ = ["GroupPayload", "RolloutWorker", "Shard"]
 
