@@ -39,7 +39,8 @@ to each channel's normalisation.
     gives). Rows where *every* channel is ``None`` are never zero-filled.
 
 A row where every channel is ``NaN`` is *unscorable*: by default an error
-(``on_unscorable="raise"``); with ``"zero_advantage"`` (TRL's behaviour) it gets advantage 0 and
+(``on_unscorable="raise"``); with ``"zero_advantage"`` or ``"warn"`` (TRL's behaviour; the reward
+suite is the one that warns) it gets advantage 0 and
 is left out of every mean and std.
 
 Gates (conditioning, ALGORITHMS.md §2) are applied before the ordering: channel ``b`` counts only
@@ -62,7 +63,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtgrpo._registry import Registry
+from mtgrpo.choices import (
+    AGGREGATIONS,
+    NONE_HANDLING,
+    ON_UNSCORABLE,
+    SCALE_REWARDS,
+    resolve_aggregation,
+    resolve_scale_rewards,
+)
 
 __all__ = [
     "AGGREGATIONS",
@@ -78,10 +86,7 @@ __all__ = [
     "resolve_scale_rewards",
 ]
 
-SCALE_REWARDS = ("group", "batch", "none")
-NONE_HANDLING = ("neutral", "zero")
 GATE_MODES = ("zero_fill", "subgroup")
-ON_UNSCORABLE = ("raise", "zero_advantage")
 
 # Relative tolerance below which a group's centred rewards count as "no contrast".
 _CONTRAST_RTOL = 1e-6
@@ -138,8 +143,9 @@ class _Spec:
 
 # An aggregation maps gated rewards [B, G, R] (NaN = n/a) and a row mask [B, G] of scorable rows
 # to group-level advantages [B, G] and the centred contrast used for the zero-gradient test.
+# The names (and aliases) are declared in mtgrpo.choices, so a configuration validates them
+# without importing torch.
 Aggregation = Callable[[Tensor, Tensor, _Spec], tuple[Tensor, Tensor]]
-AGGREGATIONS: Registry[Aggregation] = Registry("reward aggregation")
 
 
 def _masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -175,7 +181,7 @@ def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
     return size > _CONTRAST_ATOL + _CONTRAST_RTOL * ref
 
 
-@AGGREGATIONS.register("sum_then_normalize", aliases=("an", "sum_normalize"))
+@AGGREGATIONS.register("sum_then_normalize")
 def _sum_then_normalize(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     applicable = ~rewards.isnan()  # [B, G, R]
     if spec.none_handling == "neutral":
@@ -204,7 +210,7 @@ def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Te
     return torch.where(valid, z, 0.0), contrast
 
 
-@AGGREGATIONS.register("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
+@AGGREGATIONS.register("normalize_then_sum")
 def _normalize_then_sum(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     z, contrast = _zscores(rewards, scorable, spec)
     advantages = (z * spec.weights).sum(dim=-1)
@@ -226,47 +232,6 @@ def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Ten
     one = _Spec(torch.ones(1, dtype=rewards.dtype, device=rewards.device), spec.scale,
                 spec.none_handling, spec.ddof, spec.eps)
     return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
-
-
-def resolve_aggregation(
-    aggregation: str | None = None,
-    *,
-    multi_objective_aggregation: str | None = None,
-    reward_aggregation_method: str | None = None,
-) -> str:
-    """The canonical aggregation name from any of the names users know it by.
-
-    ``multi_objective_aggregation`` is TRL's field name, ``reward_aggregation_method`` the
-    name some TRL tutorials use; ``an`` / ``na`` / ``single`` are the ``multireward-grpo``
-    vocabulary. Giving two different values is an error.
-    """
-    given = {
-        "aggregation": aggregation,
-        "multi_objective_aggregation": multi_objective_aggregation,
-        "reward_aggregation_method": reward_aggregation_method,
-    }
-    named = {k: AGGREGATIONS.canonical(v) for k, v in given.items() if v is not None}
-    if len(set(named.values())) > 1:
-        raise ValueError(
-            "conflicting reward aggregation settings "
-            + ", ".join(f"{k}={given[k]!r}" for k in named)
-            + "; set only one of them"
-        )
-    return next(iter(named.values()), "sum_then_normalize")
-
-
-def resolve_scale_rewards(scale_rewards: str | bool) -> str:
-    """TRL accepts ``True`` (= "group") and ``False`` (= "none") as well as the three names."""
-    if scale_rewards is True:
-        return "group"
-    if scale_rewards is False:
-        return "none"
-    if isinstance(scale_rewards, str) and scale_rewards.lower() in SCALE_REWARDS:
-        return scale_rewards.lower()
-    raise ValueError(
-        f"scale_rewards={scale_rewards!r} is not valid; use one of {', '.join(SCALE_REWARDS)} "
-        "(or True = 'group', False = 'none')"
-    )
 
 
 def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
@@ -303,7 +268,8 @@ def _weights(reward_weights: Sequence[float] | Tensor | None, r: int, like: Tens
 def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -> None:
     if on_unscorable not in ON_UNSCORABLE:
         raise ValueError(
-            f"on_unscorable={on_unscorable!r} is not valid; use 'raise' or 'zero_advantage'"
+            f"on_unscorable={on_unscorable!r} is not valid; use one of "
+            f"{', '.join(ON_UNSCORABLE.names())}"
         )
     if on_unscorable == "raise" and unscorable.any():
         rows = unscorable.nonzero().flatten()
@@ -386,7 +352,8 @@ def compute_advantages(
         scale_rewards: ``"group"``, ``"batch"``, ``"none"`` (or TRL's ``True``/``False``).
         gates: conditioning gates applied before the ordering.
         none_handling: ``"neutral"`` or ``"zero"`` (how a ``None`` enters the advantage).
-        on_unscorable: ``"raise"`` or ``"zero_advantage"`` for rows with no applicable channel.
+        on_unscorable: rows with no applicable channel: ``"raise"``, or advantage 0 with
+            ``"zero_advantage"`` or ``"warn"`` (the reward suite has warned about them).
         ddof: 1 (unbiased std, TRL) or 0 (population std, the analysis).
         eps: ``δ`` added to every std before dividing.
 

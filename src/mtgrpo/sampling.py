@@ -57,7 +57,7 @@ import inspect
 import math
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -78,6 +78,7 @@ __all__ = [
     "Sampler",
     "SamplingReport",
     "ScoredGroup",
+    "check_sampler_params",
     "constant_channels",
     "largest_remainder_counts",
     "make_sampler",
@@ -859,6 +860,20 @@ def _options(cls: type[Sampler]) -> list[str]:
     return sorted(names - {"seed", "zero_gradient_filter", "shuffle"})
 
 
+def check_sampler_params(name: str, params: Mapping[str, Any]) -> None:
+    """Validate ``batch_construction_params`` for the sampler ``name`` without a dataset (the
+    configuration calls this, before any model loads; :func:`make_sampler` too): an unknown
+    option is an error listing the valid ones, a bad value the error its sampler raises."""
+    cls = SAMPLERS.get(name)
+    valid = _options(cls)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
+        )
+    cls(np.zeros(1, dtype=np.int64), 1, **params)  # one prompt: the constructor's own checks
+
+
 def make_sampler(
     name: str,
     prompt_tasks: Any,
@@ -881,14 +896,8 @@ def make_sampler(
         params: the sampler's options (``oversample_factor``, ``max_resample_rounds``,
             ``acceptance_ema``, ...); an unknown option is an error listing the valid ones.
     """
-    cls = SAMPLERS.get(name)
-    valid = _options(cls)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
-        )
-    return cls(
+    check_sampler_params(name, params)
+    return SAMPLERS.get(name)(
         prompt_tasks, num_tasks, seed=seed, zero_gradient_filter=zero_gradient_filter,
         shuffle=shuffle, **params,
     )

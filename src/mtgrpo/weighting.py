@@ -89,6 +89,7 @@ __all__ = [
     "WeightingParam",
     "WeightingStrategy",
     "WorstCaseWeighting",
+    "check_weighting_params",
     "improvement_by_task",
     "make_weighting",
     "simplex_gradient",
@@ -565,31 +566,41 @@ def _from_json(state: Mapping[str, Any], key: str, size: int) -> np.ndarray:
 WEIGHTINGS: Registry[type[WeightingStrategy]] = Registry("weighting strategy")
 
 
-def make_weighting(
-    name: str, num_tasks: int, *, task_names: Sequence[str] | None = None, **params: Any
-) -> WeightingStrategy:
-    """Build the strategy registered as ``name`` for ``num_tasks`` tasks.
+def check_weighting_params(name: str, params: Mapping[str, Any]) -> None:
+    """Validate ``task_weighting_params`` for the strategy ``name`` without building it (the
+    configuration calls this, before any model loads; :func:`make_weighting` too).
 
     Unknown names list the registered ones; unknown or missing parameters list the valid ones
-    with their allowed ranges and defaults; invalid values say the rule they break.
+    with their allowed ranges and defaults; invalid values say the rule they break (the task
+    weights of ``fixed`` are checked against the tasks when the strategy is built).
     """
     cls = WEIGHTINGS.get(name)
-    valid = {p.name for p in cls.PARAMS}
+    rules = {p.name: p for p in cls.PARAMS}
     for key in params:
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
+        if key not in rules:
+            close = difflib.get_close_matches(key, sorted(rules), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
                 f"unknown parameter {key!r} for weighting strategy {cls.name!r}{hint}; "
                 f"valid parameters: {_describe_params(cls)}"
             )
     for key, default in _defaults(cls).items():
-        if key in valid and default is inspect.Parameter.empty and key not in params:
+        if key in rules and default is inspect.Parameter.empty and key not in params:
             raise ValueError(
                 f"weighting strategy {cls.name!r} needs parameter {key!r}; "
                 f"parameters: {_describe_params(cls)}"
             )
-    return cls(num_tasks, task_names=task_names, **params)
+    for key, value in params.items():
+        rules[key].check(cls.name, value)
+
+
+def make_weighting(
+    name: str, num_tasks: int, *, task_names: Sequence[str] | None = None, **params: Any
+) -> WeightingStrategy:
+    """Build the strategy registered as ``name`` for ``num_tasks`` tasks (``params`` checked by
+    :func:`check_weighting_params`)."""
+    check_weighting_params(name, params)
+    return WEIGHTINGS.get(name)(num_tasks, task_names=task_names, **params)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -279,7 +279,7 @@ def test_gsm8k_config_trains_one_step_on_the_tiny_model(tmp_path, tiny_model_dir
         "--per_device_train_batch_size", "4", "--max_prompt_length", "128",
         "--max_completion_length", "8", "--save_steps", "0", "--eval_steps", "0",
     ])
-    assert run.peft == {"r": 16, "lora_alpha": 32}
+    assert (run.peft.r, run.peft.lora_alpha) == (16, 32)
     metrics = run_training(run)
     assert np.isfinite(metrics["loss"])
     for channel in ("math_reward", "answer_format_reward", "length_reward"):

@@ -80,19 +80,16 @@ def _suite_from_config(args: argparse.Namespace):
     """The held-out split of a run file's ``tasks`` section; flags given override its values."""
     from mtgrpo.config import load_run_config
     from mtgrpo.recipes import recipe_path
-    from mtgrpo.trainer.run import build_suite
 
     run = load_run_config(recipe_path(args.config), [])
-    if not run.tasks:
+    if run.tasks is None:
         raise ValueError(f"{args.config} has no tasks section; use --tasks or --data")
-    spec = {**run.tasks, "train_size": 1}
-    for key, value in (("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
-                       ("answer_format", args.answer_format), ("seed", args.seed)):
-        if value is not None:
-            spec[key] = value
+    flags = {key: value for key, value in (
+        ("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
+        ("answer_format", args.answer_format), ("seed", args.seed)) if value is not None}
     if args.max_new_tokens is None:
         args.max_new_tokens = run.training.max_completion_length
-    return build_suite(spec)
+    return run.tasks.build_suite(train_size=1, **flags)
 
 
 def run(args: argparse.Namespace) -> int:

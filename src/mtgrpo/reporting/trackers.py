@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Trackers", "check_trackers_available"]
+__all__ = ["TRACKERS", "Trackers", "check_trackers_available"]
 
 # tracker name -> (module that must be importable, pip extra)
 _REQUIREMENTS = {
@@ -15,6 +15,8 @@ _REQUIREMENTS = {
     "wandb": ("wandb", "wandb"),
     "trackio": ("trackio", "trackio"),
 }
+TRACKERS = tuple(_REQUIREMENTS)
+"""The trackers ``report_to`` may name (``metrics.jsonl`` is always written)."""
 
 
 def check_trackers_available(names: Sequence[str]) -> None:

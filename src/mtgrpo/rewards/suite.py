@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mtgrpo._registry import Registry
 from mtgrpo.advantages import Gate
+from mtgrpo.choices import ON_UNSCORABLE
 from mtgrpo.rewards.core import (
     RewardError,
     RewardFunction,
@@ -39,7 +40,7 @@ WILDCARD_TASK = "*"
 """Routing-table key whose functions apply to every task."""
 
 UnscorablePolicy = Callable[["RewardSuite", RewardBatch, np.ndarray], None]
-UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = Registry("on_unscorable policy")
+UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = ON_UNSCORABLE  # names in mtgrpo.choices
 """What to do with a completion no reward applies to (every channel NaN): ``raise`` (default),
 ``warn`` (TRL's behaviour and warning: the row stays all-NaN and the advantage is 0) or
 ``zero_advantage`` (the same without the warning)."""

@@ -11,7 +11,8 @@ Modules: :mod:`~mtgrpo.tasks.families` (families, levels, task ids),
 (worker processes with a time limit), :mod:`~mtgrpo.tasks.cache` (on-disk cache),
 :mod:`~mtgrpo.tasks.prompts` (prompt and answer formats), :mod:`~mtgrpo.tasks.rewards`
 (task rewards), :mod:`~mtgrpo.tasks.data` (loading user datasets),
-:mod:`~mtgrpo.tasks.paper` (the papers' released test sets), :mod:`~mtgrpo.tasks.prompt_set`
+:mod:`~mtgrpo.tasks.paper` (the papers' released test sets), :mod:`~mtgrpo.tasks.config`
+(:class:`TasksConfig`, a run file's ``tasks:`` section), :mod:`~mtgrpo.tasks.prompt_set`
 (:class:`PromptSet`: rows, task labels and token ids as the sampler and the rollouts address
 them).
 """
@@ -19,6 +20,7 @@ them).
 from __future__ import annotations
 
 from mtgrpo.tasks.cache import CACHE_ENV, cache_root
+from mtgrpo.tasks.config import TasksConfig
 from mtgrpo.tasks.data import load_rows
 from mtgrpo.tasks.families import (
     FAMILIES,
@@ -76,6 +78,7 @@ __all__ = [
     "TaskReward",
     "TaskSpec",
     "TaskSuite",
+    "TasksConfig",
     "cache_root",
     "ensure_trainable",
     "format_prompt",

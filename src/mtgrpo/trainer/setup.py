@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import GRPOConfig, RewardsConfig, check_model_init_kwargs
 from mtgrpo.models.transformers_compat import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward, resolve_rewards
@@ -107,6 +107,8 @@ def reward_processing_list(
     models, ignored by functions). Returns the reward functions with the reward models
     resolved (loaded with their tokenizer) and the tokenizer of each (``None`` for a
     function)."""
+    if isinstance(reward_funcs, RewardsConfig):
+        reward_funcs = reward_funcs.to_value()
     if isinstance(reward_funcs, Mapping):
         if processing_classes is not None:
             raise ValueError(
@@ -149,6 +151,8 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
     ``on_unscorable`` overrides ``args.on_unscorable`` (the trainer resolves ``auto``)."""
     if isinstance(reward_funcs, RewardSuite):
         return reward_funcs
+    if isinstance(reward_funcs, RewardsConfig):
+        reward_funcs = reward_funcs.to_value()
     if reward_funcs is None or (isinstance(reward_funcs, list | tuple | Mapping)
                                 and not reward_funcs):
         raise ValueError(
@@ -175,13 +179,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
     from mtgrpo.models import apply_lora, load_model, load_tokenizer
 
     init = dict(args.model_init_kwargs)
-    unknown = sorted(set(init) - {"dtype", "torch_dtype", "attn_implementation",
-                                  "trust_remote_code", "revision", "gguf_file"})
-    if unknown:
-        raise ValueError(
-            f"model_init_kwargs has unknown option(s) {unknown}; use dtype, "
-            "attn_implementation, trust_remote_code, revision or gguf_file"
-        )
+    check_model_init_kwargs(init)  # again: the run file's model section is merged in after
     spec = _model_spec(model, init)
     remote = bool(init.get("trust_remote_code", args.trust_remote_code))
     loaded = load_model(

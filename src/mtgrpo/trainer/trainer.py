@@ -167,8 +167,9 @@ class GRPOTrainer:
             ``{"path": ..., "gguf_file": ...}``, or a loaded causal LM.
         reward_funcs: a reward function, a list of them, a routing table
             ``{task: [functions]}`` (``"*"`` = every task), reward models (a hub id, a path or
-            a loaded sequence-classification model) or registered names
-            (``"countdown_reward"``).
+            a loaded sequence-classification model), registered names
+            (``"countdown_reward"``) or a run file's section
+            (:class:`~mtgrpo.config.RewardsConfig`).
         args: :class:`~mtgrpo.config.GRPOConfig`.
         train_dataset: a ``datasets.Dataset`` (or ``IterableDataset``), a list of dicts, or a
             path (JSONL, JSON, parquet, CSV) with a prompt column; its task column
@@ -257,12 +258,12 @@ class GRPOTrainer:
                 self.eval_dataset.values() if isinstance(self.eval_dataset, Mapping)
                 else [self.eval_dataset]))
         if data.iterable or iterable_eval:
-            if args.accelerator_config.dispatch_batches:
+            if args.accelerator_settings().dispatch_batches:
                 raise ValueError(
                     "Iterable datasets require `dispatch_batches=False`, but it is set to "
                     "`True` in `accelerator_config`; set it to False"
                 )
-            args.accelerator_config.dispatch_batches = False
+            args.accelerator_settings().dispatch_batches = False
         if data.iterable:
             if args.max_steps < 1:
                 raise ValueError(
