@@ -150,7 +150,7 @@ def test_no_cycle_lazy_or_not():
 # configuration without torch); the first group also imports numpy only. (mtgrpo.choices asks
 # transformers about a name that is not ours; the subprocess test below holds it torch-free on
 # import.)
-_NUMPY_ONLY = ("weighting", "sampling")
+_NUMPY_ONLY = ("metrics", "weighting", "sampling")
 _MODEL_FREE = ("advantages", "analysis", *_NUMPY_ONLY)
 _MODEL_LIBRARIES = ("transformers", "peft", "accelerate")
 

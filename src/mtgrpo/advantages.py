@@ -71,6 +71,7 @@ from mtgrpo.choices import (
     resolve_aggregation,
     resolve_scale_rewards,
 )
+from mtgrpo.metrics import lacks_contrast, scalar_rewards
 
 __all__ = [
     "AGGREGATIONS",
@@ -82,15 +83,13 @@ __all__ = [
     "apply_gates",
     "channel_zscores",
     "compute_advantages",
+    "normalises_over_the_batch",
     "resolve_aggregation",
     "resolve_scale_rewards",
 ]
 
 GATE_MODES = ("zero_fill", "subgroup")
 
-# Relative tolerance below which a group's centred rewards count as "no contrast".
-_CONTRAST_RTOL = 1e-6
-_CONTRAST_ATOL = 1e-7
 
 
 @dataclass(frozen=True)
@@ -119,8 +118,9 @@ class AdvantageResult:
 
     Attributes:
         advantages: ``[N]`` one advantage per completion (0 for unscorable rows).
-        zero_gradient: ``[B]`` True where the group has no within-group contrast (every
-            completion got the same rewards), decided before any batch-level step.
+        zero_gradient: ``[B]`` True where the group has no within-group contrast in the values
+            the aggregation normalises (the one zero-gradient rule, :mod:`mtgrpo.metrics`),
+            decided before any batch-level step.
         unscorable: ``[N]`` True where every channel is NaN.
         scalar_rewards: ``[N]`` ``Σ_l w_l r_jl`` over the applicable channels (NaN for
             unscorable rows), for logging.
@@ -175,10 +175,11 @@ def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
 
 
 def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
-    """``[B]`` True where some masked centred value is non-negligible relative to ``reference``."""
+    """``[B]`` True where some masked centred value is non-negligible relative to ``reference``
+    (the zero-gradient rule, :func:`mtgrpo.metrics.lacks_contrast`)."""
     size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
     ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
-    return size > _CONTRAST_ATOL + _CONTRAST_RTOL * ref
+    return ~lacks_contrast(size, ref)
 
 
 @AGGREGATIONS.register("sum_then_normalize")
@@ -232,6 +233,14 @@ def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Ten
     one = _Spec(torch.ones(1, dtype=rewards.dtype, device=rewards.device), spec.scale,
                 spec.none_handling, spec.ddof, spec.eps)
     return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
+
+
+def normalises_over_the_batch(aggregation: str, scale_rewards: str | bool) -> bool:
+    """Whether an advantage depends on the other groups of the batch: ``scale_rewards="batch"``
+    (the batch's std) or ``gdpo`` (a batch re-normalisation). Otherwise every group's advantages
+    are a function of its own rewards alone, whatever batch it is computed in."""
+    return (resolve_scale_rewards(scale_rewards) == "batch"
+            or AGGREGATIONS.canonical(aggregation) == "gdpo")
 
 
 def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
@@ -374,12 +383,12 @@ def compute_advantages(
     gated = apply_gates(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
     scorable = ~unscorable.reshape(-1, group_size)  # [B, G]
     advantages, contrast = AGGREGATIONS.get(name)(gated, scorable, spec)
-    scalar = (torch.where(x.isnan(), 0.0, x) * spec.weights).sum(dim=1)
+    scalar = scalar_rewards(x.detach().cpu().numpy(), spec.weights.detach().cpu().numpy())
     return AdvantageResult(
         advantages=advantages.reshape(-1),
         zero_gradient=~contrast,
         unscorable=unscorable,
-        scalar_rewards=torch.where(unscorable, torch.nan, scalar),
+        scalar_rewards=torch.from_numpy(scalar).to(device=x.device, dtype=x.dtype),
     )
 
 
