@@ -51,7 +51,7 @@ class RewardScores:
     """The scores of one batch.
 
     Attributes:
-        values: ``[N, R]`` float32; NaN where a function returned ``None`` or was not routed
+        values: ``[N, R]`` float64; NaN where a function returned ``None`` or was not routed
             to the row's task.
         applied: ``[N, R]`` bool, ``~isnan(values)``: the channel scored the completion.
         channel_names: ``[R]`` column names.
@@ -443,7 +443,7 @@ class RewardSuite:
         tasks: Sequence[str],
         extra: Mapping[str, Any] | None = None,
     ) -> RewardScores:
-        """Score ``N`` completions with every channel: ``values [N, R]`` float32, NaN = the
+        """Score ``N`` completions with every channel: ``values [N, R]`` float64, NaN = the
         function returned ``None`` or is not routed to the row's task.
 
         ``columns`` are the other dataset columns, one value per completion (``task`` is
@@ -488,7 +488,9 @@ class RewardSuite:
                 raise out
             self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
         UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
-        scores = torch.from_numpy(values.astype(np.float32))  # [N, R]
+        # float64 from the reward functions' Python floats to the advantages: one dtype, no
+        # rounding on the way (the loss reads the advantages as float32, PolicyBatch)
+        scores = torch.from_numpy(values)  # [N, R] float64
         return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks,
                             torch.from_numpy(errors))  # fmt: skip
 

@@ -151,7 +151,7 @@ class RolloutWorker:
         )
         correct = correct_completions(scores.values, self.accuracy_threshold,
                                       self.accuracy_channel).numpy()
-        values = scores.values.numpy().astype(np.float64)  # [N, R]
+        values = scores.values.numpy()  # [N, R] float64
         errors = scores.errors.numpy() if scores.errors is not None else None  # [N, R]
         self.seconds["score"] += time.perf_counter() - begin
         groups = []
