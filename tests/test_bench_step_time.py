@@ -75,6 +75,9 @@ class _AddsBos:
         ids = [ord(c) for c in text]
         return {"input_ids": ([1] if add_special_tokens else []) + ids}
 
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
 
 def test_rows_have_exactly_the_requested_prompt_length():
     from mtgrpo.models import build_tiny_tokenizer
@@ -186,14 +189,29 @@ def test_the_benchmark_refuses_before_timing_when_auto_falls_back(monkeypatch):
 # ---------------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def tiny_report():
-    config, _ = bench.config_from_args([*TINY_ARGS, "--trl-defaults"])
-    return bench.run_benchmark(config)
+    # bf16 forced on for our default row, so that --ours-fp32 adds its row on any CPU
+    config, _ = bench.config_from_args([*TINY_ARGS, "--trl-defaults", "--trl-bf16",
+                                        "--ours-fp32"])
+    import mtgrpo.models.precision as precision
+
+    original = precision.cpu_bf16_feature
+    precision.cpu_bf16_feature = lambda: "avx512_bf16"
+    try:
+        return bench.run_benchmark(config)
+    finally:
+        precision.cpu_bf16_feature = original
 
 
-def test_both_trainers_run_alternately_and_report_every_step(tiny_report):
-    ours, trl, trl_defaults = tiny_report.results
-    assert ours.trainer.startswith("mtgrpo (")
-    assert "(best)" in trl.trainer
+def test_every_trainer_runs_and_reports_every_step(tiny_report):
+    ours, ours_fp32, trl, trl_bf16, trl_defaults = tiny_report.results
+    assert ours.trainer == "mtgrpo (static)"
+    assert ours.settings == ("fp32 weights, bf16 autocast, bfloat16 generation, "
+                             "no grad ckpt")
+    assert ours_fp32.trainer == "mtgrpo (static, bf16 off)"
+    assert ours_fp32.settings == "fp32 weights, no autocast, no grad ckpt"
+    assert trl.trainer.endswith("(fp32)")
+    assert trl_bf16.trainer.endswith("(bf16)")
+    assert trl_bf16.settings == "fp32 weights, bf16 autocast, no grad ckpt"
     assert "(defaults)" in trl_defaults.trainer
     assert "grad ckpt" in trl_defaults.settings
     for result in tiny_report.results:
@@ -204,24 +222,30 @@ def test_both_trainers_run_alternately_and_report_every_step(tiny_report):
             assert sample.loop_seconds >= sample.seconds
             assert 1 <= sample.mean_completion_length <= 4
         assert result.resident_mib > 0
-    # Blocks of one step, ours first: ours 1, TRL 1, ours 2, TRL 2; TRL defaults after both.
-    order = [ours.samples[0], trl.samples[0], ours.samples[1], trl.samples[1],
-             *trl_defaults.samples]
+    # Blocks of one step, ours first: ours 1, ours-fp32 1, TRL 1, ours 2, ...; then TRL bf16
+    # and TRL defaults, each alone.
+    order = [ours.samples[0], ours_fp32.samples[0], trl.samples[0], ours.samples[1],
+             ours_fp32.samples[1], trl.samples[1], *trl_bf16.samples, *trl_defaults.samples]
     assert [s.begin for s in order] == sorted(s.begin for s in order)
 
 
 def test_report_table_has_one_row_per_trainer_and_the_ratio(tiny_report):
     text = bench.markdown_report(tiny_report)
     rows = [line for line in text.splitlines() if line.startswith("| cpu-tiny |")]
-    assert len(rows) == 3
-    ours, trl = tiny_report.results[:2]
-    assert float(rows[1].split("|")[5]) == pytest.approx(trl.minimum(), abs=6e-4)
-    *_, wall_ratio, cpu_ratio, _ = rows[1].split("|")
+    assert len(rows) == 5
+    ours, trl = tiny_report.results[0], tiny_report.results[2]
+    assert float(rows[2].split("|")[5]) == pytest.approx(trl.minimum(), abs=6e-4)
+    *_, wall_ratio, cpu_ratio, _ = rows[2].split("|")
     assert float(wall_ratio) == pytest.approx(trl.median("seconds") / ours.median("seconds"),
                                               abs=0.006)
     assert float(cpu_ratio) == pytest.approx(
         trl.median("cpu_seconds") / ours.median("cpu_seconds"), abs=0.006)
     assert rows[0].split("|")[-3:-1] == [" - ", " - "]
+    best = bench.best_trl(tiny_report.results)
+    assert best is min(tiny_report.results[2:], key=lambda r: r.median("seconds"))
+    ratio = best.median("seconds") / ours.median("seconds")
+    assert f"TRL's fastest setting measured: {best.trainer}" in text
+    assert f"**TRL / ours: {ratio:.2f}x**" in text
     assert "Command: `python benchmarks/step_time_vs_trl.py --workload cpu-tiny" in text
 
 

@@ -216,8 +216,10 @@ class GRPOConfig(TRLCompatibleFields):
         "Options of gradient_checkpointing_enable (default {use_reentrant: false}).",
         default=None)
     bf16: bool | None = _help(
-        "bfloat16 autocast for forward passes (None: on a GPU that supports it, TRL's "
-        "default).", default=False)
+        "bfloat16 where the hardware multiplies it natively: autocast for the update's forward "
+        "passes and, for float32 weights, generation from a bfloat16 copy of the policy (static "
+        "backend). None (auto): on a GPU that supports it (TRL's default) or a CPU with "
+        "amx_bf16, avx512_bf16 or Arm bf16; false: never (float32 throughout).", default=None)
     fp16: bool = _help("float16 autocast for forward passes (a GPU feature).", default=False)
     tf32: bool | None = _help("Allow TF32 matrix products on Ampere or newer GPUs (None: "
                               "leave torch's setting).", default=None)
@@ -475,11 +477,8 @@ class GRPOConfig(TRLCompatibleFields):
             self.steps_per_generation = 1
         if self.output_dir is None:
             self.output_dir = "trainer_output"  # TRL's (transformers') default
-        if self.bf16 is None:  # TRL's default: bf16 where the GPU has it
-            import torch
-
-            self.bf16 = bool(not self.fp16 and torch.cuda.is_available()
-                             and torch.cuda.is_bf16_supported())
+        if self.bf16 is None and self.fp16:
+            self.bf16 = False  # fp16 asked for: auto never adds bf16
         if self.num_generations_eval is None:
             self.num_generations_eval = self.num_generations  # TRL's meaning of None
         if self.trust_remote_code:

@@ -23,6 +23,7 @@ def build_backend(
     max_batch_size: int | None = None,
     generation_options: Mapping[str, Any] | None = None,
     requires_generate: str | None = None,
+    generation_dtype: Any = None,
 ) -> GenerationBackend:
     """The generation backend for ``model``.
 
@@ -31,7 +32,8 @@ def build_backend(
     ``generation_options``: extra transformers ``GenerationConfig`` fields for the ``hf``
     backend. ``requires_generate``: the options set that only transformers ``generate``
     implements (e.g. ``"min_p, repetition_penalty"``); ``auto`` then picks ``hf`` and any other
-    name is refused.
+    name is refused. ``generation_dtype``: the static backend generates in this dtype (from a
+    copy of the weights) when it differs from the model's; other backends ignore it.
     """
     if not isinstance(backend, str):
         if not isinstance(backend, GenerationBackend):
@@ -53,6 +55,8 @@ def build_backend(
     options: dict[str, Any] = {"max_batch_size": max_batch_size}
     if name == "hf":
         options["generation_options"] = dict(generation_options or {})
+    elif name == "static" and generation_dtype is not None:
+        options["dtype"] = generation_dtype
     return make_backend(name, model, tokenizer, **options)
 
 

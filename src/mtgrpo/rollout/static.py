@@ -91,9 +91,12 @@ from mtgrpo.rollout.base import (
     load_partial_state,
 )
 from mtgrpo.rollout.hf_generate import _eval_mode, _seeded, _special_ids
+from mtgrpo.rollout.replica import WeightReplica
 from mtgrpo.rollout.static_decoders import (
     DECODERS,
     StaticDecoder,
+    check_static_cache_support,
+    mark_supported,
     model_dtype,
     resolve_decoder,
     unwrap_causal_lm,
@@ -302,7 +305,11 @@ class StaticCacheBackend:
     quarter less matrix-product time on a CPU, one more copy of those weights in memory while
     ``generate`` runs); ``"auto"``: on the CPU when the copies take at most 1 GiB, ``True``:
     whenever decoding is eager (never with CUDA graphs, which would replay the copies of the
-    call that captured them), ``False``: never.
+    call that captured them), ``False``: never. ``dtype``: generate in this dtype (e.g.
+    ``torch.bfloat16`` for a float32 policy on hardware that multiplies bfloat16 natively):
+    the backend then decodes from a :class:`~mtgrpo.rollout.replica.WeightReplica` of the
+    policy in that dtype, LoRA merged, refreshed by ``update_weights`` and whenever the
+    policy's weights changed since (``None``: the model itself, in its own dtype).
     """
 
     name = "static"
@@ -323,6 +330,7 @@ class StaticCacheBackend:
         graph_warmup_steps: int = 3,
         compact_below: float = 0.9,
         transpose_weights: bool | Literal["auto"] = "auto",
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         _check_options(
             max_batch_size=max_batch_size,
@@ -346,6 +354,7 @@ class StaticCacheBackend:
                 f"{compact_below!r}"
             )
         _check_bool_or_auto("transpose_weights", transpose_weights)
+        self.dtype = _check_dtype(dtype)
         self.max_batch_size = max_batch_size
         self.use_cuda_graph = use_cuda_graph
         self.decode_path = decode_path
@@ -368,6 +377,12 @@ class StaticCacheBackend:
                 f"model must be a torch.nn.Module causal LM, got {type(model).__name__}"
             )
         lm = unwrap_causal_lm(model)
+        self._replica: WeightReplica | None = None
+        if self.dtype is not None and self.dtype != model_dtype(lm):
+            keyword = check_static_cache_support(lm)  # probed on the policy's own precision
+            self._replica = WeightReplica(model, self.dtype)
+            lm = self._replica.module
+            mark_supported(lm, keyword)  # the same class and config: the same verdict
         self._decoder: StaticDecoder = resolve_decoder(lm, self.decode_path)
         self.model = model
         self._lm = lm
@@ -394,6 +409,8 @@ class StaticCacheBackend:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         embeddings = self._lm.get_input_embeddings()
         prompts = check_prompt_ids(prompt_ids, getattr(embeddings, "num_embeddings", None))
+        if self._replica is not None and self._replica.stale():
+            self._replica.refresh()  # the policy changed since: never sample old weights
         group_size = check_num_samples(num_samples)
         rows = [list(prompt) for prompt in prompts for _ in range(group_size)]  # [N]
         lengths = [len(prompt) for prompt in prompts]  # [B]
@@ -671,6 +688,8 @@ class StaticCacheBackend:
             raise TypeError(
                 f"update_weights takes a model or a state dict, got {type(model_or_state).__name__}"
             )
+        if self._replica is not None:
+            self._replica.refresh()
         self.weights_version = version
 
 
@@ -747,6 +766,20 @@ def _read_back(
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _check_dtype(dtype: object) -> torch.dtype | None:
+    """``None`` or a floating-point torch dtype (also given by name: ``"bfloat16"``)."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return dtype
+    if isinstance(dtype, str):
+        named = getattr(torch, dtype.removeprefix("torch."), None)
+        if isinstance(named, torch.dtype) and named.is_floating_point:
+            return named
+    raise ValueError(
+        f"dtype must be None (the model's own) or a floating-point torch dtype such as "
+        f"torch.bfloat16 or 'bfloat16', got {dtype!r}"
+    )
 
 
 def _check_bool_or_auto(name: str, value: object) -> None:

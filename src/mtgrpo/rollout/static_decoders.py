@@ -66,6 +66,7 @@ __all__ = [
     "StaticCacheUnsupportedError",
     "StaticDecoder",
     "check_static_cache_support",
+    "mark_supported",
     "resolve_decoder",
     "unwrap_causal_lm",
 ]
@@ -160,6 +161,13 @@ def check_static_cache_support(lm: nn.Module) -> str:
     if lm not in _PROBED:
         _PROBED[lm] = _probe_forward(lm)
     return _PROBED[lm]
+
+
+def mark_supported(lm: nn.Module, keyword: str) -> None:
+    """Record that ``lm`` passed the probe with ``keyword`` without running it: for a copy of
+    a probed model in another dtype (the same class and config; in half precision the
+    probe's position check could be lost in rounding)."""
+    _PROBED[lm] = keyword
 
 
 def _probe_forward(lm: nn.Module) -> str:
@@ -374,6 +382,7 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         self._rotary, self._attention = llama_functions(lm.model)
         # torch's kernel called directly where transformers' wrapper would make the same call
         self._sdpa = lm.config._attn_implementation == "sdpa" and sdpa_packs_one_token_queries()
+        self._dtype = model_dtype(lm)
         self._transposed: dict[nn.Module, Tensor] = {}
 
     @contextmanager
@@ -433,7 +442,16 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         visible: int | None = None,
     ) -> Tensor:
         """As :meth:`ModelForwardDecoder.decode`; with ``visible``, attention reads only the
-        first ``visible`` cache columns (the same result: the others are masked out)."""
+        first ``visible`` cache columns (the same result: the others are masked out).
+
+        With the two-product attention (half precision on the CPU) the columns are read as a
+        slice only while it holds at most half of the cache: a slice of the cache is not
+        contiguous, and the products copy it, which costs more than attending to the masked
+        columns, whose weights are exactly 0.
+        """
+        matmul = _matmul_attention(tokens.device, self._dtype)
+        if visible is not None and matmul and 2 * visible > mask.shape[-1]:
+            visible = None
         if visible is not None:
             mask = mask[..., :visible]
         backbone = self.lm.model
@@ -467,7 +485,9 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         keys, values = stored.keys, stored.values
         if visible is not None:
             keys, values = keys[:, :, :visible], values[:, :, :visible]
-        if self._sdpa and query.device.type == "cpu":
+        if _matmul_attention(query.device, query.dtype):
+            output = _grouped_query_matmul_attention(query, keys, values, mask, attn.scaling)
+        elif self._sdpa and query.device.type == "cpu":
             output = _grouped_query_sdpa(query, keys, values, mask, attn.scaling)
         else:
             output, _ = self._attention(
@@ -523,6 +543,35 @@ def _grouped_query_sdpa(
         grouped, keys, values, attn_mask=mask, scale=scaling
     )  # [n, kv_heads, heads // kv_heads, d]: query heads in order
     return output.reshape(rows, 1, heads * dim)
+
+
+# Half-precision dtypes whose one-token attention runs as two matrix products on the CPU.
+_MATMUL_ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _matmul_attention(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype in _MATMUL_ATTENTION_DTYPES
+
+
+def _grouped_query_matmul_attention(
+    query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scaling: float
+) -> Tensor:
+    """One-token attention as two batched matrix products with a float32 softmax, query heads
+    grouped per key/value head as in :func:`_grouped_query_sdpa` (same shapes in and out).
+
+    Used on the CPU for bfloat16 (and float16) caches, where torch's fused CPU attention
+    kernel runs slower than in float32, while the two products run at the bfloat16 rate
+    (measured on an AMD EPYC with ``avx512_bf16``, 64 rows, 4 layers' caches of 176 columns:
+    6.4 ms fused, 3.0 ms as products; float32: 4.9 ms fused). The scores are rounded to
+    bfloat16 by the product, then scaled, masked and normalised in float32.
+    """
+    rows, heads, _, dim = query.shape
+    kv_heads = keys.shape[1]
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)  # [n, kv_heads, g, d]
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [n, kv_heads, g, C]
+    scores = scores.mul_(scaling).add_(mask)  # mask [n, 1, 1, C] broadcasts
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(weights, values).reshape(rows, 1, heads * dim)
 
 
 DECODERS: Registry[Callable[[nn.Module], StaticDecoder]] = Registry("static decode path")

@@ -3,8 +3,9 @@
 Defaults follow TRL 1.16's ``SFTConfig`` where TRL has the option (``learning_rate=2e-5``,
 ``num_train_epochs=3``, ``per_device_train_batch_size=8``, ``max_length=1024``,
 ``logging_steps=10``, ``lr_scheduler_type="linear"``, ``completion_only_loss=True`` for
-prompt-completion data), except ``bf16`` (False: the CPU quickstart) and ``max_steps`` (``None``
-rather than TRL's ``-1``: "train for ``num_train_epochs``"). Every field carries its help text
+prompt-completion data), except ``bf16`` (None: auto, bfloat16 where the hardware has it;
+TRL: true unless fp16) and ``max_steps`` (``None`` rather than TRL's ``-1``: "train for
+``num_train_epochs``"). Every field carries its help text
 once, in ``metadata["help"]``; ``mtgrpo sft`` derives its flags from it.
 """
 
@@ -83,8 +84,11 @@ class SFTConfig:
         default=42, metadata={"help": "Seed of the data order, the eval split and LoRA init."})
     logging_steps: int = field(
         default=10, metadata={"help": "Write a metrics.jsonl record every N optimizer steps."})
-    bf16: bool = field(
-        default=False, metadata={"help": "bfloat16 autocast for the forward passes."})
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bfloat16 autocast for the forward passes; None (auto): "
+                                        "where the hardware multiplies bfloat16 natively (a GPU "
+                                        "that supports it, a CPU with amx_bf16, avx512_bf16 or "
+                                        "Arm bf16); false: float32."})
     completion_only_loss: bool = field(
         default=True,
         metadata={"help": "Loss on completion tokens (+EOS) only; false: on the prompt too."})

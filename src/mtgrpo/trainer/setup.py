@@ -243,15 +243,18 @@ def _is_peft(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig) -> Any:
+def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig,
+                  generation_dtype: Any = None) -> Any:
     """The generation backend (:func:`mtgrpo.rollout.build_backend`) with ``args``' options:
-    ``backend`` as given, else ``args.generation_backend``."""
+    ``backend`` as given, else ``args.generation_backend``. ``generation_dtype``: the static
+    backend generates in this dtype (from a copy of the weights) when it differs from the
+    model's; other backends ignore it."""
     from mtgrpo.rollout import build_backend as select
 
     return select(
         args.generation_backend if backend is None else backend, model, tokenizer,
         max_batch_size=args.generation_batch_size, generation_options=generation_options(args),
-        requires_generate=needs_generate(args),
+        requires_generate=needs_generate(args), generation_dtype=generation_dtype,
     )
 
 

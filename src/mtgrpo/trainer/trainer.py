@@ -41,6 +41,7 @@ from mtgrpo._files import write_atomically
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
 from mtgrpo.metrics import scalar_rewards
+from mtgrpo.models.precision import resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
@@ -299,7 +300,12 @@ class GRPOTrainer:
         from accelerate import Accelerator
 
         args = self.args
-        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+        device_type = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
+        self.bf16, self.bf16_reason = resolve_bf16(args.bf16, device_type)
+        # bf16 on the CPU is our own autocast: accelerate keeps one mixed-precision setting
+        # per process, which another trainer (a benchmark's TRL) would change under us
+        self._cpu_bf16 = self.bf16 and device_type == "cpu"
+        precision = "bf16" if self.bf16 and not self._cpu_bf16 else "fp16" if args.fp16 else "no"
         if args.tf32 is not None and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = args.tf32
             torch.backends.cudnn.allow_tf32 = args.tf32
@@ -366,7 +372,8 @@ class GRPOTrainer:
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
-        self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer, args)
+        self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer, args,
+                                     generation_dtype=self._generation_dtype())
         self.sampling_params = SamplingParams(
             max_new_tokens=args.max_completion_length, temperature=args.temperature,
             top_p=args.top_p, top_k=args.top_k,
@@ -381,7 +388,7 @@ class GRPOTrainer:
         self.updater = PolicyUpdater(
             args, self.model, self.optimizer, self.scheduler, self.accelerator,
             reference_model=self.ref_model, reference=reference,
-            entropy_mask=self.get_high_entropy_mask,
+            entropy_mask=self.get_high_entropy_mask, autocast=self._autocast,
         )
 
     def _build_trainer_surface(self, callbacks: list[Any] | None) -> None:
@@ -427,6 +434,28 @@ class GRPOTrainer:
         """TRL's extra keyword arguments of every reward call."""
         return {"trainer_state": self.state, "log_extra": self._log_completion_extra,
                 "log_metric": self._log_metric}
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward passes' mixed precision: bf16 autocast of our own on the CPU, else the
+        accelerator's (bf16 or fp16 on a GPU, none in float32)."""
+        if self._cpu_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return self.accelerator.autocast()
+
+    def _generation_dtype(self) -> torch.dtype | None:
+        """bfloat16 when bf16 is on and the policy's weights are float32 (the static backend
+        then generates from a bfloat16 copy); None: the policy's own dtype."""
+        from mtgrpo.rollout.replica import hooked_modules
+
+        weights = next(self.unwrapped.parameters()).dtype
+        if not self.bf16 or weights != torch.float32:
+            return None
+        hooked = hooked_modules(self.unwrapped)
+        if hooked:
+            logger.info("generating in float32 from the policy itself: its modules %s have "
+                        "forward hooks, which a bfloat16 copy would not compute alike", hooked[:3])
+            return None
+        return torch.bfloat16
 
     def _gather_objects(self, local: list[Any]) -> list[Any]:
         from accelerate.utils import gather_object
@@ -586,6 +615,7 @@ class GRPOTrainer:
             advantages = self._batch_advantages(built.groups, G)               # [B*G]
             out = self.updater.update(pad_policy_batch(..., advantages), ...)  # (in _update)
             self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
+            self.backend.update_weights(self.unwrapped, self.step)             # generation follows
         """
         args, begin = self.args, time.perf_counter()
         weights = self.weighting.weights  # [K]
@@ -606,6 +636,7 @@ class GRPOTrainer:
         ))
         weighting_seconds = time.perf_counter() - weighting_begin
         self.step += 1
+        self.backend.update_weights(self.unwrapped, self.step)  # a copy of the weights follows
         values = np.concatenate([g.rewards for g in generated])  # [N, R]
         scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))  # [N]
         metrics.update(task_metrics(self.task_names, generated, scalar, weights, report,
@@ -1091,6 +1122,9 @@ class GRPOTrainer:
             "step": self.step, "split": "run", **backend_description(self.backend),
             "policy/logprob_path": route.path,
             "policy/padding_free": bool(self.args.padding_free and route.packed),
+            "precision/bf16": self.bf16, "precision/bf16_reason": self.bf16_reason,
+            "generation/dtype": str(getattr(self.backend, "dtype", None) or
+                                    next(self.unwrapped.parameters()).dtype).removeprefix("torch."),
             "versions/torch": torch.__version__,
             "versions/transformers": transformers.__version__,
             "versions/mtgrpo": __version__,

@@ -102,7 +102,8 @@ class PolicyUpdater:
 
     ``reference`` is a context manager factory whose block computes log-probs under the
     reference policy (the adapter disabled under LoRA, or ``None`` when ``beta == 0``);
-    ``reference_model`` is the module to score under it. ``entropy`` is the entropy-bonus
+    ``reference_model`` is the module to score under it. ``autocast``: the mixed-precision
+    context of the forward passes (default: the accelerator's). ``entropy`` is the entropy-bonus
     coefficient (constant or adaptive, updated once per optimizer step); ``entropy_mask`` maps
     a micro-batch's entropies and mask to the tokens to train on (``top_entropy_quantile``;
     the trainer's ``get_high_entropy_mask``, which gathers across processes).
@@ -120,8 +121,10 @@ class PolicyUpdater:
         reference: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         logprob_chunk_size: int = 512,
         entropy_mask: Callable[[Tensor, Tensor, float], Tensor] | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.args = args
+        self.autocast = autocast or accelerator.autocast
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -156,7 +159,7 @@ class PolicyUpdater:
         return [[rows[i] for i in micro] for micro in plan]
 
     def _logps(self, model: torch.nn.Module, part: PolicyBatch, entropy: bool = False):
-        with self.accelerator.autocast():
+        with self.autocast():
             return sequence_logprobs(
                 model, part.input_ids, part.attention_mask, part.completion_length,
                 temperature=self.args.temperature, chunk_size=self.chunk_size,

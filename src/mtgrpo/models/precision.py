@@ -1,0 +1,88 @@
+"""Which hardware computes in bfloat16 natively, and what ``bf16: auto`` resolves to.
+
+bfloat16 pays where the hardware multiplies it natively: a CUDA GPU that supports it, or a
+CPU with the bf16 dot-product instructions (x86: ``avx512_bf16`` on AMD Zen 4 and newer and
+Intel Cooper Lake / Sapphire Rapids and newer, ``amx_bf16`` on Intel Sapphire Rapids and newer;
+Arm: the ``bf16`` feature, e.g. Graviton 3, Apple M2). Elsewhere torch emulates it, slower
+than float32. Measured on a 2-core AMD EPYC with ``avx512_bf16``: a ``[64, 256] x [256, 1376]``
+matrix product 1.7 ms in float32, 0.8 ms in bfloat16 (one thread).
+
+Importing this module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import subprocess
+from pathlib import Path
+
+__all__ = ["cpu_bf16_feature", "resolve_bf16"]
+
+# /proc/cpuinfo flags that mean native bf16 dot products, strongest first.
+_X86_FLAGS = ("amx_bf16", "avx512_bf16", "avx_vnni_bf16")
+
+
+def cpu_bf16_feature(cpuinfo: str | None = None, machine: str | None = None) -> str | None:
+    """The CPU feature that gives native bfloat16 matrix products (``"amx_bf16"``,
+    ``"avx512_bf16"``, ``"arm bf16"``), or None when the CPU has none (or it cannot be told).
+
+    ``cpuinfo``: the text of ``/proc/cpuinfo`` (default: read it on Linux; on macOS the
+    ``hw.optional.arm.FEAT_BF16`` sysctl is asked instead). ``machine``: ``platform.machine()``.
+    """
+    machine = (machine or platform.machine()).lower()
+    if cpuinfo is None:
+        cpuinfo = _read_cpuinfo()
+        if cpuinfo is None:
+            return _macos_bf16()
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    if machine in ("aarch64", "arm64"):
+        return "arm bf16" if "bf16" in flags else None
+    return next((flag for flag in _X86_FLAGS if flag in flags), None)
+
+
+@functools.cache
+def _read_cpuinfo() -> str | None:
+    path = Path("/proc/cpuinfo")
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+@functools.cache
+def _macos_bf16() -> str | None:
+    if platform.system() != "Darwin":
+        return None
+    try:
+        answer = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
+                                capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "arm bf16" if answer.stdout.strip() == "1" else None
+
+
+def resolve_bf16(setting: bool | None, device_type: str) -> tuple[bool, str]:
+    """``(use bf16, why)`` for the config's ``bf16`` on a device of ``device_type``.
+
+    ``True``/``False`` are kept; ``None`` (auto) turns bf16 on where the hardware computes it
+    natively (:func:`cpu_bf16_feature` on a CPU; ``torch.cuda.is_bf16_supported()`` on CUDA;
+    off elsewhere).
+    """
+    if setting is not None:
+        return bool(setting), f"bf16={setting} in the config"
+    if device_type == "cuda":
+        import torch
+
+        supported = torch.cuda.is_bf16_supported()
+        return supported, f"auto: the GPU {'supports' if supported else 'lacks'} bfloat16"
+    if device_type == "cpu":
+        feature = cpu_bf16_feature()
+        if feature is None:
+            return False, "auto: this CPU has no native bfloat16 instructions"
+        return True, f"auto: this CPU has {feature}"
+    return False, f"auto: bfloat16 is not turned on automatically on {device_type!r}"

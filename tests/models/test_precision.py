@@ -1,0 +1,50 @@
+"""``bf16: auto``: which CPUs and GPUs compute bfloat16 natively (mtgrpo.models.precision)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtgrpo.models import precision
+from mtgrpo.models.precision import cpu_bf16_feature, resolve_bf16
+
+EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu vme sse sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+"""
+SAPPHIRE_RAPIDS = "flags\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+OLDER_X86 = "flags\t: fpu sse sse2 avx avx2 fma avx512f\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve bf16 i8mm\n"
+GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 atomics\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "machine", "expected"),
+    [
+        (EPYC, "x86_64", "avx512_bf16"),
+        (SAPPHIRE_RAPIDS, "x86_64", "amx_bf16"),  # the strongest feature is named
+        (OLDER_X86, "x86_64", None),
+        (GRAVITON3, "aarch64", "arm bf16"),
+        (GRAVITON2, "aarch64", None),
+        ("", "x86_64", None),
+    ],
+)
+def test_the_cpu_feature_is_read_off_cpuinfo(cpuinfo: str, machine: str, expected: str | None):
+    assert cpu_bf16_feature(cpuinfo, machine) == expected
+
+
+def test_an_explicit_setting_is_kept() -> None:
+    assert resolve_bf16(True, "cpu") == (True, "bf16=True in the config")
+    assert resolve_bf16(False, "cuda") == (False, "bf16=False in the config")
+
+
+def test_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: "avx512_bf16")
+    assert resolve_bf16(None, "cpu") == (True, "auto: this CPU has avx512_bf16")
+    monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: None)
+    assert resolve_bf16(None, "cpu") == (False, "auto: this CPU has no native bfloat16 "
+                                                "instructions")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_bf16(None, "cuda") == (True, "auto: the GPU supports bfloat16")
+    assert resolve_bf16(None, "mps")[0] is False
