@@ -29,6 +29,7 @@ __all__ = [
     "ON_UNSCORABLE",
     "SCALE_REWARDS",
     "SCHEDULERS",
+    "TRACKERS",
     "check_optimizer_name",
     "check_scheduler_name",
     "resolve_aggregation",
@@ -63,6 +64,10 @@ LOSS_TYPES.declare("grpo", aliases=("sequence_mean",))
 LOSS_TYPES.declare("dapo", aliases=("token_mean",))
 for _name in ("dr_grpo", "bnpo", "cispo", "vespo", "sapo", "luspo"):
     LOSS_TYPES.declare(_name)
+
+TRACKERS = ("tensorboard", "wandb", "trackio")
+"""The experiment trackers ``report_to`` may name: each is also the name of its package and of
+mtgrpo's extra (``pip install 'mtgrpo[wandb]'``); ``metrics.jsonl`` is always written."""
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 """One importance ratio per token, or one per completion (GSPO)."""

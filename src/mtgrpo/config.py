@@ -44,6 +44,7 @@ from mtgrpo.choices import (
     LOSS_TYPES,
     NONE_HANDLING,
     ON_UNSCORABLE,
+    TRACKERS,
     check_optimizer_name,
     check_scheduler_name,
     resolve_aggregation,
@@ -51,7 +52,6 @@ from mtgrpo.choices import (
 )
 from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
 from mtgrpo.models import DTYPES, LoraSettings
-from mtgrpo.reporting.trackers import TRACKERS
 from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
 from mtgrpo.sft.config import SFTConfig, WarmStartConfig
 from mtgrpo.tasks.config import TasksConfig
