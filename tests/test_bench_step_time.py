@@ -178,9 +178,9 @@ def test_a_run_that_lost_the_fast_paths_prints_no_ratio():
 
 
 def test_the_benchmark_refuses_before_timing_when_auto_falls_back(monkeypatch):
-    from mtgrpo.trainer import setup
+    from mtgrpo.rollout import selection
 
-    monkeypatch.setattr(setup, "_auto_backend", lambda model: "hf")  # as a broken release would
+    monkeypatch.setattr(selection, "_auto_backend", lambda model: "hf")  # as a broken release would
     config, _ = bench.config_from_args(TINY_ARGS)
     with pytest.raises(RuntimeError, match="generation backend 'hf' instead of 'static'"):
         bench.run_benchmark(config)

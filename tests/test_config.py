@@ -82,8 +82,11 @@ def test_run_config_from_yaml_with_overrides(tmp_path):
     assert run.model.dtype == "bfloat16"
     assert run.training.learning_rate == 2e-5
     assert run.training.task_weighting_params == {"lam": 0.5}
-    assert run.rewards == {"countdown": ["countdown_reward"]}
-    assert run.peft == {"r": 8}
+    assert run.rewards.to_value() == {"countdown": ["countdown_reward"]}
+    assert run.rewards.by_task == {"countdown": ["countdown_reward"]}
+    assert run.peft.to_dict()["r"] == 8
+    assert run.peft.lora_alpha == 32  # the section's default
+    assert run.to_dict()["rewards"] == {"countdown": ["countdown_reward"]}
     assert run.to_dict()["model"]["name_or_path"] == "my/model"
 
 
@@ -134,3 +137,132 @@ def test_wrong_types_in_a_run_file_and_its_sections(tmp_path):
         load_run_config(path)
     assert load_run_config(path, ["--model.trust_remote_code", "true"]).training.learning_rate \
         == 1e-5  # YAML reads 1e-5 as a string; numeric options convert it
+
+
+# ------------------------------------------------------------------ validated when built
+def _weighting_names():
+    from mtgrpo.weighting import WEIGHTINGS
+
+    return WEIGHTINGS.names()
+
+
+def _sampler_names():
+    from mtgrpo.sampling import SAMPLERS
+
+    return SAMPLERS.names()
+
+
+@pytest.mark.parametrize("strategy", _weighting_names())
+def test_a_typo_in_task_weighting_params_fails_when_the_config_is_built(strategy):
+    """Every strategy: the misspelt key and the valid parameters are named by GRPOConfig
+    itself, before a trainer (or a model) exists."""
+    from mtgrpo.weighting import WEIGHTINGS
+
+    valid = [p.name for p in WEIGHTINGS.get(strategy).PARAMS]
+    params = {"lamm": 0.5, "weights": [1.0]} if strategy == "fixed" else {"lamm": 0.5}
+    with pytest.raises(ValueError, match=rf"unknown parameter 'lamm' for weighting strategy "
+                                         rf"'{strategy}'.*valid parameters: "
+                                         rf"{valid[0] if valid else 'none'}"):
+        GRPOConfig(task_weighting=strategy, task_weighting_params=params)
+
+
+@pytest.mark.parametrize("sampler", _sampler_names())
+def test_a_typo_in_batch_construction_params_fails_when_the_config_is_built(sampler):
+    from mtgrpo.sampling import SAMPLERS, _options
+
+    valid = ", ".join(_options(SAMPLERS.get(sampler)))
+    with pytest.raises(ValueError, match=rf"sampler '{sampler}' has no option\(s\) "
+                                         rf"\['oversample'\]; valid options: {valid}$"):
+        GRPOConfig(batch_construction=sampler, batch_construction_params={"oversample": 3})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"task_weighting": "mt_grpo", "task_weighting_params": {"lam": -1}},
+         r"mt_grpo parameter 'lam' must be a finite number in \[0, inf\); got -1"),
+        ({"task_weighting": "fixed"}, r"weighting strategy 'fixed' needs parameter 'weights'"),
+        ({"batch_construction": "dynamic",
+          "batch_construction_params": {"oversample_factor": 0}},
+         r"oversample_factor must be a finite number > 0; got 0"),
+        ({"batch_construction": "ratio_preserving",
+          "batch_construction_params": {"target_rounding": "nearest"}},
+         r"unknown target rounding 'nearest'; valid names: largest_remainder, multinomial"),
+        ({"model_init_kwargs": {"dtpye": "bfloat16"}},
+         r"model_init_kwargs has unknown option\(s\) \['dtpye'\]"),
+        ({"generation_backend": "vllm"}, r"unknown generation backend 'vllm'; valid names: hf, "
+                                         r"static"),
+        ({"loss_type": "ppo"}, r"loss_type='ppo' is not one of: bnpo, cispo, dapo, dr_grpo, "
+                               r"grpo, luspo, sapo, vespo"),
+        ({"multi_objective_aggregation": "mean"}, r"unknown reward aggregation 'mean'"),
+        ({"on_unscorable": "skip"}, r"on_unscorable='skip' is not one of: auto, raise, warn, "
+                                    r"zero_advantage"),
+    ],
+)
+def test_every_choice_and_params_value_is_checked_by_the_config(options, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**options)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"tasks": {"suite": "mtgrpo3", "train_sise": 10}},
+         r"unknown tasks option\(s\): 'train_sise' \(did you mean 'train_size'\?\)"),
+        ({"tasks": {"suite": "mtgrpo4"}}, r"unknown task suite 'mtgrpo4'; valid names: "),
+        ({"tasks": {"tasks": ["countdwn:easy"]}}, r"unknown task family 'countdwn'"),
+        ({"tasks": {"suite": "mtgrpo3", "tasks": ["countdown:easy"]}},
+         r"needs exactly one of 'suite'"),
+        ({"tasks": {"suite": "mtgrpo3", "prompt_format": "markdown"}},
+         r"unknown prompt format 'markdown'"),
+        ({"tasks": {"suite": "mtgrpo3", "reward_scheme": {"correct": 0.5}}},
+         r"the scheme needs correct >= 1"),
+        ({"peft": {"rank": 8}}, r"unknown peft \(LoRA\) option\(s\): 'rank'"),
+        ({"peft": {"r": 0}}, r"peft.r=0 must be a positive integer"),
+        ({"sft": {"num_exmaples": 8}},
+         r"unknown sft option\(s\): 'num_exmaples' \(did you mean 'num_examples'\?\)"),
+        ({"sft": {"template": "chatty"}}, r"template 'chatty'|is not a valid format string|"
+                                          r"template must"),
+        ({"sft": {"reasoning": "verbose"}}, r"unknown solution reasoning 'verbose'"),
+        ({"sft": {"learning_rate": -1}}, r"learning_rate=-1 must be a finite number > 0"),
+        ({"sft": {"output_dir": "elsewhere"}}, r"sft.output_dir is set by the run"),
+        ({"rewards": ["math_rewrd"]}, r"reward 'math_rewrd' is not a registered reward"),
+        ({"rewards": {"countdown": [{"target_length": 3}]}}, r"needs a 'name'"),
+        ({"model": {"name_or_path": "m", "dtype": "float8"}}, r"unknown dtype 'float8'"),
+    ],
+)
+def test_every_section_is_validated_when_the_run_config_is_built(section, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        run_config_from_dict({"model": "m", **section})
+
+
+def test_sections_are_typed_and_round_trip_through_a_run_file(tmp_path):
+    import yaml
+
+    raw = {
+        "model": "m",
+        "tasks": {"suite": "mtgrpo3", "train_size": 50, "reward_scheme": {"formatted": 0.2}},
+        "rewards": {"*": ["format_reward"], "countdown:easy": ["countdown_reward"]},
+        "peft": {"r": 4, "init_lora_weights": "gaussian"},
+        "sft": {"num_examples": 8, "template": "answer_only", "learning_rate": "1e-3",
+                "lora": {"r": 2}},
+    }
+    run = run_config_from_dict(raw)
+    from mtgrpo.tasks import SUITES
+
+    assert run.tasks.task_list == list(SUITES.get("mtgrpo3"))
+    assert run.tasks.scheme().formatted == 0.2
+    assert run.tasks.eval_size == 200  # the suite's default
+    assert run.rewards.every_task == ["format_reward"]
+    assert run.rewards.by_task == {"countdown:easy": ["countdown_reward"]}
+    assert (run.peft.r, run.peft.lora_alpha, run.peft.other) == (4, 32,
+                                                                 {"init_lora_weights": "gaussian"})
+    assert run.sft.num_examples == 8
+    assert run.sft.training == {"learning_rate": "1e-3"}
+    sft = run.sft.sft_config("out/sft", seed=5)
+    assert (sft.learning_rate, sft.seed, sft.merge_lora, sft.output_dir) == \
+        (1e-3, 5, True, "out/sft")
+    written = tmp_path / "config.yaml"
+    written.write_text(yaml.safe_dump(run.to_dict()))
+    again = load_run_config(written)
+    assert again.to_dict() == run.to_dict()

@@ -24,3 +24,39 @@ def test_registry_refuses_duplicates_and_lists_names_on_miss():
     expected = r"unknown colour 'blu'; valid names: red; aliases: rouge \(= red\)"
     with pytest.raises(ValueError, match=expected):
         reg.get("blu")
+
+
+def test_a_declared_name_is_known_at_once_and_usable_once_registered():
+    colours = Registry[int]("colour", provider="my.module")
+    colours.declare("red", aliases=("rouge",))
+    assert colours.canonical("rouge") == "red"
+    assert "red" in colours
+    assert colours.names() == ["red"]
+    with pytest.raises(LookupError, match=r"colour 'red' is declared but its implementation is "
+                                          r"not loaded yet \(import my.module\)"):
+        colours.get("rouge")
+    colours.add("red", 1, aliases=("rouge",))  # the declared aliases may be repeated
+    assert colours.get("rouge") == 1
+    with pytest.raises(ValueError, match="'red' is already registered"):
+        colours.add("red", 2)
+    colours.declare("blue")
+    with pytest.raises(ValueError, match=r"declared without the aliases \['bleu'\]"):
+        colours.add("blue", 3, aliases=("bleu",))
+
+
+def test_every_declared_choice_is_implemented_by_its_provider():
+    """mtgrpo.choices names what the configuration accepts; each name must have its object once
+    the module that implements it is imported (otherwise a valid config fails at run time)."""
+    import importlib
+
+    from mtgrpo import choices
+
+    registries = [value for value in vars(choices).values() if isinstance(value, Registry)]
+    assert len(registries) == 5
+    for registry in registries:
+        if registry.provider is not None:
+            importlib.import_module(registry.provider)
+        missing = [name for name in registry.names() if name in registry._declared]
+        assert not missing, f"{registry.kind}: declared but not implemented: {missing}"
+        for name in registry.names():
+            assert registry.get(name) is not None

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mtgrpo.advantages import compute_advantages
 from mtgrpo.sampling import (
     SAMPLERS,
     TARGET_ROUNDINGS,
     ZERO_GRADIENT_FILTERS,
     PromptPool,
     ScoredGroup,
-    constant_channels,
     largest_remainder_counts,
     make_sampler,
 )
@@ -51,7 +51,8 @@ class SimulatedTasks:
                 rewards = np.full((self.group_size, 1), float(self.rng.random() < 0.5))
             else:
                 rewards = np.array([[1.0], [0.0]] * (self.group_size // 2))
-            groups.append(ScoredGroup(prompt_id, task, rewards, rewards[:, 0] >= 1))
+            constant = bool((rewards == rewards[0]).all())  # the estimator's verdict here
+            groups.append(ScoredGroup(prompt_id, task, rewards, rewards[:, 0] >= 1, constant))
         self.returned.append(groups)
         return groups
 
@@ -63,12 +64,18 @@ def prompts(per_task=(400, 400, 400)) -> np.ndarray:
     return np.repeat(np.arange(len(per_task)), per_task)
 
 
-def group(rewards, correct, prompt_id=0, task=0) -> ScoredGroup:
-    return ScoredGroup(prompt_id, task, np.asarray(rewards, dtype=float), np.asarray(correct))
+def group(rewards, correct, prompt_id=0, task=0, aggregation="sum_then_normalize") -> ScoredGroup:
+    """A hand-built group whose zero-gradient verdict is the estimator's (mtgrpo.metrics)."""
+    values = np.asarray(rewards, dtype=float)
+    verdict = compute_advantages(values, len(values), aggregation=aggregation,
+                                 on_unscorable="zero_advantage").zero_gradient
+    return ScoredGroup(prompt_id, task, values, np.asarray(correct), bool(verdict[0]))
 
 
 def run_steps(sampler, weights, batch_size, sim, steps):
-    return [sampler.build(np.asarray(weights), batch_size, sim) for _ in range(steps)]
+    """``(groups, report)`` of ``steps`` builds."""
+    built = [sampler.build(np.asarray(weights), batch_size, sim) for _ in range(steps)]
+    return [(b.groups, b.report) for b in built]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,31 +106,25 @@ def test_filters_on_hand_built_groups(rewards, correct, lenient, strict):
     assert ZERO_GRADIENT_FILTERS.get("none")(g) is False
 
 
-def _constant_channels_loop(rewards: np.ndarray) -> list[bool]:
-    out = []
-    for column in rewards.T:
-        values = [v for v in column if not math.isnan(v)]
-        if not values:
-            out.append(True)
-            continue
-        scale = max(abs(v) for v in values)
-        out.append(max(values) - min(values) <= 1e-7 + 1e-6 * scale)
-    return out
+def test_the_filters_read_the_estimators_verdict_not_the_raw_channels():
+    """Two channels that vary but sum to a constant: under sum_then_normalize every advantage is
+    0, so the group has no gradient and both filters drop it (a raw-channel test would keep it:
+    each channel varies); under normalize_then_sum each channel is normalised on its own, the
+    advantages are +-1 and the group is informative."""
+    rewards = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+    correct = [True, False, True, False]
+    summed = group(rewards, correct)
+    assert compute_advantages(np.asarray(rewards), 4).advantages.abs().max() == 0
+    assert ZERO_GRADIENT_FILTERS.get("lenient")(summed) is True
+    assert ZERO_GRADIENT_FILTERS.get("strict")(summed) is True
+    per_channel = group(rewards, correct, aggregation="normalize_then_sum")
+    assert ZERO_GRADIENT_FILTERS.get("lenient")(per_channel) is False
+    assert ZERO_GRADIENT_FILTERS.get("strict")(per_channel) is False
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_constant_channels_matches_loop_reference(seed):
-    rng = np.random.default_rng(seed)
-    shape = (int(rng.integers(1, 7)), int(rng.integers(1, 5)))  # [G, R]
-    # Few distinct values and many NaNs so that constant and all-NaN channels occur often.
-    rewards = rng.choice([0.0, 0.5, 1.0, NAN, NAN], size=shape) * rng.choice([1.0, 1 + 1e-9])
-    assert constant_channels(rewards).tolist() == _constant_channels_loop(rewards)
-
-
-def test_constant_channels_tolerance_is_relative():
-    # 1e-5 apart: constant at scale 100 (1e-7 + 1e-6·100 = 1e-4) but not at scale 1 (1.01e-6).
-    assert constant_channels(np.array([[100.0], [100.00001]])).tolist() == [True]
-    assert constant_channels(np.array([[1.0], [1.00001]])).tolist() == [False]
+def test_a_group_without_a_verdict_is_refused():
+    with pytest.raises(TypeError, match="zero_gradient must be True or False"):
+        ScoredGroup(0, 0, np.zeros((2, 1)), np.zeros(2, dtype=bool), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +221,8 @@ def test_tiny_task_repeats_prompts_within_a_batch():
     tasks = prompts((100, 2))  # task 1 has only prompts 100 and 101
     sampler = make_sampler("iid", tasks, 2, seed=0)
     sim = SimulatedTasks(tasks, zero_rates=(0.0, 0.0))
-    groups, report = sampler.build(np.array([0.5, 0.5]), 40, sim)
+    built = sampler.build(np.array([0.5, 0.5]), 40, sim)
+    groups, report = built.groups, built.report
     tiny = [g.prompt_id for g in groups if g.task == 1]
     assert len(tiny) == report.batch_counts[1] > 2
     # Whole epochs visit both prompts, so their counts differ by at most one.
@@ -313,11 +315,11 @@ def test_acceptance_estimate_and_inflation_follow_the_formula():
     tasks = prompts((50, 50, 50))
     sim = SimulatedTasks(tasks, zero_rates=(0.0, 1.0, 0.0), seed=0)  # task 1 always filtered
     sampler = make_sampler("ratio_preserving", tasks, 3, seed=0, max_resample_rounds=0)
-    _, first = sampler.build(np.full(3, 1 / 3), 12, sim)
+    first = sampler.build(np.full(3, 1 / 3), 12, sim).report
     # ρ_k ← 0.9 ρ_k + 0.1 f_k from ρ = 0 with f = [0, 1, 0]; m was 1 for this build.
     np.testing.assert_allclose(first.acceptance, [0.0, 0.1, 0.0], rtol=0, atol=1e-15)
     np.testing.assert_allclose(first.inflation, [1.0, 1.0, 1.0], rtol=0, atol=0)
-    _, second = sampler.build(np.full(3, 1 / 3), 12, sim)
+    second = sampler.build(np.full(3, 1 / 3), 12, sim).report
     # m_1 = min(1 / max(1 - 0.1, 0.01), 5) = 1/0.9; then ρ_1 = 0.9·0.1 + 0.1·1 = 0.19.
     np.testing.assert_allclose(second.inflation, [1.0, 1 / 0.9, 1.0], rtol=1e-12, atol=0)
     np.testing.assert_allclose(second.acceptance, [0.0, 0.19, 0.0], rtol=0, atol=1e-15)
@@ -331,7 +333,7 @@ def test_inflation_cap_and_generation_weights():
     state = sampler.state_dict()
     state["filter_rate_ema"] = [0.999, 0.5, 0.0]
     sampler.load_state_dict(state)
-    _, report = sampler.build(np.full(3, 1 / 3), 100, SimulatedTasks(tasks, seed=1))
+    report = sampler.build(np.full(3, 1 / 3), 100, SimulatedTasks(tasks, seed=1)).report
     # m = [min(1 / max(0.001, 0.01), 5), 1 / 0.5, 1] = [5, 2, 1]: the cap binds for task 0.
     np.testing.assert_allclose(report.inflation, [5.0, 2.0, 1.0], rtol=1e-12, atol=0)
     # 300 prompts from ẑ ∝ z ⊙ m = [5, 2, 1] / 8; counts are Multinomial(300, ẑ): allow 4 SE.
@@ -350,7 +352,7 @@ def test_tasks_not_generated_keep_their_estimate_and_zero_weight_is_never_genera
         state["filter_rate_ema"] = [0.0, 0.5, 0.3]
         sampler.load_state_dict(state)
         sim = SimulatedTasks(tasks, zero_rates=(0.5, 0.5, 0.5))
-        _, report = sampler.build(np.array([1.0, 0.0, 0.0]), 8, sim)
+        report = sampler.build(np.array([1.0, 0.0, 0.0]), 8, sim).report
         assert report.generated_groups[1:].tolist() == [0, 0], name
         assert report.acceptance[1:].tolist() == [0.5, 0.3], name
         assert np.isnan(report.filter_rate[1:]).all(), name
@@ -368,7 +370,8 @@ def test_resampling_rounds_ask_only_for_tasks_in_deficit():
         max_resample_rounds=2,
         target_rounding="largest_remainder",
     )
-    groups, report = sampler.build(np.full(3, 1 / 3), 30, sim)
+    built = sampler.build(np.full(3, 1 / 3), 30, sim)
+    groups, report = built.groups, built.report
     # Targets [10, 10, 10]; round 1 (90 prompts) covers tasks 0 and 1, task 2 is never
     # informative, so both extra rounds draw only task 2 (weights ∝ deficit = [0, 0, 10]).
     assert report.rounds == 3 == len(sim.calls)
@@ -385,7 +388,8 @@ def test_exhausted_budget_tops_up_from_other_tasks():
     tasks = prompts((500, 500, 500))
     sim = SimulatedTasks(tasks, zero_rates=(0.0, 0.0, 1.0), seed=0)
     sampler = make_sampler("ratio_preserving", tasks, 3, seed=0, max_resample_rounds=0)
-    groups, report = sampler.build(np.full(3, 1 / 3), 30, sim)
+    built = sampler.build(np.full(3, 1 / 3), 30, sim)
+    groups, report = built.groups, built.report
     assert report.rounds == 1
     assert len(groups) == 30 == report.batch_size
     assert report.batch_counts[2] == 0
@@ -404,7 +408,8 @@ def test_fewer_informative_groups_than_batch_returns_all_of_them(name):
     tasks = prompts((500, 500, 500))
     sim = SimulatedTasks(tasks, zero_rates=(1.0, 1.0, 0.0), seed=0)
     sampler = make_sampler(name, tasks, 3, seed=0, oversample_factor=1, max_resample_rounds=0)
-    groups, report = sampler.build(np.array([0.45, 0.45, 0.1]), 32, sim)
+    built = sampler.build(np.array([0.45, 0.45, 0.1]), 32, sim)
+    groups, report = built.groups, built.report
     # One round of 32 prompts; only task 2's (about 3) groups are informative: all returned.
     available = int(report.informative_groups.sum())
     assert 0 < available < 32
@@ -418,7 +423,8 @@ def test_no_informative_group_gives_an_empty_batch():
     tasks = prompts((20, 20))
     sim = SimulatedTasks(tasks, zero_rates=(1.0, 1.0))
     sampler = make_sampler("ratio_preserving", tasks, 2, max_resample_rounds=1)
-    groups, report = sampler.build(np.array([0.5, 0.5]), 8, sim)
+    built = sampler.build(np.array([0.5, 0.5]), 8, sim)
+    groups, report = built.groups, built.report
     assert groups == []
     assert report.rounds == 2
     assert math.isnan(report.prompts_per_informative_group)
@@ -433,7 +439,8 @@ def test_dynamic_stops_at_the_first_round_with_enough_informative_groups():
     for _ in range(10):
         sim.calls.clear()
         sim.returned.clear()
-        groups, report = sampler.build(np.full(3, 1 / 3), 32, sim)
+        built = sampler.build(np.full(3, 1 / 3), 32, sim)
+        groups, report = built.groups, built.report
         # 32 prompts per round give about 16 informative groups, so 2 or more rounds.
         per_call = [sum(not strict(g) for g in call) for call in sim.returned]
         assert report.rounds == len(per_call) >= 2
@@ -447,7 +454,8 @@ def test_iid_returns_every_group_and_reports_what_the_filter_would_drop():
     tasks = prompts()
     sim = SimulatedTasks(tasks, seed=4)
     sampler = make_sampler("iid", tasks, 3, seed=4)
-    groups, report = sampler.build(WEIGHTS, 64, sim)
+    built = sampler.build(WEIGHTS, 64, sim)
+    groups, report = built.groups, built.report
     assert len(groups) == 64 == report.prompts_generated
     assert report.rounds == 1
     assert report.batch_counts.tolist() == report.target_counts.tolist()
@@ -462,14 +470,14 @@ def test_prompts_per_round_is_the_ceiling_of_oversampled_batch():
     tasks = prompts((500, 500))
     for factor, expected in ((0.1, 3), (0.15, 5), (1.0, 30), (1e-6, 1)):  # ⌈factor·30⌉, >= 1
         sampler = make_sampler("dynamic", tasks, 2, oversample_factor=factor, max_resample_rounds=0)
-        _, report = sampler.build(np.array([0.5, 0.5]), 30, SimulatedTasks(tasks, (0.0, 0.0)))
+        report = sampler.build(np.array([0.5, 0.5]), 30, SimulatedTasks(tasks, (0.0, 0.0))).report
         assert report.prompts_generated == expected, factor
 
 
 def test_batch_is_shuffled_so_mini_batches_mix_tasks():
     tasks = prompts()
     sampler = make_sampler("ratio_preserving", tasks, 3, seed=0)
-    groups, _ = sampler.build(np.full(3, 1 / 3), 32, SimulatedTasks(tasks, seed=0))
+    groups = sampler.build(np.full(3, 1 / 3), 32, SimulatedTasks(tasks, seed=0)).groups
     order = [g.task for g in groups]
     assert order != sorted(order)
 
@@ -506,7 +514,8 @@ def test_batch_invariants(
         oversample_factor=oversample,
         max_resample_rounds=resample_rounds,
     )
-    groups, report = sampler.build(weights, batch_size, sim)
+    built = sampler.build(weights, batch_size, sim)
+    groups, report = built.groups, built.report
     is_zero_gradient = ZERO_GRADIENT_FILTERS.get(filter_name)
     assert not any(is_zero_gradient(g) for g in groups)
     assert len({id(g) for g in groups}) == len(groups)
@@ -535,7 +544,7 @@ def test_batch_invariants(
 def test_report_to_dict_is_flat_and_named():
     tasks = prompts()
     sampler = make_sampler("ratio_preserving", tasks, 3, seed=0)
-    _, report = sampler.build(WEIGHTS, BATCH, SimulatedTasks(tasks, seed=0))
+    report = sampler.build(WEIGHTS, BATCH, SimulatedTasks(tasks, seed=0)).report
     metrics = report.to_dict(["countdown", "zebra", "arc"])
     assert all(isinstance(v, float) for v in metrics.values())
     shares = [metrics[f"sampling/batch_share/{t}"] for t in ("countdown", "zebra", "arc")]
@@ -619,7 +628,7 @@ def test_positive_weight_on_a_task_without_prompts():
     sampler = make_sampler("iid", tasks, 3)
     with pytest.raises(ValueError, match=r"task\(s\) \[1\] have positive weight but no prompts"):
         sampler.build(np.full(3, 1 / 3), 4, SimulatedTasks(tasks))
-    groups, _ = sampler.build(np.array([0.5, 0.0, 0.5]), 4, SimulatedTasks(tasks))
+    groups = sampler.build(np.array([0.5, 0.0, 0.5]), 4, SimulatedTasks(tasks)).groups
     assert len(groups) == 4
 
 
@@ -639,7 +648,8 @@ def _bad_generate(kind, prompt_tasks):
             return groups[:-1]
         if kind == "task":
             g = groups[0]
-            return [ScoredGroup(g.prompt_id, 1 - g.task, g.rewards, g.correct), *groups[1:]]
+            return [ScoredGroup(g.prompt_id, 1 - g.task, g.rewards, g.correct, g.zero_gradient),
+                    *groups[1:]]
         if kind == "order":
             return groups[::-1]
         return [("not", "a group")] * len(groups)
@@ -731,10 +741,28 @@ def test_bad_prompt_tasks(prompt_tasks, num_tasks, error, match):
 
 def test_bad_scored_groups():
     with pytest.raises(ValueError, match=r"rewards must have shape \[G, R\]"):
-        ScoredGroup(0, 0, np.zeros(4), np.zeros(4, dtype=bool))
+        ScoredGroup(0, 0, np.zeros(4), np.zeros(4, dtype=bool), True)
     with pytest.raises(TypeError, match="correct must be a boolean array"):
-        ScoredGroup(0, 0, np.zeros((4, 1)), np.zeros(4))
+        ScoredGroup(0, 0, np.zeros((4, 1)), np.zeros(4), True)
     with pytest.raises(ValueError, match=r"correct must have shape \[G\] = \(4,\)"):
-        ScoredGroup(0, 0, np.zeros((4, 1)), np.zeros(3, dtype=bool))
+        ScoredGroup(0, 0, np.zeros((4, 1)), np.zeros(3, dtype=bool), True)
     with pytest.raises(TypeError, match="prompt_id must be an integer"):
-        ScoredGroup("7", 0, np.zeros((4, 1)), np.zeros(4, dtype=bool))
+        ScoredGroup("7", 0, np.zeros((4, 1)), np.zeros(4, dtype=bool), True)
+    with pytest.raises(ValueError, match=r"advantages must have shape \[G\] = \(4,\)"):
+        ScoredGroup(0, 0, np.zeros((4, 1)), np.zeros(4, dtype=bool), True, np.zeros(3))
+
+
+def test_build_returns_every_group_it_generated_in_generation_order():
+    tasks = prompts((200, 200, 200))
+    sampler = make_sampler("ratio_preserving", tasks, 3, seed=4, max_resample_rounds=3)
+    sim = SimulatedTasks(tasks, seed=5)
+    built = sampler.build(np.full(3, 1 / 3), 24, sim)
+    returned = [g for call in sim.returned for g in call]
+    assert built.generated == returned  # the same objects, every round, in order
+    assert len(built.generated) == built.report.prompts_generated
+    kept = {id(g) for g in built.groups}
+    assert kept <= {id(g) for g in built.generated}
+    dropped = [g for g in built.generated if id(g) not in kept]
+    assert np.bincount([g.task for g in built.generated], minlength=3).tolist() == \
+        built.report.generated_groups.tolist()
+    assert any(g.zero_gradient for g in dropped)  # the filter dropped zero-gradient groups

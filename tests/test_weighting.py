@@ -35,7 +35,7 @@ def full_stats(reward, improvement=None, mean_abs_advantage=None, count=None) ->
     """Every task present with 4 rollouts unless ``count`` says otherwise."""
     count = [4] * len(reward) if count is None else count
     return TaskStats(
-        reward=reward, count=count, improvement=improvement, mean_abs_advantage=mean_abs_advantage
+        accuracy=reward, count=count, improvement=improvement, mean_abs_advantage=mean_abs_advantage
     )
 
 
@@ -259,14 +259,14 @@ def reference_signal_weights(history, num_tasks, *, lam, beta, optimizer, eta, c
         exps = [math.exp(x - top) for x in xi]
         z = [e / sum(exps) for e in exps]
         observed = [
-            stats.count[k] > 0 and not math.isnan(stats.reward[k]) for k in range(num_tasks)
+            stats.count[k] > 0 and not math.isnan(stats.accuracy[k]) for k in range(num_tasks)
         ]
         if not any(observed):
             out.append(list(xi))
             continue
         for k in range(num_tasks):
             if observed[k]:
-                r = float(stats.reward[k])
+                r = float(stats.accuracy[k])
                 held[k] = r if held[k] is None else ema * held[k] + (1 - ema) * r
         signal = [None] * num_tasks
         for k in range(num_tasks):
@@ -333,7 +333,7 @@ def test_signal_strategies_match_loop_reference(name, options, reference, num_ta
     assert {k: settings_[k] for k in reference} == reference  # the factory resolved as expected
     history = [random_stats(rng, num_tasks, absent_rate=0.4) for _ in range(12)]
     if name != "mt_grpo":  # their signal is J only: the reference reads I as unmeasured
-        history = [TaskStats(s.reward, s.count) for s in history]
+        history = [TaskStats(s.accuracy, s.count) for s in history]
     expected = reference_signal_weights(history, num_tasks, **settings_)
     for stats, logits in zip(history, expected, strict=True):
         strategy.update(stats)
@@ -600,14 +600,14 @@ def test_stats_validation_messages():
         strategy.update(full_stats([0.1] * 4, [0.0] * 4))
     with pytest.raises(
         ValueError,
-        match=r"TaskStats.reward is infinite for present task\(s\) "
+        match=r"TaskStats.accuracy is infinite for present task\(s\) "
         r"'zebra'",
     ):
         strategy.update(full_stats([0.1, math.inf, 0.2], [0.0] * 3))
     with pytest.raises(ValueError, match=r"improvement is infinite .* 'countdown', 'arc'"):
         strategy.update(full_stats([0.1] * 3, [-math.inf, 0.0, math.inf]))
     with pytest.raises(TypeError, match="update\\(\\) takes a TaskStats; got dict"):
-        strategy.update({"reward": [0.1] * 3})
+        strategy.update({"accuracy": [0.1] * 3})
     assert strategy.steps == 0  # nothing was applied by the failed calls
 
 
@@ -615,17 +615,17 @@ def test_stats_validation_messages():
     ("kwargs", "error", "message"),
     [
         (
-            {"reward": [0.1, 0.2], "count": [1, 2, 3]},
+            {"accuracy": [0.1, 0.2], "count": [1, 2, 3]},
             ValueError,
-            r"one entry per task; got sizes \{'reward': 2, 'count': 3\}",
+            r"one entry per task; got sizes \{'accuracy': 2, 'count': 3\}",
         ),
-        ({"reward": [0.1, 0.2], "count": [1, -1]}, ValueError, "count must be >= 0"),
-        ({"reward": [0.1, 0.2], "count": [1.5, 2]}, ValueError, "whole numbers of rollouts"),
-        ({"reward": [0.1, 0.2], "count": ["a", "b"]}, TypeError, "count must be integers"),
-        ({"reward": [[0.1, 0.2]], "count": [1, 2]}, ValueError, r"got shape \(1, 2\)"),
-        ({"reward": ["x", 0.2], "count": [1, 2]}, TypeError, "sequence of numbers"),
+        ({"accuracy": [0.1, 0.2], "count": [1, -1]}, ValueError, "count must be >= 0"),
+        ({"accuracy": [0.1, 0.2], "count": [1.5, 2]}, ValueError, "whole numbers of rollouts"),
+        ({"accuracy": [0.1, 0.2], "count": ["a", "b"]}, TypeError, "count must be integers"),
+        ({"accuracy": [[0.1, 0.2]], "count": [1, 2]}, ValueError, r"got shape \(1, 2\)"),
+        ({"accuracy": ["x", 0.2], "count": [1, 2]}, TypeError, "sequence of numbers"),
         (
-            {"reward": [0.1, 0.2], "count": [1, 2], "improvement": [0.1]},
+            {"accuracy": [0.1, 0.2], "count": [1, 2], "improvement": [0.1]},
             ValueError,
             "'improvement': 1",
         ),
@@ -637,8 +637,8 @@ def test_task_stats_validation(kwargs, error, message):
 
 
 def test_task_stats_coerces_lists_and_whole_float_counts():
-    stats = TaskStats(reward=[0.5, NAN], count=[3.0, 0.0], improvement=(0.1, 0.2))
-    assert stats.reward.dtype == np.float64
+    stats = TaskStats(accuracy=[0.5, NAN], count=[3.0, 0.0], improvement=(0.1, 0.2))
+    assert stats.accuracy.dtype == np.float64
     assert stats.count.dtype == np.int64
     np.testing.assert_array_equal(stats.count, [3, 0])
     assert isinstance(stats.improvement, np.ndarray)
@@ -777,7 +777,7 @@ def test_task_stats_from_rollouts_hand_values():
         np.array([0, 0, 2, 0]), np.array([True, False, False, True]), 3,
         abs_advantages=np.array([0.5, 1.0, 0.2, 0.5]),
     )
-    np.testing.assert_allclose(stats.reward, [2 / 3, np.nan, 0.0])
+    np.testing.assert_allclose(stats.accuracy, [2 / 3, np.nan, 0.0])
     np.testing.assert_array_equal(stats.count, [3, 0, 1])
     np.testing.assert_allclose(stats.mean_abs_advantage, [2 / 3, np.nan, 0.2])
     assert stats.improvement is None

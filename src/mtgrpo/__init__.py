@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mtgrpo._version import __version__
 from mtgrpo.config import GRPOConfig
-
-__version__ = "0.1.0"
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "ModelConfig", "__version__", "get_peft_config"]
 

@@ -1,4 +1,9 @@
-"""Type checks of configuration options against their annotations, with errors that name them.
+"""The building blocks of every configuration dataclass: help text, type checks, unknown keys.
+
+:func:`option` declares a field with its help text (written once; the README's reference and
+the command-line flags are derived from it); :func:`build_section` builds a section from a run
+file's mapping, refusing unknown keys with the closest valid name and reading numbers YAML left
+as strings.
 
 ``GRPOConfig(learning_rate="fast")`` would otherwise fail deep inside a range check with
 ``'>=' not supported between instances of 'str' and 'int'``; here it fails first with
@@ -10,13 +15,61 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_option_types"]
+__all__ = ["build_section", "check_option_types", "coerce_numbers", "option", "refuse_unknown"]
+
+
+def option(text: str, **kwargs: Any) -> Any:
+    """A dataclass field whose help text is written once, in its metadata."""
+    return dataclasses.field(metadata={"help": text}, **kwargs)
+
+
+def refuse_unknown(keys: Sequence[str], valid: Sequence[str], where: str) -> None:
+    """``ValueError`` naming every key of ``keys`` (not in ``valid``) with the closest valid
+    name, and the valid names when there are few enough to read; nothing when ``keys`` is
+    empty."""
+    if keys:
+        hints = []
+        for key in keys:
+            close = difflib.get_close_matches(str(key), list(valid), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        listing = f"; valid: {', '.join(sorted(valid))}" if len(valid) <= 40 else ""
+        raise ValueError(f"unknown {where} option(s): {', '.join(hints)}{listing}")
+
+
+def coerce_numbers(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Numbers written as strings (YAML reads ``1e-5`` as a string) become numbers when the
+    field is numeric; anything unparseable is left for validation to report."""
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for name, value in values.items():
+        if not isinstance(value, str) or name not in hints:
+            continue
+        kinds = set(typing.get_args(hints[name])) or {hints[name]}
+        for kind in (int, float):
+            if kind in kinds:
+                try:
+                    out[name] = kind(value)
+                    break
+                except ValueError:
+                    continue
+    return out
+
+
+def build_section(cls: type, values: Any, where: str) -> Any:
+    """``cls(**values)`` for a run file's section ``where``: a mapping, unknown keys refused."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"the {where} section must be a mapping of options, got "
+                         f"{type(values).__name__} {values!r:.80}")
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    refuse_unknown([k for k in values if k not in names], names, where)
+    return cls(**coerce_numbers(cls, values))
 
 
 def check_option_types(config: Any, section: str = "") -> None:

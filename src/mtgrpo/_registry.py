@@ -40,22 +40,45 @@ class Registry(Generic[T]):
     1
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, provider: str | None = None) -> None:
         self.kind = kind
+        self.provider = provider  # the module that registers declared names (for errors)
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
+        self._declared: set[str] = set()  # names whose object is not registered yet
+
+    def declare(self, name: str, *, aliases: tuple[str, ...] = ()) -> None:
+        """Name a choice whose object a module registers later (with :meth:`add`): the name
+        and its aliases are known at once (``canonical``, ``in``, ``names``) without importing
+        that module; :meth:`get` works once it is registered."""
+        self._check_free((name, *aliases))
+        self._declared.add(name)
+        self._items[name] = None  # type: ignore[assignment]
+        for alias in aliases:
+            self._aliases[alias] = name
 
     def add(self, name: str, item: T, *, aliases: tuple[str, ...] = ()) -> T:
-        for key in (name, *aliases):
+        if name in self._declared:  # the object of a declared name: its aliases were declared
+            undeclared = [a for a in aliases if self._aliases.get(a) != name]
+            if undeclared:
+                raise ValueError(f"{self.kind} {name!r} was declared without the aliases "
+                                 f"{undeclared}; declare them with the name")
+            self._declared.discard(name)
+            self._items[name] = item
+            return item
+        self._check_free((name, *aliases))
+        self._items[name] = item
+        for alias in aliases:
+            self._aliases[alias] = name
+        return item
+
+    def _check_free(self, keys: tuple[str, ...]) -> None:
+        for key in keys:
             if key in self._items or key in self._aliases:
                 raise ValueError(
                     f"{self.kind} {key!r} is already registered; pick another name "
                     f"(registered: {', '.join(self.names())})"
                 )
-        self._items[name] = item
-        for alias in aliases:
-            self._aliases[alias] = name
-        return item
 
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
         """Decorator form of :meth:`add`."""
@@ -79,7 +102,12 @@ class Registry(Generic[T]):
         raise ValueError(f"unknown {self.kind} {name!r}; valid names: {valid}{hint}")
 
     def get(self, name: str) -> T:
-        return self._items[self.canonical(name)]
+        key = self.canonical(name)
+        if key in self._declared:
+            where = f" (import {self.provider})" if self.provider else ""
+            raise LookupError(f"{self.kind} {key!r} is declared but its implementation is not "
+                              f"loaded yet{where}")
+        return self._items[key]
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -39,7 +39,8 @@ to each channel's normalisation.
     gives). Rows where *every* channel is ``None`` are never zero-filled.
 
 A row where every channel is ``NaN`` is *unscorable*: by default an error
-(``on_unscorable="raise"``); with ``"zero_advantage"`` (TRL's behaviour) it gets advantage 0 and
+(``on_unscorable="raise"``); with ``"zero_advantage"`` or ``"warn"`` (TRL's behaviour; the reward
+suite is the one that warns) it gets advantage 0 and
 is left out of every mean and std.
 
 Gates (conditioning, ALGORITHMS.md §2) are applied before the ordering: channel ``b`` counts only
@@ -62,7 +63,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtgrpo._registry import Registry
+from mtgrpo.choices import (
+    AGGREGATIONS,
+    NONE_HANDLING,
+    ON_UNSCORABLE,
+    SCALE_REWARDS,
+    resolve_aggregation,
+    resolve_scale_rewards,
+)
+from mtgrpo.metrics import lacks_contrast, scalar_rewards
 
 __all__ = [
     "AGGREGATIONS",
@@ -74,18 +83,13 @@ __all__ = [
     "apply_gates",
     "channel_zscores",
     "compute_advantages",
+    "normalises_over_the_batch",
     "resolve_aggregation",
     "resolve_scale_rewards",
 ]
 
-SCALE_REWARDS = ("group", "batch", "none")
-NONE_HANDLING = ("neutral", "zero")
 GATE_MODES = ("zero_fill", "subgroup")
-ON_UNSCORABLE = ("raise", "zero_advantage")
 
-# Relative tolerance below which a group's centred rewards count as "no contrast".
-_CONTRAST_RTOL = 1e-6
-_CONTRAST_ATOL = 1e-7
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,9 @@ class AdvantageResult:
 
     Attributes:
         advantages: ``[N]`` one advantage per completion (0 for unscorable rows).
-        zero_gradient: ``[B]`` True where the group has no within-group contrast (every
-            completion got the same rewards), decided before any batch-level step.
+        zero_gradient: ``[B]`` True where the group has no within-group contrast in the values
+            the aggregation normalises (the one zero-gradient rule, :mod:`mtgrpo.metrics`),
+            decided before any batch-level step.
         unscorable: ``[N]`` True where every channel is NaN.
         scalar_rewards: ``[N]`` ``Σ_l w_l r_jl`` over the applicable channels (NaN for
             unscorable rows), for logging.
@@ -138,8 +143,9 @@ class _Spec:
 
 # An aggregation maps gated rewards [B, G, R] (NaN = n/a) and a row mask [B, G] of scorable rows
 # to group-level advantages [B, G] and the centred contrast used for the zero-gradient test.
+# The names (and aliases) are declared in mtgrpo.choices, so a configuration validates them
+# without importing torch.
 Aggregation = Callable[[Tensor, Tensor, _Spec], tuple[Tensor, Tensor]]
-AGGREGATIONS: Registry[Aggregation] = Registry("reward aggregation")
 
 
 def _masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -169,13 +175,14 @@ def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
 
 
 def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
-    """``[B]`` True where some masked centred value is non-negligible relative to ``reference``."""
+    """``[B]`` True where some masked centred value is non-negligible relative to ``reference``
+    (the zero-gradient rule, :func:`mtgrpo.metrics.lacks_contrast`)."""
     size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
     ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
-    return size > _CONTRAST_ATOL + _CONTRAST_RTOL * ref
+    return ~lacks_contrast(size, ref)
 
 
-@AGGREGATIONS.register("sum_then_normalize", aliases=("an", "sum_normalize"))
+@AGGREGATIONS.register("sum_then_normalize")
 def _sum_then_normalize(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     applicable = ~rewards.isnan()  # [B, G, R]
     if spec.none_handling == "neutral":
@@ -204,7 +211,7 @@ def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Te
     return torch.where(valid, z, 0.0), contrast
 
 
-@AGGREGATIONS.register("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
+@AGGREGATIONS.register("normalize_then_sum")
 def _normalize_then_sum(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     z, contrast = _zscores(rewards, scorable, spec)
     advantages = (z * spec.weights).sum(dim=-1)
@@ -228,45 +235,12 @@ def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Ten
     return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
 
 
-def resolve_aggregation(
-    aggregation: str | None = None,
-    *,
-    multi_objective_aggregation: str | None = None,
-    reward_aggregation_method: str | None = None,
-) -> str:
-    """The canonical aggregation name from any of the names users know it by.
-
-    ``multi_objective_aggregation`` is TRL's field name, ``reward_aggregation_method`` the
-    name some TRL tutorials use; ``an`` / ``na`` / ``single`` are the ``multireward-grpo``
-    vocabulary. Giving two different values is an error.
-    """
-    given = {
-        "aggregation": aggregation,
-        "multi_objective_aggregation": multi_objective_aggregation,
-        "reward_aggregation_method": reward_aggregation_method,
-    }
-    named = {k: AGGREGATIONS.canonical(v) for k, v in given.items() if v is not None}
-    if len(set(named.values())) > 1:
-        raise ValueError(
-            "conflicting reward aggregation settings "
-            + ", ".join(f"{k}={given[k]!r}" for k in named)
-            + "; set only one of them"
-        )
-    return next(iter(named.values()), "sum_then_normalize")
-
-
-def resolve_scale_rewards(scale_rewards: str | bool) -> str:
-    """TRL accepts ``True`` (= "group") and ``False`` (= "none") as well as the three names."""
-    if scale_rewards is True:
-        return "group"
-    if scale_rewards is False:
-        return "none"
-    if isinstance(scale_rewards, str) and scale_rewards.lower() in SCALE_REWARDS:
-        return scale_rewards.lower()
-    raise ValueError(
-        f"scale_rewards={scale_rewards!r} is not valid; use one of {', '.join(SCALE_REWARDS)} "
-        "(or True = 'group', False = 'none')"
-    )
+def normalises_over_the_batch(aggregation: str, scale_rewards: str | bool) -> bool:
+    """Whether an advantage depends on the other groups of the batch: ``scale_rewards="batch"``
+    (the batch's std) or ``gdpo`` (a batch re-normalisation). Otherwise every group's advantages
+    are a function of its own rewards alone, whatever batch it is computed in."""
+    return (resolve_scale_rewards(scale_rewards) == "batch"
+            or AGGREGATIONS.canonical(aggregation) == "gdpo")
 
 
 def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
@@ -303,7 +277,8 @@ def _weights(reward_weights: Sequence[float] | Tensor | None, r: int, like: Tens
 def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -> None:
     if on_unscorable not in ON_UNSCORABLE:
         raise ValueError(
-            f"on_unscorable={on_unscorable!r} is not valid; use 'raise' or 'zero_advantage'"
+            f"on_unscorable={on_unscorable!r} is not valid; use one of "
+            f"{', '.join(ON_UNSCORABLE.names())}"
         )
     if on_unscorable == "raise" and unscorable.any():
         rows = unscorable.nonzero().flatten()
@@ -386,7 +361,8 @@ def compute_advantages(
         scale_rewards: ``"group"``, ``"batch"``, ``"none"`` (or TRL's ``True``/``False``).
         gates: conditioning gates applied before the ordering.
         none_handling: ``"neutral"`` or ``"zero"`` (how a ``None`` enters the advantage).
-        on_unscorable: ``"raise"`` or ``"zero_advantage"`` for rows with no applicable channel.
+        on_unscorable: rows with no applicable channel: ``"raise"``, or advantage 0 with
+            ``"zero_advantage"`` or ``"warn"`` (the reward suite has warned about them).
         ddof: 1 (unbiased std, TRL) or 0 (population std, the analysis).
         eps: ``δ`` added to every std before dividing.
 
@@ -407,12 +383,12 @@ def compute_advantages(
     gated = apply_gates(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
     scorable = ~unscorable.reshape(-1, group_size)  # [B, G]
     advantages, contrast = AGGREGATIONS.get(name)(gated, scorable, spec)
-    scalar = (torch.where(x.isnan(), 0.0, x) * spec.weights).sum(dim=1)
+    scalar = scalar_rewards(x.detach().cpu().numpy(), spec.weights.detach().cpu().numpy())
     return AdvantageResult(
         advantages=advantages.reshape(-1),
         zero_gradient=~contrast,
         unscorable=unscorable,
-        scalar_rewards=torch.where(unscorable, torch.nan, scalar),
+        scalar_rewards=torch.from_numpy(scalar).to(device=x.device, dtype=x.dtype),
     )
 
 

@@ -36,8 +36,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtgrpo._config_types import check_option_types
+from mtgrpo._config_types import build_section, check_option_types, coerce_numbers, refuse_unknown
+from mtgrpo._config_types import option as _help
+from mtgrpo.choices import (
+    BACKENDS,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    NONE_HANDLING,
+    ON_UNSCORABLE,
+    TRACKERS,
+    check_optimizer_name,
+    check_scheduler_name,
+    resolve_aggregation,
+    resolve_scale_rewards,
+)
 from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
+from mtgrpo.models import DTYPES, LoraSettings
+from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
+from mtgrpo.sft.config import SFTConfig, WarmStartConfig
+from mtgrpo.tasks.config import TasksConfig
+from mtgrpo.weighting import IMPROVEMENT_REDUCTIONS, WEIGHTINGS, check_weighting_params
 
 __all__ = [
     "DataConfig",
@@ -50,20 +68,11 @@ __all__ = [
     "reference_markdown",
 ]
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-TRACKERS = ("tensorboard", "wandb", "trackio")
 ON_LONG_PROMPT = ("truncate", "error")
 INTERVALS = ("no", "steps", "epoch")
 SAVE_INTERVALS = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-ON_UNSCORABLE = ("auto", "raise", "warn", "zero_advantage")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
-
-
-def _help(text: str, **kwargs: Any) -> Any:
-    """A dataclass field whose help text is written once, in its metadata."""
-    return field(metadata={"help": text}, **kwargs)
 
 
 def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
@@ -479,8 +488,6 @@ class GRPOConfig(TRLCompatibleFields):
                 else "no"
 
     def _merge_aliases(self) -> None:
-        from mtgrpo.advantages import resolve_aggregation, resolve_scale_rewards
-
         default = "sum_then_normalize"
         if self.reward_aggregation_method is not None and (
             self.multi_objective_aggregation == default
@@ -589,14 +596,11 @@ class GRPOConfig(TRLCompatibleFields):
         _warn_about_loss_combinations(self.loss_type, self.importance_sampling_level)
 
     def _check_choices(self) -> None:
-        from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS
-        from mtgrpo.weighting import IMPROVEMENT_REDUCTIONS, WEIGHTINGS
-
         choices = {
-            "loss_type": (self.loss_type, LOSS_TYPES),
+            "loss_type": (self.loss_type, LOSS_TYPES.names()),
             "on_long_prompt": (self.on_long_prompt, ON_LONG_PROMPT),
-            "none_handling": (self.none_handling, ("neutral", "zero")),
-            "on_unscorable": (self.on_unscorable, ON_UNSCORABLE),
+            "none_handling": (self.none_handling, NONE_HANDLING),
+            "on_unscorable": (self.on_unscorable, ("auto", *ON_UNSCORABLE.names())),
             "improvement_reduction": (self.improvement_reduction, IMPROVEMENT_REDUCTIONS),
             "logging_strategy": (self.logging_strategy, INTERVALS),
             "eval_strategy": (self.eval_strategy, INTERVALS),
@@ -619,10 +623,11 @@ class GRPOConfig(TRLCompatibleFields):
                     f"report_to contains {tracker!r}; valid trackers: {', '.join(TRACKERS)} "
                     "(metrics.jsonl is always written)"
                 )
-        from mtgrpo.policy.optim import check_optimizer_name, check_scheduler_name
-
         check_scheduler_name(self.lr_scheduler_type)
         check_optimizer_name(self.optim)
+        if self.generation_backend != "auto" and ":" not in self.generation_backend:
+            BACKENDS.canonical(self.generation_backend)  # an object or import path: the trainer
+        check_model_init_kwargs(self.model_init_kwargs)
         if self.save_strategy == "best" and self.metric_for_best_model is None:
             raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. "
                              "'accuracy/worst')")
@@ -631,6 +636,8 @@ class GRPOConfig(TRLCompatibleFields):
         self.task_weighting = WEIGHTINGS.canonical(self.task_weighting)
         self.batch_construction = SAMPLERS.canonical(self.batch_construction)
         self.zero_gradient_filter = ZERO_GRADIENT_FILTERS.canonical(self.zero_gradient_filter)
+        check_weighting_params(self.task_weighting, self.task_weighting_params)
+        check_sampler_params(self.batch_construction, self.batch_construction_params)
 
     def _check_batch_shape(self) -> None:
         if self.prompts_per_step is not None:
@@ -668,12 +675,15 @@ class GRPOConfig(TRLCompatibleFields):
             )
 
     def _convert_accelerator_config(self) -> None:
+        """A mapping or a JSON file becomes transformers' ``AcceleratorConfig`` (which imports
+        torch); the default ``None`` stays None until the trainer reads it
+        (:meth:`accelerator_settings`), so building a default config imports no torch."""
+        value = self.accelerator_config
+        if value is None or not isinstance(value, Mapping | str):
+            return
         from transformers.trainer_pt_utils import AcceleratorConfig
 
-        value = self.accelerator_config
-        if value is None:
-            self.accelerator_config = AcceleratorConfig()
-        elif isinstance(value, Mapping):
+        if isinstance(value, Mapping):
             self.accelerator_config = AcceleratorConfig(**value)
         elif isinstance(value, str):
             self.accelerator_config = AcceleratorConfig.from_json_file(value)
@@ -741,12 +751,22 @@ class GRPOConfig(TRLCompatibleFields):
             return math.ceil(value * training_steps)
         return int(value)
 
-    def to_dict(self) -> dict[str, Any]:
-        from transformers.trainer_pt_utils import AcceleratorConfig
+    def accelerator_settings(self) -> Any:
+        """``accelerator_config`` as transformers' ``AcceleratorConfig`` (its default for
+        None); the trainer reads it, and it is kept in the field from then on."""
+        if self.accelerator_config is None:
+            from transformers.trainer_pt_utils import AcceleratorConfig
 
+            self.accelerator_config = AcceleratorConfig()
+        return self.accelerator_config
+
+    def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.accelerator_config == AcceleratorConfig():
-            out["accelerator_config"] = None  # the default, as given
+        if self.accelerator_config is not None:
+            from transformers.trainer_pt_utils import AcceleratorConfig
+
+            if self.accelerator_config == AcceleratorConfig():
+                out["accelerator_config"] = None  # the default, as given
         return out
 
     # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
@@ -758,6 +778,20 @@ class GRPOConfig(TRLCompatibleFields):
         import json
 
         return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+_MODEL_INIT_KWARGS = ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code",
+                      "revision", "gguf_file")
+
+
+def check_model_init_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """``model_init_kwargs`` holds only the loading options mtgrpo passes on."""
+    unknown = sorted(set(kwargs) - set(_MODEL_INIT_KWARGS))
+    if unknown:
+        raise ValueError(
+            f"model_init_kwargs has unknown option(s) {unknown}; use dtype, "
+            "attn_implementation, trust_remote_code, revision or gguf_file"
+        )
 
 
 @dataclass
@@ -780,6 +814,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_option_types(self, "model")
+        DTYPES.canonical(self.dtype)
 
 
 @dataclass
@@ -804,88 +839,102 @@ class DataConfig:
 
 
 @dataclass
+class RewardsConfig:
+    """The ``rewards:`` section: reward functions for every task (a list in the run file) or
+    routed to tasks (a mapping ``{task: [entries]}``, where ``"*"`` means every task).
+
+    An entry is a registered name (``math_reward``, ``format_reward``, ...), an import path
+    ``package.module:function``, ``{name: ..., <option>: ...}`` for a function with options,
+    ``{reward_model: org/name}``, or a reward model's hub id or directory. Names are checked
+    when the configuration is built; functions are imported before the model loads.
+    """
+
+    every_task: list[Any] = _help(
+        "Entries that score every task: the run file's list (or its '*' key).",
+        default_factory=list)
+    by_task: dict[str, list[Any]] = _help(
+        "Entries routed to the tasks named: the run file's mapping {task: [entries]}.",
+        default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_option_types(self, "rewards")
+        from mtgrpo.rewards.registry import check_reward_entry  # the names: imports torch
+
+        for entry in [*self.every_task, *(e for fns in self.by_task.values() for e in fns)]:
+            check_reward_entry(entry)
+
+    @classmethod
+    def from_value(cls, value: Any) -> RewardsConfig:
+        """From the run file's form: one entry, a list of them, or a routing mapping."""
+        if isinstance(value, Mapping):
+            routed = {str(task): list(fns) if isinstance(fns, list | tuple) else [fns]
+                      for task, fns in value.items()}
+            return cls(every_task=routed.pop("*", []), by_task=routed)
+        return cls(every_task=list(value) if isinstance(value, list | tuple) else [value])
+
+    def to_value(self) -> list[Any] | dict[str, list[Any]]:
+        """The run file's form (what :class:`~mtgrpo.trainer.GRPOTrainer` takes as
+        ``reward_funcs``): the list, or the routing mapping."""
+        if not self.by_task:
+            return list(self.every_task)
+        everywhere = {"*": list(self.every_task)} if self.every_task else {}
+        return {**{task: list(fns) for task, fns in self.by_task.items()}, **everywhere}
+
+
+@dataclass
 class RunConfig:
     """Everything a run needs: what ``mtgrpo train CONFIG.yaml`` reads."""
 
     training: GRPOConfig = field(default_factory=GRPOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    tasks: dict[str, Any] | None = None      # a task-suite spec for mtgrpo.tasks
-    rewards: Any = None                      # names / "module:function" / routing table
-    peft: dict[str, Any] | None = None       # LoRA settings (peft.LoraConfig fields)
-    sft: dict[str, Any] | None = None        # optional supervised warm start before GRPO
+    tasks: TasksConfig | None = None  # a task suite (mtgrpo.tasks)
+    rewards: RewardsConfig | None = None  # reward functions, for every task or routed
+    peft: LoraSettings | None = None  # a LoRA adapter
+    sft: WarmStartConfig | None = None  # a supervised warm start before GRPO
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.training.to_dict())
         out["model"] = dataclasses.asdict(self.model)
         out["data"] = dataclasses.asdict(self.data)
-        for name in ("tasks", "rewards", "peft", "sft"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+        if self.tasks is not None:
+            out["tasks"] = self.tasks.to_dict()
+        if self.rewards is not None:
+            out["rewards"] = self.rewards.to_value()
+        if self.peft is not None:
+            out["peft"] = self.peft.to_dict()
+        if self.sft is not None:
+            out["sft"] = self.sft.to_dict()
         return out
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig}
-_FREE_SECTIONS = ("tasks", "rewards", "peft", "sft")
-
-
-def _unknown(keys: Sequence[str], valid: Sequence[str], where: str) -> None:
-    if keys:
-        import difflib
-
-        hints = []
-        for key in keys:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"unknown {where} option(s): {', '.join(hints)}")
-
-
-def _coerce(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Numbers written as strings (YAML reads ``1e-5`` as a string) become numbers when the
-    field is numeric; anything unparseable is left for validation to report."""
-    hints = typing.get_type_hints(cls)
-    out = dict(values)
-    for name, value in values.items():
-        if not isinstance(value, str) or name not in hints:
-            continue
-        kinds = set(typing.get_args(hints[name])) or {hints[name]}
-        for kind in (int, float):
-            if kind in kinds:
-                try:
-                    out[name] = kind(value)
-                    break
-                except ValueError:
-                    continue
-    return out
-
-
-def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    names = [f.name for f in dataclasses.fields(cls)]
-    _unknown([k for k in values if k not in names], names, where)
-    return cls(**_coerce(cls, values))
+# Section name -> how a run file's value becomes the section object.
+_SECTIONS: dict[str, Any] = {
+    "model": lambda value: build_section(
+        ModelConfig, {"name_or_path": value} if isinstance(value, str) else value, "model"),
+    "data": lambda value: build_section(DataConfig, value, "data"),
+    "tasks": lambda value: build_section(TasksConfig, value, "tasks"),
+    "rewards": RewardsConfig.from_value,
+    "peft": LoraSettings.from_dict,
+    "sft": WarmStartConfig.from_dict,
+}
 
 
 def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
-    """Build a :class:`RunConfig` from a mapping shaped like the YAML file."""
+    """Build a :class:`RunConfig` from a mapping shaped like the YAML file; every section is
+    validated here, before anything loads."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a run config must be a mapping of options, got {type(raw).__name__}")
     training_names = {f.name for f in dataclasses.fields(GRPOConfig)}
-    sections = {}
-    for name, cls in _SECTIONS.items():
-        value = raw.get(name) or {}
-        if isinstance(value, str) and name == "model":
-            value = {"name_or_path": value}
-        sections[name] = _build(cls, value, name)
-    training = {k: v for k, v in raw.items() if k in training_names}
-    extra = [k for k in raw if k not in training_names and k not in _SECTIONS
-             and k not in _FREE_SECTIONS]
-    _unknown(extra, sorted(training_names | set(_SECTIONS) | set(_FREE_SECTIONS)), "config")
-    return RunConfig(
-        training=GRPOConfig(**_coerce(GRPOConfig, training)),
-        model=sections["model"],
-        data=sections["data"],
-        **{name: raw.get(name) for name in _FREE_SECTIONS},
-    )
+    extra = [k for k in raw if k not in training_names and k not in _SECTIONS]
+    refuse_unknown(extra, sorted(training_names | set(_SECTIONS)), "config")
+    training = GRPOConfig(**coerce_numbers(
+        GRPOConfig, {k: v for k, v in raw.items() if k in training_names}))
+    sections = {name: build(raw[name]) for name, build in _SECTIONS.items()
+                if raw.get(name) is not None}
+    sections.setdefault("model", ModelConfig())
+    sections.setdefault("data", DataConfig())
+    return RunConfig(training=training, **sections)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -971,15 +1020,31 @@ def config_fields_help(cls: type = GRPOConfig,
     return rows
 
 
+def _first_paragraph(cls: type) -> str:
+    """The first paragraph of a class docstring, on one line."""
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+
+
 def reference_markdown() -> str:
     """The README's configuration reference: one table per section, from the field metadata."""
     from mtgrpo.config_compat import compatibility_rows
 
-    sections = [("Training (top level of a run file; `GRPOConfig`)", GRPOConfig),
-                ("`model:`", ModelConfig), ("`data:`", DataConfig)]
+    sections = [
+        ("Training (top level of a run file; `GRPOConfig`)", GRPOConfig, ""),
+        ("`model:`", ModelConfig, ""), ("`data:`", DataConfig, ""),
+        ("`tasks:` (`mtgrpo.tasks.TasksConfig`)", TasksConfig, ""),
+        ("`rewards:` (`RewardsConfig`)", RewardsConfig, _first_paragraph(RewardsConfig)),
+        ("`peft:` (`mtgrpo.models.LoraSettings`)", LoraSettings, ""),
+        ("`sft:` (`mtgrpo.sft.WarmStartConfig`)", WarmStartConfig,
+         _first_paragraph(WarmStartConfig)),
+        ("`sft:` training options (`mtgrpo.sft.SFTConfig`, also `mtgrpo sft`'s flags)",
+         SFTConfig, "The warm start sets `output_dir` (`<output_dir>/sft`) and "
+         "`overwrite_output_dir` itself."),
+    ]
     lines: list[str] = []
-    for title, cls in sections:
-        lines += [f"#### {title}", "", "| option | default | meaning |", "|---|---|---|"]
+    for title, cls, note in sections:
+        lines += [f"#### {title}", ""] + ([note, ""] if note else [])
+        lines += ["| option | default | meaning |", "|---|---|---|"]
         for name, _, default, text in config_fields_help(cls, own_only=True):
             lines.append(f"| `{name}` | `{default}` | {text} |")
         lines.append("")

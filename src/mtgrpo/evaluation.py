@@ -1,10 +1,11 @@
 """Per-task evaluation: accuracy, worst task, average, Δm% (ALGORITHMS.md §6).
 
 For every test prompt ``n`` completions are sampled (paper: ``n = 8`` at temperature 1.0);
-a task's accuracy is the mean 0/1 correctness over its prompts' samples. Worst-task accuracy is
-the minimum over tasks, average accuracy the mean. ``format_rate`` is the fraction of
-completions whose accuracy reward is above 0: under the papers' scheme (1.0 correct, 0.1 wrong
-but in the expected answer tag, 0 otherwise) that is "the answer was where it should be".
+a task's accuracy is the mean 0/1 correctness over its prompts' samples. Worst-task and average
+accuracy, and Δm% against a baseline, follow :mod:`mtgrpo.metrics` (the rules every report
+uses). ``format_rate`` is the fraction of completions whose accuracy reward is above 0: under
+the papers' scheme (1.0 correct, 0.1 wrong but in the expected answer tag, 0 otherwise) that is
+"the answer was where it should be".
 
 The trainer's periodic evaluation and ``mtgrpo eval`` run the same code
 (:func:`evaluate_prompts`); generation and scoring reuse the trainer's rollout worker.
@@ -15,14 +16,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EvaluationResult", "TaskResult", "delta_m", "evaluate_prompts", "run_evaluation"]
+from mtgrpo.metrics import scalar_rewards, task_accuracy, worst_and_average
+
+__all__ = ["EvaluationResult", "TaskResult", "evaluate_prompts", "run_evaluation"]
 
 
 @dataclass(frozen=True)
@@ -40,24 +42,30 @@ class TaskResult:
 
 @dataclass
 class EvaluationResult:
-    """Per-task results plus the worst task and the average."""
+    """Per-task results plus the worst task and the average (:mod:`mtgrpo.metrics`: defined
+    when every task has an accuracy; NaN and no worst task otherwise)."""
 
     tasks: dict[str, TaskResult]
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     groups: list[Any] = field(default_factory=list, repr=False)  # the scored groups
 
+    def _summary(self) -> tuple[float, float, str | None]:
+        accuracy = np.array([r.accuracy for r in self.tasks.values()], dtype=np.float64)  # [K]
+        worst, average, index = worst_and_average(accuracy)
+        return float(worst), float(average), list(self.tasks)[index] if index >= 0 else None
+
     @property
-    def worst_task(self) -> str:
-        return min(self.tasks, key=lambda t: self.tasks[t].accuracy)
+    def worst_task(self) -> str | None:
+        return self._summary()[2]
 
     @property
     def worst_accuracy(self) -> float:
-        return self.tasks[self.worst_task].accuracy
+        return self._summary()[0]
 
     @property
     def average_accuracy(self) -> float:
-        return float(np.mean([r.accuracy for r in self.tasks.values()]))
+        return self._summary()[1]
 
     def metrics(self) -> dict[str, Any]:
         """Flat metrics with the keys of ``metrics.jsonl`` (``tasks/<task>/accuracy``, ...)."""
@@ -97,21 +105,6 @@ class EvaluationResult:
                    seconds=raw.get("seconds", 0.0))
 
 
-def delta_m(result: Mapping[str, float], baseline: Mapping[str, float]) -> tuple[float, list[str]]:
-    """``Δm% = (1/K) Σ_k (Acc(k) − Acc_b(k)) / Acc_b(k) · 100`` over the shared tasks.
-
-    Tasks where the baseline accuracy is 0 have no relative change and are skipped (returned
-    as the second value); with no task left the result is NaN.
-    """
-    shared = sorted(set(result) & set(baseline))
-    skipped = [t for t in shared if baseline[t] == 0]
-    kept = [t for t in shared if baseline[t] != 0]
-    if not kept:
-        return math.nan, skipped
-    change = [(result[t] - baseline[t]) / baseline[t] for t in kept]
-    return float(np.mean(change) * 100), skipped
-
-
 def _chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
@@ -129,39 +122,41 @@ def evaluate_prompts(
     shard: Any = None,
     prompts_per_call: int = 64,
     extra: dict[str, Any] | None = None,
+    estimate: Any = None,
 ) -> EvaluationResult:
     """Sample ``num_samples`` completions per prompt of ``prompts`` (a
-    :class:`~mtgrpo.trainer.data.PromptSet`) and score them with ``rewards`` (``extra``: the
-    keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``)."""
+    :class:`~mtgrpo.tasks.PromptSet`) and score them with ``rewards`` (``extra``: the
+    keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``; ``estimate``:
+    the advantage estimator, see :class:`~mtgrpo.rollout.RolloutWorker`)."""
     import torch
 
     from mtgrpo.rewards.accuracy import accuracy_values
-    from mtgrpo.trainer.rollouts import RolloutWorker
+    from mtgrpo.rollout import RolloutWorker
 
     worker = RolloutWorker(
         prompts, backend, rewards, params, num_samples, tokenizer,
         accuracy_threshold=accuracy_threshold, accuracy_channel=accuracy_channel, shard=shard,
-        extra=extra,
+        extra=extra, estimate=estimate,
     )
     begin = time.perf_counter()
-    for chunk in _chunks(len(prompts), prompts_per_call):
-        worker(chunk)
-    groups = worker.generated
-    weights = np.asarray(rewards.reward_weights, dtype=np.float64)
+    groups = [group for chunk in _chunks(len(prompts), prompts_per_call)
+              for group in worker(chunk)]
+    group_tasks = np.array([g.task for g in groups], dtype=np.int64)
+    rows = np.repeat(group_tasks, num_samples)  # [n] task of each completion
+    accuracy = task_accuracy(rows, np.concatenate([g.correct for g in groups]) if groups
+                             else np.zeros(0, dtype=bool), prompts.num_tasks)  # [K]
     results = {}
     for k, name in enumerate(prompts.task_names):
         mine = [g for g in groups if g.task == k]
         if not mine:
             continue
         values = np.concatenate([g.rewards for g in mine])  # [n, R]
-        scalar = np.where(np.isnan(values), 0.0, values) @ weights
-        scored = ~np.isnan(values).all(axis=1)
+        scalar = scalar_rewards(values, np.asarray(rewards.reward_weights, dtype=np.float64))
         accuracy_value = accuracy_values(torch.from_numpy(values), accuracy_channel).numpy()
         lengths = [len(c) for g in mine for c in g.payload.completion_ids]
         results[name] = TaskResult(
-            task=name, prompts=len(mine), samples=num_samples,
-            accuracy=float(np.concatenate([g.correct for g in mine]).mean()),
-            mean_reward=float(scalar[scored].mean()) if scored.any() else math.nan,
+            task=name, prompts=len(mine), samples=num_samples, accuracy=float(accuracy[k]),
+            mean_reward=float(np.nanmean(scalar)) if np.isfinite(scalar).any() else math.nan,
             format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
             mean_length=float(np.mean(lengths)),
         )
@@ -185,21 +180,22 @@ def run_evaluation(
     """Load ``model`` (name, path, adapter directory or loaded model) and evaluate it on
     ``rows`` (a list of task rows or a task suite split) scored by ``rewards`` (anything
     :class:`~mtgrpo.rewards.RewardSuite.from_user` takes, names and reward models included)."""
-    from mtgrpo.config import GRPOConfig
     from mtgrpo.models import load_model, load_tokenizer
-    from mtgrpo.rollout import SamplingParams
-    from mtgrpo.trainer.data import PromptSet
-    from mtgrpo.trainer.setup import build_backend, build_reward_suite
+    from mtgrpo.rewards import RewardSuite
+    from mtgrpo.rewards.registry import resolve_rewards
+    from mtgrpo.rollout import SamplingParams, build_backend
+    from mtgrpo.tasks import PromptSet
 
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
-    suite = build_reward_suite(rewards, GRPOConfig(num_generations=2))
+    suite = rewards if isinstance(rewards, RewardSuite) else \
+        RewardSuite.from_user(resolve_rewards(rewards))
     loaded = load_model(model, for_training=False)
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (
         model if isinstance(model, str | Path) else loaded))
     prompts = PromptSet(rows, tokenizer, max_prompt_length=max_prompt_length)
     suite.validate_tasks(prompts.task_names)
-    generation = build_backend(backend, loaded, tokenizer, GRPOConfig(num_generations=2))
+    generation = build_backend(backend, loaded, tokenizer)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p if temperature > 0 else 1.0)
     result = evaluate_prompts(prompts, generation, suite, params, num_samples, tokenizer,

@@ -2,10 +2,11 @@
 
 Notation: a batch holds ``B`` groups (one per prompt), each with ``G`` completions scored by
 ``R`` reward channels; every prompt belongs to one of ``K`` tasks and ``z [K]`` are the task
-weights on the simplex. A group is *zero-gradient* when its completions have no within-group
-contrast (ALGORITHMS.md §2); *informative* otherwise. The sampler never sees a model: it draws
-prompt ids and calls a :data:`GenerateAndScore` callable that returns one :class:`ScoredGroup`
-per prompt id.
+weights on the simplex. A group is *zero-gradient* when the advantage estimator finds no
+contrast among its completions (ALGORITHMS.md §2; the one rule is in :mod:`mtgrpo.metrics`);
+*informative* otherwise. The sampler never sees a model: it draws prompt ids and calls a
+:data:`GenerateAndScore` callable that returns one :class:`ScoredGroup` per prompt id, carrying
+the estimator's verdict (``zero_gradient``); the filters read it.
 
 Samplers (ALGORITHMS.md §5; names in :data:`SAMPLERS`):
 
@@ -57,9 +58,9 @@ import inspect
 import math
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -78,15 +79,11 @@ __all__ = [
     "Sampler",
     "SamplingReport",
     "ScoredGroup",
-    "constant_channels",
+    "check_sampler_params",
     "largest_remainder_counts",
     "make_sampler",
 ]
 
-# The tolerance ``mtgrpo.advantages`` uses for "no contrast": float noise in a reward (say, a
-# reward model's logits) gives no usable gradient and must not make a group count as informative.
-_CONSTANT_RTOL = 1e-6
-_CONSTANT_ATOL = 1e-7
 # Floor of the acceptance rate in the AAS inflation 1 / max(1 - ρ, 0.01) (MT-GRPO Algorithm 2).
 _MIN_ACCEPTANCE = 0.01
 _SIMPLEX_ATOL = 1e-6
@@ -108,6 +105,11 @@ class ScoredGroup:
         rewards: ``[G, R]`` raw reward channels, ``NaN`` = not applicable.
         correct: ``[G]`` bool, the completion counts as correct (the trainer decides; by default
             a reward ``>= 1``). The ``strict`` filter reads it.
+        zero_gradient: the advantage estimator found no contrast among the completions (the
+            one rule of :mod:`mtgrpo.metrics`: ``compute_advantages(...).zero_gradient``); every
+            filter but ``none`` drops such a group.
+        advantages: ``[G]`` the estimator's advantages, when the caller computed them with the
+            verdict (the trainer does, so they are computed once).
         payload: opaque data the trainer attaches (completions, token ids, ...).
     """
 
@@ -115,6 +117,8 @@ class ScoredGroup:
     task: int
     rewards: np.ndarray  # [G, R]
     correct: np.ndarray  # [G]
+    zero_gradient: bool
+    advantages: np.ndarray | None = None  # [G]
     payload: Any = None
 
     def __post_init__(self) -> None:
@@ -138,6 +142,18 @@ class ScoredGroup:
                 f"ScoredGroup.correct must have shape [G] = ({self.rewards.shape[0]},) to match "
                 f"rewards; got {self.correct.shape} for prompt {self.prompt_id}"
             )
+        if not isinstance(self.zero_gradient, bool | np.bool_):
+            raise TypeError(
+                f"ScoredGroup.zero_gradient must be True or False; got {self.zero_gradient!r} for "
+                f"prompt {self.prompt_id}; pass the estimator's verdict "
+                "(compute_advantages(...).zero_gradient)"
+            )
+        self.zero_gradient = bool(self.zero_gradient)
+        if self.advantages is not None and np.shape(self.advantages) != (self.group_size,):
+            raise ValueError(
+                f"ScoredGroup.advantages must have shape [G] = ({self.group_size},); got "
+                f"{np.shape(self.advantages)} for prompt {self.prompt_id}"
+            )
 
     @property
     def group_size(self) -> int:
@@ -158,32 +174,11 @@ ZeroGradientFilter = Callable[[ScoredGroup], bool]
 ZERO_GRADIENT_FILTERS: Registry[ZeroGradientFilter] = Registry("zero-gradient filter")
 
 
-def constant_channels(rewards: np.ndarray) -> np.ndarray:
-    """``[R]`` bool: True where a channel is constant over the group's applicable entries.
-
-    ``rewards`` is ``[G, R]``. NaN entries are ignored, so a channel with a single applicable
-    value or none at all is constant. "Constant" uses the tolerance of ``mtgrpo.advantages``:
-    ``max − min <= 1e-7 + 1e-6 · max |r|``.
-    """
-    rewards = np.asarray(rewards, dtype=np.float64)  # [G, R]
-    missing = np.isnan(rewards)
-    hi = np.where(missing, -np.inf, rewards).max(axis=0)  # [R]
-    lo = np.where(missing, np.inf, rewards).min(axis=0)  # [R]
-    # An all-NaN channel has hi = -inf < lo = +inf; it is constant, as is hi == lo == ±inf.
-    with np.errstate(invalid="ignore"):
-        spread = np.where(hi <= lo, 0.0, hi - lo)
-    scale = np.abs(np.where(missing, 0.0, rewards)).max(axis=0)  # [R]
-    return (hi <= lo) | (spread <= _CONSTANT_ATOL + _CONSTANT_RTOL * scale)
-
-
 @ZERO_GRADIENT_FILTERS.register("lenient")
 def lenient_filter(group: ScoredGroup) -> bool:
-    """Drop the group only when every reward channel is constant within it (MT-GRPO Exp-2).
-
-    NaN entries are ignored; this matches the advantage module's default ``neutral`` handling
-    of ``None``, under which a missing entry adds no contrast.
-    """
-    return bool(constant_channels(group.rewards).all())
+    """Drop the group only when it has zero gradient (MT-GRPO Exp-2): the estimator found no
+    contrast (``group.zero_gradient``; :mod:`mtgrpo.metrics` gives the rule)."""
+    return group.zero_gradient
 
 
 @ZERO_GRADIENT_FILTERS.register("strict")
@@ -435,11 +430,20 @@ class SamplingReport:
         return metrics
 
 
-class SampledBatch(NamedTuple):
-    """Result of :meth:`Sampler.build`; unpacks as ``groups, report``."""
+@dataclass(frozen=True)
+class SampledBatch:
+    """Result of :meth:`Sampler.build`.
+
+    Attributes:
+        groups: the batch, ``[<= B]`` groups in a shuffled order.
+        report: what the build did (:class:`SamplingReport`).
+        generated: every group generated during the build, in generation order (the batch's
+            and the filtered ones): per-task statistics such as ``J_k`` are measured on them.
+    """
 
     groups: list[ScoredGroup]  # [<= B]
     report: SamplingReport
+    generated: list[ScoredGroup]  # [groups generated]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,7 +570,8 @@ class Sampler(ABC):
         chosen, target = self._collect(z, size, generate, rollouts)
         self._update_filter_rate_ema(rollouts)
         groups = [rollouts.groups[i] for i in self.rng.permutation(np.asarray(chosen))]
-        return SampledBatch(groups, self._report(z, target, inflation, rollouts, groups))
+        return SampledBatch(groups, self._report(z, target, inflation, rollouts, groups),
+                            list(rollouts.groups))
 
     @abstractmethod
     def _collect(
@@ -859,6 +864,20 @@ def _options(cls: type[Sampler]) -> list[str]:
     return sorted(names - {"seed", "zero_gradient_filter", "shuffle"})
 
 
+def check_sampler_params(name: str, params: Mapping[str, Any]) -> None:
+    """Validate ``batch_construction_params`` for the sampler ``name`` without a dataset (the
+    configuration calls this, before any model loads; :func:`make_sampler` too): an unknown
+    option is an error listing the valid ones, a bad value the error its sampler raises."""
+    cls = SAMPLERS.get(name)
+    valid = _options(cls)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
+        )
+    cls(np.zeros(1, dtype=np.int64), 1, **params)  # one prompt: the constructor's own checks
+
+
 def make_sampler(
     name: str,
     prompt_tasks: Any,
@@ -881,14 +900,8 @@ def make_sampler(
         params: the sampler's options (``oversample_factor``, ``max_resample_rounds``,
             ``acceptance_ema``, ...); an unknown option is an error listing the valid ones.
     """
-    cls = SAMPLERS.get(name)
-    valid = _options(cls)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
-        )
-    return cls(
+    check_sampler_params(name, params)
+    return SAMPLERS.get(name)(
         prompt_tasks, num_tasks, seed=seed, zero_gradient_filter=zero_gradient_filter,
         shuffle=shuffle, **params,
     )

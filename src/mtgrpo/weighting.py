@@ -75,6 +75,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from mtgrpo._registry import Registry
+from mtgrpo.metrics import task_accuracy
 
 __all__ = [
     "DEFAULT_ADAM_STEP_SIZE",
@@ -89,6 +90,7 @@ __all__ = [
     "WeightingParam",
     "WeightingStrategy",
     "WorstCaseWeighting",
+    "check_weighting_params",
     "improvement_by_task",
     "make_weighting",
     "simplex_gradient",
@@ -154,8 +156,10 @@ class TaskStats:
 
     Fields (``K`` tasks, in the strategy's task order; coerced to numpy vectors on creation):
 
-    - ``reward [K]``: ``J_k``, the fraction of task ``k``'s rollouts counted correct this step,
-      measured before zero-gradient filtering. ``NaN`` = absent / not measured.
+    - ``accuracy [K]``: ``J_k``, the fraction of task ``k``'s rollouts counted correct this
+      step (:func:`mtgrpo.metrics.task_accuracy`), measured before zero-gradient filtering.
+      ``NaN`` = absent / not measured. (The papers call ``J_k`` the task's reward; with their
+      0/1 correctness reward the two are the same number.)
     - ``count [K]``: rollouts of task ``k`` this step; 0 marks the task absent.
     - ``improvement [K] | None``: ``I_k``, the change of task ``k``'s GRPO objective across the
       policy update (needed by ``mt_grpo``). ``NaN`` = absent / not measured.
@@ -163,13 +167,13 @@ class TaskStats:
       ``sec``). ``NaN`` = absent.
     """
 
-    reward: np.ndarray  # [K]
+    accuracy: np.ndarray  # [K]
     count: np.ndarray  # [K] int
     improvement: np.ndarray | None = None  # [K]
     mean_abs_advantage: np.ndarray | None = None  # [K]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reward", _as_vector("reward", self.reward))
+        object.__setattr__(self, "accuracy", _as_vector("accuracy", self.accuracy))
         object.__setattr__(self, "count", _as_counts(self.count))
         for field in ("improvement", "mean_abs_advantage"):
             value = getattr(self, field)
@@ -201,19 +205,16 @@ class TaskStats:
         task_ids = np.asarray(task_ids, dtype=np.int64)  # [N]
         count = np.bincount(task_ids, minlength=num_tasks)  # [K]
         present = count > 0
-        hits = np.bincount(task_ids, weights=np.asarray(correct, dtype=np.float64),
-                           minlength=num_tasks)
-        reward = np.where(present, hits / np.maximum(count, 1), np.nan)
         mean_abs = None
         if abs_advantages is not None:
             total = np.bincount(task_ids, weights=np.asarray(abs_advantages, dtype=np.float64),
                                 minlength=num_tasks)
             mean_abs = np.where(present, total / np.maximum(count, 1), np.nan)
-        return cls(reward=reward, count=count, improvement=improvement,
-                   mean_abs_advantage=mean_abs)
+        return cls(accuracy=task_accuracy(task_ids, correct, num_tasks), count=count,
+                   improvement=improvement, mean_abs_advantage=mean_abs)
 
     def _fields(self) -> dict[str, np.ndarray]:
-        fields = {"reward": self.reward, "count": self.count}
+        fields = {"accuracy": self.accuracy, "count": self.count}
         if self.improvement is not None:
             fields["improvement"] = self.improvement
         if self.mean_abs_advantage is not None:
@@ -565,31 +566,41 @@ def _from_json(state: Mapping[str, Any], key: str, size: int) -> np.ndarray:
 WEIGHTINGS: Registry[type[WeightingStrategy]] = Registry("weighting strategy")
 
 
-def make_weighting(
-    name: str, num_tasks: int, *, task_names: Sequence[str] | None = None, **params: Any
-) -> WeightingStrategy:
-    """Build the strategy registered as ``name`` for ``num_tasks`` tasks.
+def check_weighting_params(name: str, params: Mapping[str, Any]) -> None:
+    """Validate ``task_weighting_params`` for the strategy ``name`` without building it (the
+    configuration calls this, before any model loads; :func:`make_weighting` too).
 
     Unknown names list the registered ones; unknown or missing parameters list the valid ones
-    with their allowed ranges and defaults; invalid values say the rule they break.
+    with their allowed ranges and defaults; invalid values say the rule they break (the task
+    weights of ``fixed`` are checked against the tasks when the strategy is built).
     """
     cls = WEIGHTINGS.get(name)
-    valid = {p.name for p in cls.PARAMS}
+    rules = {p.name: p for p in cls.PARAMS}
     for key in params:
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
+        if key not in rules:
+            close = difflib.get_close_matches(key, sorted(rules), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
                 f"unknown parameter {key!r} for weighting strategy {cls.name!r}{hint}; "
                 f"valid parameters: {_describe_params(cls)}"
             )
     for key, default in _defaults(cls).items():
-        if key in valid and default is inspect.Parameter.empty and key not in params:
+        if key in rules and default is inspect.Parameter.empty and key not in params:
             raise ValueError(
                 f"weighting strategy {cls.name!r} needs parameter {key!r}; "
                 f"parameters: {_describe_params(cls)}"
             )
-    return cls(num_tasks, task_names=task_names, **params)
+    for key, value in params.items():
+        rules[key].check(cls.name, value)
+
+
+def make_weighting(
+    name: str, num_tasks: int, *, task_names: Sequence[str] | None = None, **params: Any
+) -> WeightingStrategy:
+    """Build the strategy registered as ``name`` for ``num_tasks`` tasks (``params`` checked by
+    :func:`check_weighting_params`)."""
+    check_weighting_params(name, params)
+    return WEIGHTINGS.get(name)(num_tasks, task_names=task_names, **params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -774,7 +785,7 @@ class _SignalWeighting(WeightingStrategy):
     def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray: ...
 
     def _update(self, stats: TaskStats, present: np.ndarray) -> None:
-        if not self._memory.observe(stats.reward, present).any():
+        if not self._memory.observe(stats.accuracy, present).any():
             return
         seen = ~np.isnan(self._memory.value)  # [K]
         signal = _fill_unseen(self._signal(stats, present), seen, self._weights)  # [K]

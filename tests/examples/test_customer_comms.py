@@ -268,7 +268,8 @@ def test_gate_on_judged_replies_ignores_politeness_of_a_promise():
 
     values, polite = advantages(comms_reward, POLITE_PROMISE)
     torch.testing.assert_close(values, torch.tensor(
-        [[1.0, 1.0, 1.0], [1.0, 0.3, 0.8], [0.0, 1.0, 0.8], [1.0, 0.3, 0.8]]))
+        [[1.0, 1.0, 1.0], [1.0, 0.3, 0.8], [0.0, 1.0, 0.8], [1.0, 0.3, 0.8]],
+        dtype=torch.float64))
     rude_values, rude = advantages(comms_reward, RUDE_PROMISE)
     assert rude_values[2].tolist() == pytest.approx([0.0, 0.0, 0.8], abs=1e-7)
     # gated: the promise's politeness (1.0 vs 0.0) changes nothing

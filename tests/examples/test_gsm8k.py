@@ -258,14 +258,16 @@ def test_config_reward_suite_scores_three_channels_and_advantages():
     expected = torch.tensor([[1.0, 1.0, 1.0],   # right, boxed number, on target
                              [0.0, 1.0, 0.5],   # wrong, boxed number, 100 tokens over
                              [1.0, 0.0, 0.5],   # right (last number), no box, 100 under
-                             [0.0, 0.0, 0.0]])  # wrong, no box, 200 over
+                             [0.0, 0.0, 0.0]],  # wrong, no box, 200 over
+                            dtype=torch.float64)
     torch.testing.assert_close(scores.values, expected, rtol=0, atol=0)
     # sum_then_normalize: s = w·r = [1.75, 0.625, 1.125, 0]; A = (s - mean) / (std_ddof1 + 1e-4)
     result = compute_advantages(scores.values, 4, reward_weights=suite.reward_weights,
                                 aggregation=run.training.multi_objective_aggregation)
     s = np.array([1.75, 0.625, 1.125, 0.0])
     want = (s - s.mean()) / (s.std(ddof=1) + 1e-4)
-    # the float32 estimator against the float64 formula: a few roundings of values near 1.2
+    # the estimator (here on the suite's float64 scores) against the float64 formula, bounded
+    # by a few float32 roundings of values near 1.2, the precision the loss reads them at
     # (another weight or std changes them by more than 1e-2)
     assert_close_f32(result.advantages, want.tolist(), ulps=8)
 
@@ -279,7 +281,7 @@ def test_gsm8k_config_trains_one_step_on_the_tiny_model(tmp_path, tiny_model_dir
         "--per_device_train_batch_size", "4", "--max_prompt_length", "128",
         "--max_completion_length", "8", "--save_steps", "0", "--eval_steps", "0",
     ])
-    assert run.peft == {"r": 16, "lora_alpha": 32}
+    assert (run.peft.r, run.peft.lora_alpha) == (16, 32)
     metrics = run_training(run)
     assert np.isfinite(metrics["loss"])
     for channel in ("math_reward", "answer_format_reward", "length_reward"):

@@ -58,7 +58,7 @@ def test_model_without_llama_projections_falls_back_to_all_linear() -> None:
 
 def test_bad_lora_configs_are_refused(tiny_model_dir: Path) -> None:
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with pytest.raises(ValueError, match=r"unknown LoRA option\(s\) \['rank'\]"):
+    with pytest.raises(ValueError, match=r"unknown peft \(LoRA\) option\(s\): 'rank'"):
         apply_lora(base, {"rank": 8})
     with pytest.raises(TypeError, match="got list"):
         apply_lora(base, ["q_proj"])  # type: ignore[arg-type]

@@ -71,10 +71,11 @@ def test_seed_000_none_form_and_routed_form_give_the_same_matrix():
     # completions c0, c1x, c2xx, c3: math rows 0 (len 2 -> -1) and 2 (len 4 -> -1);
     # code rows 1 (len 3 -> 0.75) and 3 (len 2 -> 0.5).
     nan = math.nan
-    expected = torch.tensor([[-1.0, nan], [nan, 0.75], [-1.0, nan], [nan, 0.5]])
+    expected = torch.tensor([[-1.0, nan], [nan, 0.75], [-1.0, nan], [nan, 0.5]],
+                            dtype=torch.float64)
     assert_same_matrix(a.values, expected)
     assert_same_matrix(b.values, expected)
-    assert a.values.dtype == torch.float32
+    assert a.values.dtype == torch.float64  # the reward functions' floats, not rounded
     assert torch.equal(a.applied, ~expected.isnan())
     assert a.channel_names == ["math_reward_func", "coding_reward_func"]
 
@@ -94,7 +95,7 @@ def test_routed_and_plain_forms_match_a_loop_reference_on_random_batches(seed):
         on_unscorable="zero_advantage",
     )
     data = batch(tasks)
-    expected = torch.full((n, 3), math.nan)  # [N, R], built row by row from the task logic
+    expected = torch.full((n, 3), math.nan, dtype=torch.float64)  # [N, R], row by row
     for i, (task, completion) in enumerate(zip(tasks, data["completions"], strict=True)):
         if task == "math":
             expected[i, 0] = math_logic(completion)
@@ -236,7 +237,7 @@ def test_multi_channel_tuples_dicts_arrays_and_none():
             [nan, nan, nan, code_logic("c2xx")],
             [2.0, 3.0, 4.0, code_logic("c3")],
             [0.5, 1.5, 0.0, code_logic("c4x")],
-        ]
+        ], dtype=torch.float64,
     )
     assert_same_matrix(scores.values, expected)
     assert scores.channel_names == [
@@ -253,7 +254,7 @@ def test_multi_channel_batched_array_output():
 
     rf = RewardFunction(judge, channels=("a", "b"))
     scores = RewardSuite.from_user(rf).score(**batch(["t"] * 3))
-    assert_same_matrix(scores.values, torch.arange(6, dtype=torch.float32).reshape(3, 2))
+    assert_same_matrix(scores.values, torch.arange(6, dtype=torch.float64).reshape(3, 2))
 
 
 def test_per_completion_adapter_scores_seed_003_style_functions():
@@ -269,7 +270,8 @@ def test_per_completion_adapter_scores_seed_003_style_functions():
         tasks=["fintech"] * 3,
     )
     # len(prompt): a 2-char string, a 1-message chat list, a 2-key dict.
-    expected = torch.tensor([[1.0, 2.0, 1.0], [0.0, 1.0, 1.0], [1.0, 2.0, 1.0]])
+    expected = torch.tensor([[1.0, 2.0, 1.0], [0.0, 1.0, 1.0], [1.0, 2.0, 1.0]],
+                            dtype=torch.float64)
     assert_same_matrix(scores.values, expected)
 
 
@@ -288,9 +290,9 @@ def test_accepted_value_types_and_containers():
 
     scores = RewardSuite.from_user([typed, as_array, as_tensor]).score(**batch(["t"] * 10))
     expected_typed = [1.0, 0.0, 3.0, 0.5, 2.0, 1.0, 0.25, 1.5, math.nan, -2.0]
-    assert_same_matrix(scores.values[:, 0], torch.tensor(expected_typed))
-    assert_same_matrix(scores.values[:, 1], torch.arange(10, dtype=torch.float32))
-    assert_same_matrix(scores.values[:, 2], torch.ones(10))
+    assert_same_matrix(scores.values[:, 0], torch.tensor(expected_typed, dtype=torch.float64))
+    assert_same_matrix(scores.values[:, 1], torch.arange(10, dtype=torch.float64))
+    assert_same_matrix(scores.values[:, 2], torch.ones(10, dtype=torch.float64))
 
 
 def test_zero_advantage_keeps_unscorable_rows_all_nan():
@@ -383,5 +385,6 @@ def test_built_in_verifiers_route_through_a_suite():
     )
     # Row 0 is correct, row 1 has the wrong target, row 2 is not a Countdown row (not routed).
     nan = math.nan
-    assert_same_matrix(scores.values, torch.tensor([[1.0, 1.0], [0.0, 1.0], [nan, 0.0]]))
+    assert_same_matrix(scores.values, torch.tensor([[1.0, 1.0], [0.0, 1.0], [nan, 0.0]],
+                                                   dtype=torch.float64))
     assert [(gate.channel, gate.on) for gate in suite.gates] == [(1, 0)]

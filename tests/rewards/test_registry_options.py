@@ -85,7 +85,7 @@ def test_every_built_in_resolves_from_a_run_file_with_its_options(name):
     reward = resolve_reward({"name": name, **OPTIONS[name]})
     assert callable(reward)
     run = run_config_from_dict({"model": "m", "rewards": [{"name": name, **OPTIONS[name]}]})
-    assert run.rewards == [{"name": name, **OPTIONS[name]}]
+    assert run.rewards.to_value() == [{"name": name, **OPTIONS[name]}]
 
 
 def test_the_readme_reward_examples_resolve():

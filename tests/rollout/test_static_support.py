@@ -13,11 +13,11 @@ from torch import nn
 
 from mtgrpo.models.transformers_compat import cache_argument, cache_keyword
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend
+from mtgrpo.rollout.selection import _auto_backend
 from mtgrpo.rollout.static_decoders import (
     StaticCacheUnsupportedError,
     check_static_cache_support,
 )
-from mtgrpo.trainer.setup import _auto_backend
 
 PROMPTS = [[5, 9, 14, 3], [7, 21]]
 
@@ -142,7 +142,7 @@ def test_the_probe_runs_once_per_model_and_leaves_no_trace() -> None:
 def test_auto_falls_back_loudly_when_a_setting_or_release_is_the_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="mtgrpo.trainer.setup"):
+    with caplog.at_level(logging.INFO, logger="mtgrpo.rollout.selection"):
         assert _auto_backend(_build(_DropsTheCache)) == "hf"
     [record] = caplog.records
     assert record.levelno == logging.WARNING
@@ -152,7 +152,7 @@ def test_auto_falls_back_loudly_when_a_setting_or_release_is_the_reason(
     caplog.clear()
     flex = _build()
     flex.set_attn_implementation("flex_attention")
-    with caplog.at_level(logging.INFO, logger="mtgrpo.trainer.setup"):
+    with caplog.at_level(logging.INFO, logger="mtgrpo.rollout.selection"):
         assert _auto_backend(flex) == "hf"
     [record] = caplog.records
     assert record.levelno == logging.WARNING
@@ -167,7 +167,7 @@ def test_auto_falls_back_quietly_when_the_architecture_is_the_reason(
                                    num_attention_heads=4, num_key_value_heads=2,
                                    intermediate_size=64, sliding_window=8, eos_token_id=2)
     )  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="mtgrpo.trainer.setup"):
+    with caplog.at_level(logging.INFO, logger="mtgrpo.rollout.selection"):
         assert _auto_backend(sliding) == "hf"
         assert _auto_backend(_build()) == "static"
     [record] = caplog.records

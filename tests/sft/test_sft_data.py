@@ -14,7 +14,7 @@ from mtgrpo.sft.data import (
     encode_examples,
     prompt_completion_pairs,
 )
-from mtgrpo.trainer.data import PromptSet
+from mtgrpo.tasks.prompt_set import PromptSet
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
 

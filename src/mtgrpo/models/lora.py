@@ -10,24 +10,87 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from mtgrpo._config_types import check_option_types, coerce_numbers, option, refuse_unknown
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
     from transformers import PreTrainedModel
 
-__all__ = ["DEFAULT_LORA_TARGET_MODULES", "apply_lora", "make_lora_config", "reference_mode"]
+__all__ = [
+    "DEFAULT_LORA_TARGET_MODULES",
+    "LoraSettings",
+    "apply_lora",
+    "make_lora_config",
+    "reference_mode",
+]
 
 # The attention and MLP projections of Llama, Qwen2/2.5/3, Mistral and most decoder LMs.
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
 )
 
-# Departures from peft's own defaults (r=8, alpha=8): the common RL fine-tuning choice r=16,
-# alpha=32; dropout 0 so that the adapter computes the same log-probabilities when the rollout
-# is generated (eval mode) and when the policy is updated (train mode): with dropout the
-# importance ratio would not start at 1.
-_DEFAULTS: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "bias": "none"}
+
+
+@dataclass
+class LoraSettings:
+    """A LoRA adapter: the ``peft:`` section of a run file, or ``peft_config`` as a mapping.
+
+    Departures from peft's own defaults (r=8, alpha=8): the common RL fine-tuning choice r=16,
+    alpha=32; dropout 0 so that the adapter computes the same log-probabilities when the
+    rollout is generated (eval mode) and when the policy is updated (train mode): with dropout
+    the importance ratio would not start at 1. Any other ``peft.LoraConfig`` field may be given
+    too (checked against peft when the settings are built) and is passed on as is.
+    """
+
+    r: int = option("LoRA rank.", default=16)
+    lora_alpha: float = option("Scale numerator: the update is scaled by lora_alpha / r.",
+                               default=32)
+    lora_dropout: float = option("Dropout on the adapter's input (0 keeps generation and "
+                                 "update log-probs equal, so the ratio starts at 1).",
+                                 default=0.0)
+    bias: str = option("Biases trained too: none, all or lora_only.", default="none")
+    target_modules: list[str] | str | None = option(
+        "Modules to adapt (None: the model's q/k/v/o/gate/up/down projections, else "
+        "all-linear).", default=None)
+    modules_to_save: list[str] | None = option(
+        "Modules trained in full and saved with the adapter (e.g. lm_head).", default=None)
+    use_rslora: bool = option("Rank-stabilised scale lora_alpha / sqrt(r).", default=False)
+    use_dora: bool = option("Weight-decomposed LoRA (DoRA).", default=False)
+    task_type: str = option("peft's task type.", default="CAUSAL_LM")
+    other: dict[str, Any] = option(
+        "Any other peft.LoraConfig field (written at the section's top level in a run file).",
+        default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_option_types(self, "peft")
+        if self.r < 1:
+            raise ValueError(f"peft.r={self.r} must be a positive integer (the LoRA rank)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"peft.lora_dropout={self.lora_dropout} must be in [0, 1)")
+        if self.other:
+            from peft import LoraConfig  # only for fields beyond the common ones
+
+            valid = [f.name for f in dataclasses.fields(LoraConfig) if f.init]
+            refuse_unknown([k for k in self.other if k not in valid], valid, "peft (LoRA)")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> LoraSettings:
+        """From a mapping of ``LoraConfig`` fields (a run file's flat ``peft:`` section)."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"the peft section must be a mapping of LoRA options, got "
+                             f"{type(values).__name__} {values!r:.80}")
+        own = {f.name for f in dataclasses.fields(cls)} - {"other"}
+        known = coerce_numbers(cls, {k: v for k, v in values.items() if k in own})
+        return cls(**known, other={k: v for k, v in values.items() if k not in own})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat mapping of ``LoraConfig`` fields (what a run file holds)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "other"}
+        return {**out, **self.other}
 
 
 def _default_target_modules(model: PreTrainedModel) -> list[str] | str:
@@ -46,30 +109,25 @@ def _default_target_modules(model: PreTrainedModel) -> list[str] | str:
 def make_lora_config(
     model: PreTrainedModel, config: LoraConfig | Mapping[str, Any] | None = None
 ) -> LoraConfig:
-    """A ``LoraConfig`` for ``model`` from a config, a mapping of ``LoraConfig`` fields, or None.
+    """A ``LoraConfig`` for ``model`` from a config, :class:`LoraSettings`, a mapping of
+    ``LoraConfig`` fields, or None.
 
-    Fields a mapping leaves out take mtgrpo's defaults (r=16, lora_alpha=32, lora_dropout=0.0,
-    bias="none", task_type="CAUSAL_LM", and the model's q/k/v/o/gate/up/down projections, or
-    "all-linear" for a model without them).
+    Fields a mapping leaves out take :class:`LoraSettings`' defaults (r=16, lora_alpha=32,
+    lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", and the model's q/k/v/o/gate/up/down
+    projections, or "all-linear" for a model without them).
     """
     from peft import LoraConfig
 
     if isinstance(config, LoraConfig):
         return config
-    if config is not None and not isinstance(config, Mapping):
+    if config is not None and not isinstance(config, Mapping | LoraSettings):
         raise TypeError(
-            f"LoRA config must be a peft LoraConfig, a mapping of its fields or None, "
-            f"got {type(config).__name__}"
+            f"LoRA config must be a peft LoraConfig, LoraSettings, a mapping of its fields or "
+            f"None, got {type(config).__name__}"
         )
-    fields = dict(config or {})
-    valid = {f.name for f in dataclasses.fields(LoraConfig) if f.init}
-    unknown = sorted(set(fields) - valid)
-    if unknown:
-        raise ValueError(
-            f"unknown LoRA option(s) {unknown}; LoraConfig takes e.g. r, lora_alpha, "
-            "lora_dropout, target_modules, modules_to_save, use_rslora, use_dora"
-        )
-    options = {**_DEFAULTS, "task_type": "CAUSAL_LM", **fields}
+    settings = config if isinstance(config, LoraSettings) else \
+        LoraSettings.from_dict(config or {})
+    options = settings.to_dict()
     if options.get("target_modules") is None:
         options["target_modules"] = _default_target_modules(model)
     return LoraConfig(**options)

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from mtgrpo.models.positions import position_ids_from_attention_mask
 from mtgrpo.models.transformers_compat import cache_argument, returned_cache
 from mtgrpo.policy.packed import PackedLayout, packed_hidden, packed_layout, packed_mismatch
 
@@ -123,19 +124,6 @@ class LogprobRoute:
     head: nn.Module | None = None
     via: nn.Module | None = None
     packed: bool = False  # the backbone runs padding-free (mtgrpo.policy.packed)
-
-
-def position_ids_from_attention_mask(attention_mask: Tensor) -> Tensor:
-    """Position ids for (left- or right-) padded rows, as ``generate`` derives them.
-
-    ``position_t = (number of attended tokens up to and including t) - 1``, and 0 at padded
-    positions (``GenerationMixin._prepare_position_ids_for_generation`` in transformers 5).
-    A left-padded prompt therefore starts at position 0 whatever its padding, and completion
-    tokens continue from the last prompt position, as they did while being generated.
-    """
-    mask = attention_mask.long()  # [N, T]
-    positions = mask.cumsum(-1) - 1
-    return positions.masked_fill(mask == 0, 0)
 
 
 def selective_log_softmax(

@@ -62,6 +62,7 @@ import torch
 from torch import Tensor
 
 from mtgrpo._registry import Registry
+from mtgrpo.choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from mtgrpo.policy.token_weights import gamma_weights, off_policy_mask
 
 __all__ = [
@@ -151,7 +152,7 @@ class LossOutput:
 # whole-batch normaliser to this micro-batch's scalar share of the loss.
 LossAggregation = Callable[[Tensor, Tensor, LossNormalizer], Tensor]
 
-LOSS_TYPES: Registry[LossAggregation] = Registry("loss type")
+# LOSS_TYPES (mtgrpo.choices) declares the names, so a configuration validates them without torch.
 
 
 @LOSS_TYPES.register("grpo", aliases=("sequence_mean",))
@@ -214,7 +215,7 @@ class LossOptions:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.importance_sampling_level not in ("token", "sequence"):
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
                 f"importance_sampling_level={self.importance_sampling_level!r} must be 'token' "
                 "or 'sequence'"

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from mtgrpo._registry import Registry
+from mtgrpo.choices import SCHEDULERS, check_optimizer_name, check_scheduler_name
 
 __all__ = [
     "SCHEDULERS",
@@ -40,45 +40,6 @@ _NO_DECAY_PATTERNS = tuple(
     for pattern in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
 )
 
-# Our schedule names -> transformers.get_scheduler names. "constant" keeps the warm-up when one
-# is asked for (transformers' plain "constant" would silently ignore it).
-SCHEDULERS: Registry[str] = Registry("learning-rate schedule")
-SCHEDULERS.add("constant", "constant_with_warmup", aliases=("constant_with_warmup",))
-SCHEDULERS.add("linear", "linear")
-SCHEDULERS.add("cosine", "cosine")
-
-
-def _transformers_schedulers() -> list[str]:
-    from transformers import SchedulerType
-
-    return [kind.value for kind in SchedulerType]
-
-
-def _transformers_optimizers() -> list[str]:
-    from transformers.training_args import OptimizerNames
-
-    return [name.value for name in OptimizerNames]
-
-
-def check_scheduler_name(kind: str) -> str:
-    """The transformers schedule name for ``kind`` (ours or any ``SchedulerType``)."""
-    if kind in SCHEDULERS:
-        return SCHEDULERS.get(kind)
-    valid = _transformers_schedulers()
-    if kind not in valid:
-        raise ValueError(
-            f"unknown learning-rate schedule {kind!r}; valid names: constant, linear, cosine "
-            f"and transformers' {', '.join(valid)} (lr_scheduler_type)"
-        )
-    return kind
-
-
-def check_optimizer_name(name: str) -> str:
-    """``name`` when transformers knows the optimizer; an error listing them otherwise."""
-    valid = _transformers_optimizers()
-    if name not in valid:
-        raise ValueError(f"optim={name!r} is not an optimizer name; valid: {', '.join(valid)}")
-    return name
 
 
 def no_decay_parameter_names(model: nn.Module) -> set[str]:

@@ -15,6 +15,8 @@ Rules where the paper is silent (each is also said where it applies):
 
 1. Worst and average at a step are defined only when *every* task has a finite accuracy at
    that step: a minimum over the tasks that happened to be measured would overstate the worst.
+   (:mod:`mtgrpo.metrics` defines worst, average, Δm% and steps-to-threshold once; the trainer
+   and evaluation log with the same rules.)
 2. "Final" is the last such complete step of the split; "best" is the maximum over them
    (the earliest step on a tie).
 3. A threshold is reached at the first complete step with ``worst >= threshold``.
@@ -42,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mtgrpo.metrics import DeltaM, delta_m, worst_and_average
+from mtgrpo.metrics import steps_to_threshold as first_step_reaching
 from mtgrpo.reporting.metrics import read_metrics
 
 if TYPE_CHECKING:
@@ -301,52 +305,13 @@ def accuracy_curve(
     per_task = np.full((len(steps), len(tasks)), np.nan)  # [T, K]
     for k, s in enumerate(series):
         per_task[np.searchsorted(steps, s.steps), k] = s.values
-    complete = np.isfinite(per_task).all(axis=1) & (len(tasks) > 0)  # [T]
-    worst = np.full(len(steps), np.nan)
-    average = np.full(len(steps), np.nan)
-    worst_index = np.full(len(steps), -1, dtype=np.int64)
-    if complete.any():
-        worst[complete] = per_task[complete].min(axis=1)
-        average[complete] = per_task[complete].mean(axis=1)
-        worst_index[complete] = per_task[complete].argmin(axis=1)
+    worst, average, worst_index = worst_and_average(per_task)  # [T] each
     return AccuracyCurve(tasks, steps, per_task, worst, average, worst_index)
 
 
 def steps_to_threshold(curve: AccuracyCurve, threshold: float) -> int | None:
     """The first step whose worst-task accuracy is ``>= threshold``; None if never."""
-    reached = np.flatnonzero(curve.complete & (curve.worst >= threshold))
-    return int(curve.steps[reached[0]]) if len(reached) else None
-
-
-@dataclass(frozen=True)
-class DeltaM:
-    """Δm% of a run against a baseline, and which tasks entered the mean."""
-
-    value: float | None  # percent; None when no task is usable
-    tasks: tuple[str, ...]  # tasks in the mean
-    skipped_zero_baseline: tuple[str, ...]  # baseline accuracy 0: relative change undefined
-    missing: tuple[str, ...]  # in the baseline but without a finite accuracy in the run
-
-
-def delta_m(accuracy: Mapping[str, float], baseline: Mapping[str, float]) -> DeltaM:
-    """``Δm% = (1/K') Σ_k (Acc(k) − Acc_b(k)) / Acc_b(k) · 100`` (MT-GRPO paper, §6).
-
-    Departure: the mean runs over the ``K'`` tasks of the baseline with ``Acc_b(k) > 0`` and a
-    finite accuracy in the run; tasks with ``Acc_b(k) = 0`` have no relative change and are
-    skipped (and returned), rather than making the mean infinite.
-    """
-    used, skipped, missing, changes = [], [], [], []
-    for task, base in baseline.items():
-        value = accuracy.get(task)
-        if value is None or not math.isfinite(value):
-            missing.append(task)
-        elif base == 0:
-            skipped.append(task)
-        else:
-            used.append(task)
-            changes.append((value - base) / base)
-    mean = float(np.mean(changes)) * 100.0 if changes else None
-    return DeltaM(mean, tuple(used), tuple(skipped), tuple(missing))
+    return first_step_reaching(curve.steps, curve.worst, threshold)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from mtgrpo._files import write_text_atomically
+
 __all__ = ["MetricsWriter", "read_metrics"]
 
 
@@ -76,9 +78,7 @@ class MetricsWriter:
             return None
         side = path.with_name(f"{path.stem}.after-step-{step}.{int(time.time())}.jsonl")
         side.write_text("\n".join(moved) + "\n", encoding="utf-8")
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomically(path, "".join(line + "\n" for line in keep))
         return side
 
 

@@ -7,14 +7,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Trackers", "check_trackers_available"]
+from mtgrpo.choices import TRACKERS
 
-# tracker name -> (module that must be importable, pip extra)
-_REQUIREMENTS = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-    "trackio": ("trackio", "trackio"),
-}
+__all__ = ["TRACKERS", "Trackers", "check_trackers_available"]
+
+# tracker name -> (module that must be importable, pip extra): the same name, by construction
+_REQUIREMENTS = {name: (name, name) for name in TRACKERS}
 
 
 def check_trackers_available(names: Sequence[str]) -> None:

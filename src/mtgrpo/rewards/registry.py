@@ -28,7 +28,7 @@ from typing import Any
 
 from mtgrpo._registry import Registry, import_object
 
-__all__ = ["REWARD_FUNCTIONS", "resolve_reward"]
+__all__ = ["REWARD_FUNCTIONS", "check_reward_entry", "resolve_reward", "resolve_rewards"]
 
 # name -> "module:attribute" (imported on first use, so listing names stays cheap)
 REWARD_FUNCTIONS: Registry[str] = Registry("reward function")
@@ -92,18 +92,48 @@ def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
 
 
 def _from_mapping(spec: Mapping[str, Any], **model_options: Any) -> Any:
+    check_reward_entry(spec)
     options = dict(spec)
     if "reward_model" in options:
         from mtgrpo.rewards.models import RewardModel
 
         return RewardModel(options.pop("reward_model"), **{**model_options, **options})
-    name = options.pop("name", None)
-    if name is None:
-        raise ValueError(
-            f"reward entry {dict(spec)!r} needs a 'name' (a registered reward or an import "
-            "path) or 'reward_model'"
-        )
+    name = options.pop("name")
     return _with_options(resolve_reward(name), str(name), options)
+
+
+def _names_a_reward_model(spec: str) -> bool:
+    from mtgrpo.rewards.models import is_reward_model_path
+
+    return is_reward_model_path(spec) or bool(_HUB_ID.match(spec))
+
+
+def check_reward_entry(spec: Any) -> None:
+    """Whether a run file's reward entry can be resolved, without importing it: a registered
+    name, an import path, a reward model's directory or hub id, ``{name: ..., options}`` or
+    ``{reward_model: ...}`` (or, from Python, a callable). Raises ``ValueError`` naming the
+    forms otherwise."""
+    if isinstance(spec, Mapping):
+        if "reward_model" in spec:
+            return
+        if "name" not in spec:
+            raise ValueError(
+                f"reward entry {dict(spec)!r} needs a 'name' (a registered reward or an import "
+                "path) or 'reward_model'"
+            )
+        check_reward_entry(spec["name"])
+        return
+    if not isinstance(spec, str):
+        if callable(spec):
+            return
+        raise TypeError(f"cannot use a {type(spec).__name__} as a reward function")
+    if spec in REWARD_FUNCTIONS or ":" in spec or _names_a_reward_model(spec):
+        return
+    raise ValueError(
+        f"reward {spec!r} is not a registered reward ({', '.join(REWARD_FUNCTIONS.names())}), "
+        "an import path 'package.module:function', a local reward-model directory or a hub "
+        "reward model 'org/name'"
+    )
 
 
 def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool = False) -> Any:
@@ -112,23 +142,18 @@ def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool 
     ``tokenizer`` and ``trust_remote_code`` are used when the entry is a reward model (TRL's
     ``reward_processing_classes`` and ``trust_remote_code``).
     """
-    from mtgrpo.rewards.models import RewardModel, is_reward_model_path
+    from mtgrpo.rewards.models import RewardModel
 
     model_options = {"tokenizer": tokenizer, "trust_remote_code": trust_remote_code}
     if isinstance(spec, Mapping):
         return _from_mapping(spec, **model_options)
     if isinstance(spec, str):
+        check_reward_entry(spec)
         if spec in REWARD_FUNCTIONS:
             return import_object(REWARD_FUNCTIONS.get(spec))
         if ":" in spec:
             return import_object(spec)
-        if is_reward_model_path(spec) or _HUB_ID.match(spec):
-            return RewardModel(spec, **model_options)
-        raise ValueError(
-            f"reward {spec!r} is not a registered reward ({', '.join(REWARD_FUNCTIONS.names())}), "
-            "an import path 'package.module:function', a local reward-model directory or a hub "
-            "reward model 'org/name'"
-        )
+        return RewardModel(spec, **model_options)
     if _is_sequence_classifier(spec):
         return RewardModel(spec, **model_options)
     if isinstance(spec, RewardModel) and tokenizer is not None:
@@ -137,6 +162,17 @@ def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool 
     if callable(spec):
         return spec
     raise TypeError(f"cannot use a {type(spec).__name__} as a reward function")
+
+
+def resolve_rewards(spec: Any, *, trust_remote_code: bool = False) -> Any:
+    """:func:`resolve_reward` on every entry of ``spec``: one entry, a list of them, or a
+    routing table ``{task: entries}``; the shape is kept."""
+    if isinstance(spec, Mapping):
+        return {task: resolve_rewards(fns, trust_remote_code=trust_remote_code)
+                for task, fns in spec.items()}
+    if isinstance(spec, list | tuple):
+        return [resolve_reward(f, trust_remote_code=trust_remote_code) for f in spec]
+    return resolve_reward(spec, trust_remote_code=trust_remote_code)
 
 
 def _is_sequence_classifier(obj: Any) -> bool:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mtgrpo._registry import Registry
 from mtgrpo.advantages import Gate
+from mtgrpo.choices import ON_UNSCORABLE
 from mtgrpo.rewards.core import (
     RewardError,
     RewardFunction,
@@ -39,7 +40,7 @@ WILDCARD_TASK = "*"
 """Routing-table key whose functions apply to every task."""
 
 UnscorablePolicy = Callable[["RewardSuite", RewardBatch, np.ndarray], None]
-UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = Registry("on_unscorable policy")
+UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = ON_UNSCORABLE  # names in mtgrpo.choices
 """What to do with a completion no reward applies to (every channel NaN): ``raise`` (default),
 ``warn`` (TRL's behaviour and warning: the row stays all-NaN and the advantage is 0) or
 ``zero_advantage`` (the same without the warning)."""
@@ -50,7 +51,7 @@ class RewardScores:
     """The scores of one batch.
 
     Attributes:
-        values: ``[N, R]`` float32; NaN where a function returned ``None`` or was not routed
+        values: ``[N, R]`` float64; NaN where a function returned ``None`` or was not routed
             to the row's task.
         applied: ``[N, R]`` bool, ``~isnan(values)``: the channel scored the completion.
         channel_names: ``[R]`` column names.
@@ -442,7 +443,7 @@ class RewardSuite:
         tasks: Sequence[str],
         extra: Mapping[str, Any] | None = None,
     ) -> RewardScores:
-        """Score ``N`` completions with every channel: ``values [N, R]`` float32, NaN = the
+        """Score ``N`` completions with every channel: ``values [N, R]`` float64, NaN = the
         function returned ``None`` or is not routed to the row's task.
 
         ``columns`` are the other dataset columns, one value per completion (``task`` is
@@ -487,7 +488,9 @@ class RewardSuite:
                 raise out
             self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
         UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
-        scores = torch.from_numpy(values.astype(np.float32))  # [N, R]
+        # float64 from the reward functions' Python floats to the advantages: one dtype, no
+        # rounding on the way (the loss reads the advantages as float32, PolicyBatch)
+        scores = torch.from_numpy(values)  # [N, R] float64
         return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks,
                             torch.from_numpy(errors))  # fmt: skip
 

@@ -6,7 +6,10 @@
 :mod:`mtgrpo.rollout.static` the fast backend (static KV cache, own decode loop, CUDA graphs on a
 GPU), registered as ``"static"``. ``"auto"`` (the trainer's default) picks ``"static"`` when the
 model supports it and ``"hf"`` otherwise.
-``make_backend("hf", model, tokenizer, max_batch_size=...)`` builds one by name.
+``make_backend("hf", model, tokenizer, max_batch_size=...)`` builds one by name;
+:func:`build_backend` (:mod:`mtgrpo.rollout.selection`) also resolves ``"auto"`` and import paths.
+:mod:`mtgrpo.rollout.worker` turns prompt ids into scored groups (generate, then score with the
+reward suite): the callable the batch-construction sampler and evaluation drive.
 """
 
 from __future__ import annotations
@@ -23,17 +26,23 @@ from mtgrpo.rollout.base import (
     make_backend,
 )
 from mtgrpo.rollout.hf_generate import HFGenerateBackend
+from mtgrpo.rollout.selection import build_backend
 from mtgrpo.rollout.static import StaticCacheBackend
+from mtgrpo.rollout.worker import GroupPayload, RolloutWorker, Shard
 
 __all__ = [
     "BACKENDS",
     "BackendFactory",
     "GenerationBackend",
     "GenerationOutput",
+    "GroupPayload",
     "HFGenerateBackend",
+    "RolloutWorker",
     "SamplingParams",
+    "Shard",
     "StaticCacheBackend",
     "backend_description",
+    "build_backend",
     "check_num_samples",
     "check_prompt_ids",
     "make_backend",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from mtgrpo._registry import Registry
+from mtgrpo.choices import BACKENDS as CHOSEN_BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -153,7 +154,7 @@ class GenerationBackend(Protocol):
 
 
 BackendFactory = Callable[..., GenerationBackend]
-BACKENDS: Registry[BackendFactory] = Registry("generation backend")
+BACKENDS: Registry[BackendFactory] = CHOSEN_BACKENDS  # names declared in mtgrpo.choices
 
 
 def backend_description(backend: object) -> dict[str, str]:

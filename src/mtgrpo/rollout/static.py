@@ -80,7 +80,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from mtgrpo.policy.logprobs import position_ids_from_attention_mask
+from mtgrpo.models.positions import position_ids_from_attention_mask
 from mtgrpo.rollout.base import (
     BACKENDS,
     GenerationOutput,

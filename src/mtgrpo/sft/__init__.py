@@ -12,7 +12,8 @@ gold answers written in the expected format gives it a foothold::
     result = sft_train("path/to/model", None, rows, SFTConfig(output_dir="runs/warm"))
     # result.model_dir is a save_pretrained checkpoint GRPO starts from
 
-Modules: :mod:`~mtgrpo.sft.config` (:class:`SFTConfig`), :mod:`~mtgrpo.sft.solutions`
+Modules: :mod:`~mtgrpo.sft.config` (:class:`SFTConfig`; :class:`WarmStartConfig`, a run file's
+``sft:`` section), :mod:`~mtgrpo.sft.solutions`
 (:func:`solutions_from_rows`: task rows to completions), :mod:`~mtgrpo.sft.data` (pairs,
 token ids, batches in the GRPO layout), :mod:`~mtgrpo.sft.train` (:func:`sft_train`, the loss).
 
@@ -25,13 +26,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mtgrpo.sft.config import SFTConfig
+from mtgrpo.sft.config import SFTConfig, WarmStartConfig
 
 __all__ = [
     "REASONINGS",
     "SOLUTION_TEMPLATES",
     "SFTConfig",
     "SFTResult",
+    "WarmStartConfig",
     "completion_cross_entropy",
     "sft_train",
     "solutions_from_rows",

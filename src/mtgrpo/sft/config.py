@@ -12,15 +12,21 @@ once, in ``metadata["help"]``; ``mtgrpo sft`` derives its flags from it.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtgrpo.config import _coerce
+from mtgrpo._config_types import (
+    build_section,
+    check_option_types,
+    coerce_numbers,
+    option,
+    refuse_unknown,
+)
+from mtgrpo.choices import SCHEDULERS
 
-__all__ = ["ON_LONG_EXAMPLE", "SFTConfig"]
+__all__ = ["ON_LONG_EXAMPLE", "SFTConfig", "WarmStartConfig"]
 
 # What to do with an example longer than max_length (prompt + completion + EOS).
 ON_LONG_EXAMPLE = ("truncate", "drop", "error")
@@ -100,8 +106,6 @@ class SFTConfig:
     def __post_init__(self) -> None:
         self._check_integers()
         self._check_ranges()
-        from mtgrpo.policy.optim import SCHEDULERS  # torch: imported on use, not with the CLI
-
         self.lr_scheduler_type = SCHEDULERS.canonical(self.lr_scheduler_type)
         if self.on_long_example not in ON_LONG_EXAMPLE:
             raise ValueError(
@@ -172,12 +176,80 @@ class SFTConfig:
             raise ValueError(
                 f"an SFT config must be a mapping of options, got {type(values).__name__}"
             )
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [key for key in values if key not in names]
-        if unknown:
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ValueError(f"unknown sft option(s): {', '.join(hints)}")
-        return cls(**_coerce(cls, values))
+        return build_section(cls, values, "sft")
+
+
+# Options of the warm start that are not SFTConfig's: where its examples come from.
+_WARM_START_OWN = ("num_examples", "template", "reasoning", "lora", "seed_offset")
+# SFTConfig fields the run sets itself: the warm start lives in <output_dir>/sft.
+_SET_BY_THE_RUN = ("output_dir", "overwrite_output_dir")
+
+
+@dataclass
+class WarmStartConfig:
+    """The ``sft:`` section of a run file: a supervised warm start on the task suite's gold
+    answers before GRPO (see ``mtgrpo sft``).
+
+    Its own options say which examples it trains on; every other key is an option of
+    :class:`SFTConfig` (``learning_rate``, ``max_steps``, ...), checked when the configuration
+    is built. The result is written to ``<output_dir>/sft`` and reused by a later run with the
+    same settings; its seed defaults to the run's.
+    """
+
+    num_examples: int = option("Solved problems per task.", default=256)
+    template: str = option("How a gold answer becomes a completion: think_answer, answer_only "
+                           "or a format string with {answer} (and {reasoning}, {gold}).",
+                           default="think_answer")
+    reasoning: str = option("The reasoning the think_answer template writes (see mtgrpo sft).",
+                            default="restate")
+    lora: dict[str, Any] | None = option(
+        "Train a LoRA adapter (peft options, as the peft section) and merge it (None: full "
+        "fine-tuning).", default=None)
+    seed_offset: int = option(
+        "The warm start's problems come from the task seed plus this: other problems than "
+        "GRPO trains on, and none of the evaluation split's.", default=1_000_003)
+    training: dict[str, Any] = option(
+        "SFTConfig options (written at the section's top level in a run file): "
+        "learning_rate, max_steps, per_device_train_batch_size, ...", default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_option_types(self, "sft")
+        from mtgrpo.models import LoraSettings
+        from mtgrpo.sft.solutions import REASONINGS, solution_template
+
+        if isinstance(self.num_examples, bool) or self.num_examples < 1:
+            raise ValueError(f"sft.num_examples={self.num_examples!r} must be a positive "
+                             "integer (solved problems per task)")
+        solution_template(self.template)
+        REASONINGS.canonical(self.reasoning)
+        if self.lora is not None:
+            LoraSettings.from_dict(self.lora)
+        fixed = [k for k in self.training if k in _SET_BY_THE_RUN]
+        if fixed:
+            raise ValueError(f"sft.{fixed[0]} is set by the run (the warm start is written to "
+                             "<output_dir>/sft); remove it")
+        self.sft_config("<output_dir>/sft", seed=0)  # the SFT options' own checks
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> WarmStartConfig:
+        """From a run file's flat ``sft:`` section."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"the sft section must be a mapping of options, got "
+                             f"{type(values).__name__} {values!r:.80}")
+        sft_fields = [f.name for f in dataclasses.fields(SFTConfig)]
+        valid = [*_WARM_START_OWN, *sft_fields]
+        refuse_unknown([k for k in values if k not in valid], valid, "sft")
+        own = coerce_numbers(cls, {k: v for k, v in values.items() if k in _WARM_START_OWN})
+        return cls(**own, training={k: v for k, v in values.items() if k in sft_fields})
+
+    def sft_config(self, output_dir: str, seed: int) -> SFTConfig:
+        """The :class:`SFTConfig` of the warm start (``seed``: the run's, unless the section
+        sets one); merging the LoRA adapter when ``lora`` is set."""
+        merge = {"merge_lora": True} if self.lora is not None else {}
+        return SFTConfig.from_dict({"output_dir": output_dir, "overwrite_output_dir": True,
+                                    "seed": seed, **self.training, **merge})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat mapping a run file holds."""
+        own = {name: getattr(self, name) for name in _WARM_START_OWN}
+        return {**own, **self.training}

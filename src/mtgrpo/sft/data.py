@@ -8,7 +8,7 @@ Rows come in TRL's two shapes:
   assistant's turn; that turn's content is the completion, the messages before it the prompt.
 
 Tokenisation. The prompt is rendered and tokenised by the GRPO trainer's own
-:class:`~mtgrpo.trainer.data.PromptSet` (chat messages through the tokenizer's chat template
+:class:`~mtgrpo.tasks.prompt_set.PromptSet` (chat messages through the tokenizer's chat template
 with the generation prompt; a final assistant message continued), so the context of every
 example is, token for token, the prompt a GRPO rollout starts from. The completion is
 tokenised on its own (no special tokens) and the tokenizer's EOS id is appended unless it is
@@ -194,7 +194,7 @@ def encode_examples(
     them out, ``"error"`` raises. A truncated example whose prompt alone fills
     ``max_length`` has no completion token left and is dropped. A warning counts both.
     """
-    from mtgrpo.trainer.data import PromptSet
+    from mtgrpo.tasks.prompt_set import PromptSet
 
     eos = _eos_id(tokenizer)
     prompts = PromptSet([{"prompt": p.prompt, "task": p.task} for p in pairs], tokenizer,

@@ -39,7 +39,7 @@ from mtgrpo._registry import Registry
 from mtgrpo.tasks.paper import ensure_trainable
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, THINK_PREFIX
 
-__all__ = ["REASONINGS", "SOLUTION_TEMPLATES", "solutions_from_rows"]
+__all__ = ["REASONINGS", "SOLUTION_TEMPLATES", "solution_template", "solutions_from_rows"]
 
 SOLUTION_TEMPLATES: Registry[str] = Registry("solution template")
 SOLUTION_TEMPLATES.add("think_answer", "<think>\n{reasoning}\n</think>\n{answer}",
@@ -70,7 +70,7 @@ REASONINGS.add("restate", _restate)
 REASONINGS.add("none", lambda metadata, family: "", aliases=("empty",))
 
 
-def _template_text(template: str) -> str:
+def solution_template(template: str) -> str:
     """A registered template name, or a format string using only the known fields."""
     text = SOLUTION_TEMPLATES.get(template) if template in SOLUTION_TEMPLATES else template
     if not isinstance(text, str):
@@ -157,7 +157,7 @@ def solutions_from_rows(
     Raises ``ValueError`` for test rows, rows without ``prompt`` or a gold answer, and for a
     completion whose answer does not read back as the gold answer (a template that hides it).
     """
-    text = _template_text(template)
+    text = solution_template(template)
     explain = REASONINGS.get(reasoning)
     default_format = ANSWER_FORMATS.canonical(answer_format or "answer_tag")
     rows = [dict(row) for row in rows]

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mtgrpo._files import write_atomically
 from mtgrpo.models.precision import resolve_bf16
 from mtgrpo.policy import (
     build_optimizer,
@@ -318,7 +319,6 @@ def _is_peft(model: Any) -> bool:
 
 def _save(model: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tuple[Any, Path, Path | None]:
     """Save atomically; returns the model (merged when asked), ``model/`` and ``adapter/``."""
-    from mtgrpo.trainer.checkpoint import write_atomically
 
     def writer(target: Any) -> Any:
         def write(tmp: Path) -> None:

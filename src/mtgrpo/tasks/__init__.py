@@ -11,12 +11,16 @@ Modules: :mod:`~mtgrpo.tasks.families` (families, levels, task ids),
 (worker processes with a time limit), :mod:`~mtgrpo.tasks.cache` (on-disk cache),
 :mod:`~mtgrpo.tasks.prompts` (prompt and answer formats), :mod:`~mtgrpo.tasks.rewards`
 (task rewards), :mod:`~mtgrpo.tasks.data` (loading user datasets),
-:mod:`~mtgrpo.tasks.paper` (the papers' released test sets).
+:mod:`~mtgrpo.tasks.paper` (the papers' released test sets), :mod:`~mtgrpo.tasks.config`
+(:class:`TasksConfig`, a run file's ``tasks:`` section), :mod:`~mtgrpo.tasks.prompt_set`
+(:class:`PromptSet`: rows, task labels and token ids as the sampler and the rollouts address
+them).
 """
 
 from __future__ import annotations
 
 from mtgrpo.tasks.cache import CACHE_ENV, cache_root
+from mtgrpo.tasks.config import TasksConfig
 from mtgrpo.tasks.data import load_rows
 from mtgrpo.tasks.families import (
     FAMILIES,
@@ -34,6 +38,7 @@ from mtgrpo.tasks.paper import (
     load_paper_test_sets,
     paper_task_id,
 )
+from mtgrpo.tasks.prompt_set import PromptSet, is_conversational, is_lazy_split
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, AnswerFormat, format_prompt
 from mtgrpo.tasks.rewards import RewardScheme, TaskReward, reward_routing, task_reward
 from mtgrpo.tasks.solver import solve_countdown
@@ -64,6 +69,7 @@ __all__ = [
     "GenerationRate",
     "ItemFailedError",
     "ItemTimeoutError",
+    "PromptSet",
     "RenderOptions",
     "RewardScheme",
     "SuiteSplit",
@@ -72,10 +78,13 @@ __all__ = [
     "TaskReward",
     "TaskSpec",
     "TaskSuite",
+    "TasksConfig",
     "cache_root",
     "ensure_trainable",
     "format_prompt",
     "get_family",
+    "is_conversational",
+    "is_lazy_split",
     "is_paper_test_source",
     "load_paper_test_sets",
     "load_rows",

@@ -22,11 +22,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from mtgrpo._files import write_text_atomically
 
 __all__ = ["CACHE_ENV", "CHUNK_SIZE", "CacheKey", "ItemCache", "cache_root"]
 
@@ -95,23 +96,11 @@ class ItemCache:
         self.path.mkdir(parents=True, exist_ok=True)
         meta = self.path / "meta.json"
         if not meta.exists():
-            _atomic_write(
+            write_text_atomically(
                 meta, json.dumps({**asdict(self.key), "chunk_size": CHUNK_SIZE}, indent=2)
             )
         lines = "".join(json.dumps(item, sort_keys=True) + "\n" for item in items)
         path = self.chunk_path(chunk)
-        _atomic_write(path, lines)
+        write_text_atomically(path, lines)
         return path
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -559,11 +559,8 @@ class TaskSuite:
         duplicates = sorted({t for t in self.task_ids if self.task_ids.count(t) > 1})
         if duplicates:
             raise ValueError(f"duplicate task ids {duplicates}; give each task a distinct 'name'")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+        check_split_sizes({"train_size": train_size, "eval_size": eval_size}, max_retries)
         self.sizes = {"train": train_size, "eval": eval_size}
-        for split, size in self.sizes.items():
-            _check_size(f"{split}_size", size, max_retries)
         self.seeds = {split: split_seed(seed, split) for split in SPLITS}
         self.seed = seed
         self.render = RenderOptions(prompt_format, answer_format, think_prefix, system_prompt)
@@ -667,6 +664,15 @@ class TaskSuite:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def check_split_sizes(sizes: Mapping[str, int], max_retries: int) -> None:
+    """Split sizes (``{"train_size": n, ...}``) and ``max_retries`` a suite can draw: positive
+    integers whose source indices stay below the stride between split seeds."""
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+        raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+    for name, size in sizes.items():
+        _check_size(name, size, max_retries)
 
 
 def _check_size(name: str, size: int, max_retries: int) -> None:

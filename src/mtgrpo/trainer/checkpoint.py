@@ -19,7 +19,6 @@ the temporary directories such a crash leaves are removed when a run starts or r
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -41,7 +40,6 @@ __all__ = [
     "rotate_checkpoints",
     "save_trainable",
     "set_rng_state",
-    "write_atomically",
 ]
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -89,18 +87,6 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
-
-
-def write_atomically(final: Path, write: Any) -> Path:
-    """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to ``final`` (replacing an old one)."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
 
 
 def save_trainable(model: torch.nn.Module, path: Path) -> None:

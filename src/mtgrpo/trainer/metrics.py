@@ -1,4 +1,5 @@
-"""The per-step metrics record (keys documented in ``docs/architecture.md``)."""
+"""The per-step metrics record (keys documented in ``docs/architecture.md``); the definitions of
+accuracy, worst / average and zero gradient are :mod:`mtgrpo.metrics`'."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mtgrpo.metrics import task_accuracy, worst_and_average
 from mtgrpo.sampling import SamplingReport, ScoredGroup
 
 __all__ = ["accuracy_summary", "channel_metrics", "length_metrics", "task_metrics"]
@@ -24,48 +26,44 @@ def _nanmean(values: np.ndarray) -> float:
 
 
 def accuracy_summary(task_names: Sequence[str], accuracy: np.ndarray) -> dict[str, Any]:
-    """Worst-task and average accuracy over the tasks measured (``accuracy [K]``, NaN absent)."""
-    measured = ~np.isnan(accuracy)
-    if not measured.any():
-        return {"accuracy/worst": math.nan, "accuracy/average": math.nan}
-    worst = int(np.nanargmin(accuracy))
-    return {
-        "accuracy/worst": float(accuracy[worst]),
-        "accuracy/average": float(np.nanmean(accuracy)),
-        "accuracy/worst_task": task_names[worst],
-    }
+    """``accuracy/worst``, ``accuracy/average`` and ``accuracy/worst_task`` of ``accuracy [K]``
+    (NaN: a task without completions): :func:`mtgrpo.metrics.worst_and_average`, NaN (and no
+    worst task) unless every task has an accuracy."""
+    worst, average, index = worst_and_average(accuracy)
+    out: dict[str, Any] = {"accuracy/worst": float(worst), "accuracy/average": float(average)}
+    if index >= 0:
+        out["accuracy/worst_task"] = task_names[int(index)]
+    return out
 
 
 def task_metrics(
     task_names: Sequence[str],
     generated: Sequence[ScoredGroup],
     scalar_rewards: np.ndarray,
-    zero_gradient: np.ndarray,
     weights: np.ndarray,
     report: SamplingReport,
     improvement: np.ndarray | None,
 ) -> dict[str, Any]:
     """Per-task metrics of one step.
 
-    ``generated``: every group generated this step (before filtering); ``scalar_rewards
-    [N]`` and ``zero_gradient [num groups]`` are aligned with them; ``weights [K]`` the
-    target weights used for the step.
+    ``generated``: every group generated this step (before filtering), each with the
+    estimator's zero-gradient verdict; ``scalar_rewards [N]`` is aligned with their rows;
+    ``weights [K]`` the target weights used for the step.
     """
-    k = len(task_names)
     group_tasks = np.array([g.task for g in generated], dtype=np.int64)
+    zero_gradient = np.array([g.zero_gradient for g in generated], dtype=np.float64)
     row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated]) if generated \
         else np.zeros(0, dtype=np.int64)
     correct = np.concatenate([g.correct for g in generated]) if generated else np.zeros(0)
+    accuracy = task_accuracy(row_tasks, correct, len(task_names))  # [K] J_k
     batch = report.batch_counts.astype(np.float64)
     out: dict[str, Any] = {}
-    accuracy = np.full(k, math.nan)
     for t, name in enumerate(task_names):
         rows, groups = row_tasks == t, group_tasks == t
-        accuracy[t] = _mean(correct[rows].astype(np.float64))
         prefix = f"tasks/{name}"
-        out[f"{prefix}/accuracy"] = accuracy[t]
+        out[f"{prefix}/accuracy"] = float(accuracy[t])
         out[f"{prefix}/reward"] = _nanmean(scalar_rewards[rows])
-        out[f"{prefix}/zero_gradient_rate"] = _mean(zero_gradient[groups].astype(np.float64))
+        out[f"{prefix}/zero_gradient_rate"] = _mean(zero_gradient[groups])
         out[f"{prefix}/weight"] = float(weights[t])
         out[f"{prefix}/batch_share"] = float(batch[t] / batch.sum()) if batch.sum() else math.nan
         out[f"{prefix}/target_share"] = float(report.target_counts[t] / max(

@@ -1,74 +1,46 @@
 """A whole run from a :class:`~mtgrpo.config.RunConfig` (what ``mtgrpo train CONFIG.yaml`` does).
 
-The ``tasks`` section builds a task suite (:class:`mtgrpo.tasks.TaskSuite`)::
-
-    tasks:
-      suite: mtgrpo3                 # or: tasks: [countdown:easy, zebra_puzzles:easy, ...]
-      train_size: 2000               # items per task (generated lazily, cached on disk)
-      eval_size: 100
-      seed: 0
-      prompt_format: chat            # plain | chat | paper
-      answer_format: answer_tag      # answer_tag | boxed
-      think_prefix: false
-      reward_scheme: {correct: 1.0, formatted: 0.1, unformatted: 0.0}
-      paper_test_sets: null          # a directory of the papers' released test sets: eval on them
-      paper_test_per_task: 200
-
-With a suite, the reward routing defaults to each task's own reward (1.0 correct, 0.1 well
-formatted, 0 otherwise); a ``rewards`` section adds to it (a list applies to every task, a
-mapping to the tasks it names). Without a suite, ``data.train`` / ``data.eval`` name files or
-hub datasets and ``rewards`` is required.
-
-The ``sft`` section runs a supervised warm start on generated solutions before GRPO (see
-``mtgrpo sft``).
+The ``tasks`` section (:class:`~mtgrpo.tasks.TasksConfig`) builds a task suite; with one, the
+reward routing defaults to each task's own reward (1.0 correct, 0.1 well formatted, 0
+otherwise) and a ``rewards`` section adds to it (a list applies to every task, a mapping to the
+tasks it names). Without a suite, ``data.train`` / ``data.eval`` name files or hub datasets and
+``rewards`` is required. The ``sft`` section (:class:`~mtgrpo.sft.WarmStartConfig`) runs a
+supervised warm start on generated solutions before GRPO (see ``mtgrpo sft``). Every section
+was validated when the configuration was built.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.config import RunConfig
+from mtgrpo._config_types import build_section
+from mtgrpo.config import RewardsConfig, RunConfig
+from mtgrpo.tasks import TasksConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_suite", "prepare_model", "run_training"]
 
-_SUITE_OPTIONS = ("train_size", "eval_size", "seed", "prompt_format", "answer_format",
-                  "think_prefix", "system_prompt", "workers", "cache_dir", "item_timeout_s",
-                  "max_retries")
-_TASK_KEYS = (*_SUITE_OPTIONS, "suite", "tasks", "reward_scheme", "paper_test_sets",
-              "paper_test_per_task")
+def build_suite(tasks: TasksConfig | Mapping[str, Any], **overrides: Any) -> Any:
+    """The :class:`~mtgrpo.tasks.TaskSuite` of a ``tasks`` section (``overrides``: other values
+    of some options)."""
+    config = tasks if isinstance(tasks, TasksConfig) else build_section(TasksConfig, tasks,
+                                                                        "tasks")
+    return config.build_suite(**overrides)
 
 
-def build_suite(spec: dict[str, Any]) -> Any:
-    """The :class:`~mtgrpo.tasks.TaskSuite` of a ``tasks`` section."""
-    from mtgrpo.tasks import RewardScheme, TaskSuite
-
-    unknown = sorted(set(spec) - set(_TASK_KEYS))
-    if unknown:
-        raise ValueError(f"unknown tasks option(s) {unknown}; valid: {', '.join(_TASK_KEYS)}")
-    if ("suite" in spec) == ("tasks" in spec):
-        raise ValueError("the tasks section needs exactly one of 'suite' (a name such as "
-                         "mtgrpo3) or 'tasks' (a list of task ids)")
-    options = {k: spec[k] for k in _SUITE_OPTIONS if k in spec}
-    if "reward_scheme" in spec:
-        options["reward_scheme"] = RewardScheme(**spec["reward_scheme"])
-    if "suite" in spec:
-        return TaskSuite.from_name(spec["suite"], **options)
-    return TaskSuite(spec["tasks"], **options)
-
-
-def _merge_rewards(routing: dict[str, list[Any]], extra: Any) -> dict[str, list[Any]]:
+def _merge_rewards(routing: dict[str, list[Any]],
+                   extra: RewardsConfig | None) -> dict[str, list[Any]]:
     merged = {task: list(fns) for task, fns in routing.items()}
     if extra is None:
         return merged
-    if isinstance(extra, dict):
-        for task, fns in extra.items():
-            merged.setdefault(task, []).extend(fns if isinstance(fns, list) else [fns])
-        return merged
-    merged.setdefault("*", []).extend(extra if isinstance(extra, list) else [extra])
+    for task, fns in extra.by_task.items():
+        merged.setdefault(task, []).extend(fns)
+    if extra.every_task:
+        merged.setdefault("*", []).extend(extra.every_task)
     return merged
 
 
@@ -82,13 +54,11 @@ def _load(run: RunConfig, source: Any, split: str) -> Any:
 
 
 def _eval_rows(run: RunConfig, suite: Any) -> Any:
-    tasks = run.tasks or {}
-    paper = tasks.get("paper_test_sets")
-    if paper:
+    if run.tasks is not None and run.tasks.paper_test_sets:
         from mtgrpo.tasks import load_paper_test_sets
 
-        return load_paper_test_sets(paper, tasks=suite.task_ids,
-                                    per_task=tasks.get("paper_test_per_task"))
+        return load_paper_test_sets(run.tasks.paper_test_sets, tasks=suite.task_ids,
+                                    per_task=run.tasks.paper_test_per_task)
     if run.data.eval is not None:
         return _load(run, run.data.eval, run.data.eval_split or "test")
     return suite.eval if suite is not None else None
@@ -96,7 +66,7 @@ def _eval_rows(run: RunConfig, suite: Any) -> Any:
 
 def _task_corpus(suite: Any, per_task: int) -> list[str]:
     """Texts of the suite's training problems (questions and gold answers) for a vocabulary."""
-    from mtgrpo.trainer.data import is_conversational
+    from mtgrpo.tasks import is_conversational
 
     texts = []
     for task in suite.task_ids:
@@ -143,57 +113,39 @@ def _model_kwargs(run: RunConfig) -> dict[str, Any]:
     return init
 
 
-_SFT_DATA_KEYS = ("num_examples", "template", "reasoning", "lora", "seed_offset")
-
-
 def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int) -> list[dict]:
     """Problems for the warm start: generated with another seed than GRPO's training problems
     (so GRPO trains on problems the warm start never answered) and excluding every problem of
     the evaluation split."""
     from mtgrpo.tasks import TaskSuite
 
-    spec = dict(run.tasks or {})
-    options = {k: spec[k] for k in _SUITE_OPTIONS if k in spec}
-    options.update(seed=int(spec.get("seed", 0)) + offset, train_size=per_task,
-                   eval_size=int(spec.get("eval_size", 200)))
+    options = {**run.tasks.suite_options(), "seed": run.tasks.seed + offset,
+               "train_size": per_task}
     with TaskSuite(suite.tasks, exclude=suite.eval.rows(), **options) as warm:
         return warm.train.rows()
 
 
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
-    """Supervised warm start on generated problems with gold answers.
-
-    The ``sft`` section holds ``num_examples`` (per task, default 256), ``template`` and
-    ``reasoning`` (see ``mtgrpo sft``), ``lora`` (a LoRA config to train and merge, default
-    full fine-tuning), ``seed_offset`` (the warm start's problems come from the task seed plus
-    this, default 1,000,003: other problems than GRPO trains on, none of the evaluation
-    split's) and any :class:`~mtgrpo.sft.SFTConfig` field. The result is cached in
-    ``<output_dir>/sft``: a finished warm start with the same settings is reused.
-    """
+    """Supervised warm start on generated problems with gold answers (the ``sft`` section,
+    :class:`~mtgrpo.sft.WarmStartConfig`). The result is cached in ``<output_dir>/sft``: a
+    finished warm start with the same settings is reused."""
     import json
 
-    from mtgrpo.sft import SFTConfig, sft_train, solutions_from_rows
+    from mtgrpo.sft import sft_train, solutions_from_rows
 
-    spec = dict(run.sft or {})
-    data = {k: spec.pop(k) for k in _SFT_DATA_KEYS if k in spec}
+    warm = run.sft
     out = Path(run.training.output_dir) / "sft"
-    config = SFTConfig.from_dict({"output_dir": str(out), "overwrite_output_dir": True,
-                                  "seed": run.training.seed, **spec})
-    fingerprint = {"model": model, "config": config.to_dict(), "data": data,
-                   "tasks": run.tasks}
+    config = warm.sft_config(str(out), seed=run.training.seed)
+    fingerprint = {"model": model, "config": config.to_dict(), "data": warm.to_dict(),
+                   "tasks": run.tasks.to_dict()}
     done = out / "warm_start.json"
     if done.is_file() and json.loads(done.read_text()) == fingerprint:
         logger.info("reusing the warm start in %s", out)
         return str(out / "model")
-    rows = _warm_start_rows(run, suite, int(data.get("num_examples", 256)),
-                            int(data.get("seed_offset", 1_000_003)))
-    pairs = solutions_from_rows(rows, data.get("template", "think_answer"),
-                                reasoning=data.get("reasoning", "restate"))
-    lora = data.get("lora")
-    if lora is not None:
-        config = SFTConfig.from_dict({**config.to_dict(), "merge_lora": True})
+    rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
+    pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
     logger.info("supervised warm start on %d solved problems -> %s", len(pairs), out)
-    result = sft_train(model, None, pairs, config, peft_config=lora)
+    result = sft_train(model, None, pairs, config, peft_config=warm.lora)
     done.write_text(json.dumps(fingerprint))
     return str(result.model_dir)
 
@@ -203,7 +155,7 @@ def run_training(run: RunConfig) -> dict[str, Any]:
     from mtgrpo.trainer import GRPOTrainer
 
     args = run.training
-    suite = build_suite(run.tasks) if run.tasks else None
+    suite = run.tasks.build_suite() if run.tasks is not None else None
     try:
         model = prepare_model(run, suite)
         if suite is not None:
@@ -214,7 +166,7 @@ def run_training(run: RunConfig) -> dict[str, Any]:
                 raise ValueError("without a tasks section the config needs data.train and "
                                  "rewards")
             rewards, train = run.rewards, _load(run, run.data.train, run.data.split)
-        if run.sft:
+        if run.sft is not None:
             if suite is None:
                 raise ValueError("the sft section warm-starts on a task suite's gold answers; "
                                  "add a tasks section, or run `mtgrpo sft --data FILE` first")

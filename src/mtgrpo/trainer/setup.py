@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtgrpo._registry import import_object
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import GRPOConfig, RewardsConfig, check_model_init_kwargs
 from mtgrpo.models.transformers_compat import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
-from mtgrpo.rewards.registry import resolve_reward
-from mtgrpo.trainer.data import is_lazy_split
+from mtgrpo.rewards.registry import resolve_reward, resolve_rewards
+from mtgrpo.tasks.prompt_set import is_lazy_split
 
 logger = logging.getLogger(__name__)
 
@@ -108,13 +107,15 @@ def reward_processing_list(
     models, ignored by functions). Returns the reward functions with the reward models
     resolved (loaded with their tokenizer) and the tokenizer of each (``None`` for a
     function)."""
+    if isinstance(reward_funcs, RewardsConfig):
+        reward_funcs = reward_funcs.to_value()
     if isinstance(reward_funcs, Mapping):
         if processing_classes is not None:
             raise ValueError(
                 "reward_processing_classes applies to a list of reward functions; in a routing "
                 "table give a reward model its tokenizer with RewardModel(model, tokenizer)"
             )
-        return _resolve_all(reward_funcs, trust_remote_code), []
+        return resolve_rewards(reward_funcs, trust_remote_code=trust_remote_code), []
     functions = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
     if processing_classes is None:
         classes: Sequence[Any] = [None] * len(functions)
@@ -143,14 +144,6 @@ def _is_reward_model(obj: Any) -> bool:
     return isinstance(obj, RewardModel)
 
 
-def _resolve_all(spec: Any, trust_remote_code: bool = False) -> Any:
-    if isinstance(spec, Mapping):
-        return {task: _resolve_all(fns, trust_remote_code) for task, fns in spec.items()}
-    if isinstance(spec, list | tuple):
-        return [resolve_reward(f, trust_remote_code=trust_remote_code) for f in spec]
-    return resolve_reward(spec, trust_remote_code=trust_remote_code)
-
-
 def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
                        on_unscorable: str | None = None) -> RewardSuite:
     """The reward suite from functions, names, import paths, reward models or a routing table.
@@ -158,6 +151,8 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
     ``on_unscorable`` overrides ``args.on_unscorable`` (the trainer resolves ``auto``)."""
     if isinstance(reward_funcs, RewardSuite):
         return reward_funcs
+    if isinstance(reward_funcs, RewardsConfig):
+        reward_funcs = reward_funcs.to_value()
     if reward_funcs is None or (isinstance(reward_funcs, list | tuple | Mapping)
                                 and not reward_funcs):
         raise ValueError(
@@ -166,7 +161,8 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
         )
     policy = on_unscorable or args.on_unscorable
     return RewardSuite.from_user(
-        _resolve_all(reward_funcs, args.trust_remote_code), reward_weights=args.reward_weights,
+        resolve_rewards(reward_funcs, trust_remote_code=args.trust_remote_code),
+        reward_weights=args.reward_weights,
         on_unscorable="raise" if policy == "auto" else policy,
     )
 
@@ -183,13 +179,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
     from mtgrpo.models import apply_lora, load_model, load_tokenizer
 
     init = dict(args.model_init_kwargs)
-    unknown = sorted(set(init) - {"dtype", "torch_dtype", "attn_implementation",
-                                  "trust_remote_code", "revision", "gguf_file"})
-    if unknown:
-        raise ValueError(
-            f"model_init_kwargs has unknown option(s) {unknown}; use dtype, "
-            "attn_implementation, trust_remote_code, revision or gguf_file"
-        )
+    check_model_init_kwargs(init)  # again: the run file's model section is merged in after
     spec = _model_spec(model, init)
     remote = bool(init.get("trust_remote_code", args.trust_remote_code))
     loaded = load_model(
@@ -255,37 +245,17 @@ def _is_peft(model: Any) -> bool:
 
 def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig,
                   generation_dtype: Any = None) -> Any:
-    """The generation backend: an object as given, a registered name, or an import path.
+    """The generation backend (:func:`mtgrpo.rollout.build_backend`) with ``args``' options:
+    ``backend`` as given, else ``args.generation_backend``. ``generation_dtype``: the static
+    backend generates in this dtype (from a copy of the weights) when it differs from the
+    model's; other backends ignore it."""
+    from mtgrpo.rollout import build_backend as select
 
-    ``generation_dtype``: the static backend generates in this dtype (from a copy of the
-    weights) when it differs from the model's; other backends ignore it."""
-    from mtgrpo.rollout import GenerationBackend, make_backend
-
-    if backend is None:
-        backend = args.generation_backend
-    if not isinstance(backend, str):
-        if not isinstance(backend, GenerationBackend):
-            raise TypeError(
-                f"generation_backend {type(backend).__name__} lacks generate(prompt_ids, params, "
-                "num_samples) and update_weights(model, version); see mtgrpo.rollout"
-            )
-        return backend
-    if ":" in backend:
-        return import_object(backend)(model, tokenizer)
-    name = backend
-    if backend == "auto":
-        name = "hf" if _needs_hf_generate(model, args) else _auto_backend(model)
-    if name != "hf" and needs_generate(args):
-        raise ValueError(
-            f"{needs_generate(args)} need transformers generate, but generation_backend="
-            f"{name!r}; use generation_backend='hf' (or 'auto')"
-        )
-    options: dict[str, Any] = {"max_batch_size": args.generation_batch_size}
-    if name == "hf":
-        options["generation_options"] = generation_options(args)
-    elif name == "static" and generation_dtype is not None:
-        options["dtype"] = generation_dtype
-    return make_backend(name, model, tokenizer, **options)
+    return select(
+        args.generation_backend if backend is None else backend, model, tokenizer,
+        max_batch_size=args.generation_batch_size, generation_options=generation_options(args),
+        requires_generate=needs_generate(args), generation_dtype=generation_dtype,
+    )
 
 
 def generation_options(args: GRPOConfig) -> dict[str, Any]:
@@ -310,55 +280,3 @@ def needs_generate(args: GRPOConfig) -> str | None:
         ("generation_kwargs", bool(args.generation_kwargs)),
         ("cache_implementation", args.cache_implementation is not None)) if on]
     return ", ".join(options) or None
-
-
-def _custom_generate(model: Any) -> bool:
-    """The model's class replaces transformers' ``generate`` (custom decoding, or a test's
-    mock of it): generation must go through it."""
-    from mtgrpo.rollout.static_decoders import unwrap_causal_lm
-
-    generate = getattr(type(unwrap_causal_lm(model)), "generate", None)
-    return generate is not None and generate is not _TRANSFORMERS_GENERATE
-
-
-def _transformers_generate() -> Any:
-    from transformers.generation.utils import GenerationMixin
-
-    return GenerationMixin.generate
-
-
-_TRANSFORMERS_GENERATE = _transformers_generate()
-
-
-def _needs_hf_generate(model: Any, args: GRPOConfig) -> bool:
-    """Generation must go through transformers ``generate``: an option only it implements, or
-    a model class with its own ``generate``."""
-    reason = needs_generate(args)
-    if reason:
-        logger.info("generation backend 'hf' (%s need transformers generate)", reason)
-        return True
-    if _custom_generate(model):
-        logger.info("generation backend 'hf' (the model's class has its own generate)")
-        return True
-    return False
-
-
-def _auto_backend(model: Any) -> str:
-    """``"static"`` (the fast backend) when the model supports a static cache, else ``"hf"``.
-
-    Falling back is logged as a WARNING with the reason and its fix whenever the reason is not
-    the model's own architecture (an attention implementation, an installed transformers
-    whose interface changed): the fast path is never lost in silence.
-    """
-    from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
-
-    try:
-        check_static_cache_support(unwrap_causal_lm(model))
-    except (ValueError, TypeError) as exc:
-        inherent = isinstance(exc, TypeError) or getattr(exc, "inherent", True)
-        logger.log(
-            logging.INFO if inherent else logging.WARNING,
-            "generation backend 'hf' (the fast 'static' backend does not apply: %s)", exc,
-        )
-        return "hf"
-    return "static"

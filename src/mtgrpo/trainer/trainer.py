@@ -1,13 +1,17 @@
 """The multi-task GRPO training loop.
 
-One training step, read top to bottom (:meth:`GRPOTrainer.training_step`)::
+One training step, read top to bottom (:meth:`GRPOTrainer.training_step` shows the calls)::
 
-    weights = weighting.weights                           # z over K tasks
-    batch   = sampler.build(weights, B, rollouts)         # generate + score, filter, compose
-    adv     = compute_advantages(batch rewards, G, ...)   # [B*G]
-    out     = updater.update(policy batch)                # optimizer step(s); I_k if needed
-    weighting.update(TaskStats.from_rollouts(...))        # J_k, I_k, |A| per task
+    weights = weighting.weights                  # z over K tasks
+    built = sampler.build(weights, B, rollouts)  # generate, score, estimate; filter; compose
+    out = updater.update(policy batch)           # optimizer step(s) on built.groups; I_k
+    weighting.update(TaskStats.from_rollouts(built.generated, ...))  # J_k, I_k, |A| per task
     log(metrics)
+
+A reward's path to the loss: reward function -> ``RewardSuite.score`` (``[N, R]``, NaN = not
+applicable) -> the rollout worker's ``estimate`` (:meth:`GRPOTrainer._estimate`, once per
+scored group: advantages and the zero-gradient verdict) -> ``ScoredGroup.advantages`` ->
+:func:`~mtgrpo.trainer.update.pad_policy_batch` -> ``policy_loss``.
 
 Everything algorithmic lives in the pure modules; this file wires them to a model, an
 optimizer and ``accelerate``. The transformers ``Trainer`` surface (``state``, callbacks,
@@ -33,21 +37,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtgrpo.advantages import compute_advantages
+from mtgrpo._files import write_atomically
+from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
+from mtgrpo.metrics import scalar_rewards
 from mtgrpo.models.precision import resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
-from mtgrpo.rollout import SamplingParams, backend_description
+from mtgrpo.rollout import (
+    GroupPayload,
+    RolloutWorker,
+    SamplingParams,
+    Shard,
+    backend_description,
+)
 from mtgrpo.sampling import ScoredGroup, make_sampler
+from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
-from mtgrpo.trainer.data import PromptSet, is_lazy_split
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
-from mtgrpo.trainer.rollouts import GroupPayload, RolloutWorker, Shard
 from mtgrpo.trainer.setup import (
     TrainingData,
     build_backend,
@@ -162,8 +173,9 @@ class GRPOTrainer:
             ``{"path": ..., "gguf_file": ...}``, or a loaded causal LM.
         reward_funcs: a reward function, a list of them, a routing table
             ``{task: [functions]}`` (``"*"`` = every task), reward models (a hub id, a path or
-            a loaded sequence-classification model) or registered names
-            (``"countdown_reward"``).
+            a loaded sequence-classification model), registered names
+            (``"countdown_reward"``) or a run file's section
+            (:class:`~mtgrpo.config.RewardsConfig`).
         args: :class:`~mtgrpo.config.GRPOConfig`.
         train_dataset: a ``datasets.Dataset`` (or ``IterableDataset``), a list of dicts, or a
             path (JSONL, JSON, parquet, CSV) with a prompt column; its task column
@@ -252,12 +264,12 @@ class GRPOTrainer:
                 self.eval_dataset.values() if isinstance(self.eval_dataset, Mapping)
                 else [self.eval_dataset]))
         if data.iterable or iterable_eval:
-            if args.accelerator_config.dispatch_batches:
+            if args.accelerator_settings().dispatch_batches:
                 raise ValueError(
                     "Iterable datasets require `dispatch_batches=False`, but it is set to "
                     "`True` in `accelerator_config`; set it to False"
                 )
-            args.accelerator_config.dispatch_batches = False
+            args.accelerator_settings().dispatch_batches = False
         if data.iterable:
             if args.max_steps < 1:
                 raise ValueError(
@@ -415,6 +427,7 @@ class GRPOTrainer:
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
             args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
+            estimate=self._estimate,
         )
 
     def _reward_extras(self) -> dict[str, Any]:
@@ -510,17 +523,29 @@ class GRPOTrainer:
         return high_entropy_mask(entropies, mask, entropy_threshold(gathered, threshold))
 
     # ------------------------------------------------------------------ one step
-    def _advantages(self, groups: list[ScoredGroup], group_size: int | None = None):
+    def _estimate(self, rewards: np.ndarray, group_size: int) -> AdvantageResult:
+        """The advantage estimator with the run's settings (the rollout worker calls it once per
+        round of scored groups): ``rewards [N, R]`` -> advantages ``[N]`` and every group's
+        zero-gradient verdict."""
         args = self.args
-        values = np.concatenate([g.rewards for g in groups])  # [N, R]
         return compute_advantages(
-            torch.from_numpy(values), group_size or args.num_generations,
-            reward_weights=self.rewards.reward_weights,
+            torch.from_numpy(rewards), group_size, reward_weights=self.rewards.reward_weights,
             aggregation=args.multi_objective_aggregation, scale_rewards=args.scale_rewards,
             gates=self.rewards.gates, none_handling=args.none_handling,
-            on_unscorable="raise" if self.on_unscorable == "raise" else "zero_advantage",
-            ddof=args.advantage_std_ddof, eps=args.advantage_epsilon,
+            on_unscorable=self.on_unscorable, ddof=args.advantage_std_ddof,
+            eps=args.advantage_epsilon,
         )
+
+    def _batch_advantages(self, groups: list[ScoredGroup], group_size: int) -> torch.Tensor:
+        """``[len(groups) * G]``: the advantages the update trains on, each group's own (computed
+        when it was scored), except that a batch-level estimator (``scale_rewards="batch"``,
+        ``gdpo``) runs again because it normalises over the trained batch, which exists only
+        once the sampler has chosen it."""
+        args = self.args
+        if normalises_over_the_batch(args.multi_objective_aggregation, args.scale_rewards):
+            return self._estimate(np.concatenate([g.rewards for g in groups]),
+                                  group_size).advantages
+        return torch.from_numpy(np.concatenate([g.advantages for g in groups]))
 
     def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
                             group_size: int | None = None):
@@ -557,59 +582,71 @@ class GRPOTrainer:
         t, b, a = (np.array(col) for col in zip(*rows, strict=True))
         return improvement_by_task(t, b, a, k, self.args.improvement_reduction)
 
-    def _update(self, groups: list[ScoredGroup], metrics: dict[str, Any]) -> np.ndarray | None:
-        """The policy update on the batch's groups; MT-GRPO's improvement if it needs it."""
+    def _update(self, groups: list[ScoredGroup], generated: int,
+                metrics: dict[str, Any]) -> np.ndarray | None:
+        """The policy update on the batch's groups (``generated``: completions generated this
+        step, for the completion logs); MT-GRPO's improvement if it needs it."""
         if not groups:
             logger.warning("step %d: no informative group was generated; update skipped",
                            self.step + 1)
             metrics["update_skipped"] = 1.0
             # nothing was trained, so no change was measured
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
-        adv = self._advantages(groups)
-        batch, tasks, has_rows = self._local_policy_batch(groups, adv.advantages)
+        advantages = self._batch_advantages(groups, self.args.num_generations)  # [B*G]
+        batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
         out = self.updater.update(batch, measure_after=self.needs_improvement)
         metrics.update(out.metrics)
         if self.args.include_num_input_tokens_seen == "all":
             seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
             self.state.num_input_tokens_seen += seen
-        self._log_batch_rollouts(groups, adv.advantages)
+        self._log_batch_rollouts(groups, advantages, generated)
         if not self.needs_improvement:
             return None
         return self._improvement(tasks, out.objective_before, out.objective_after, has_rows)
 
     def training_step(self) -> dict[str, Any]:
-        """Build a batch, update the policy and the task weights; return the step's metrics."""
+        """Build a batch, update the policy, then the task weights; return the step's metrics.
+
+        The calls (every advantage is computed once, by the rollout worker as its group is
+        scored; :meth:`_batch_advantages` says when the trained batch needs another pass)::
+
+            weights = self.weighting.weights                                   # z [K]
+            built = self.sampler.build(weights, B, self.rollouts)              # SampledBatch
+            advantages = self._batch_advantages(built.groups, G)               # [B*G]
+            out = self.updater.update(pad_policy_batch(..., advantages), ...)  # (in _update)
+            self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
+            self.backend.update_weights(self.unwrapped, self.step)             # generation follows
+        """
         args, begin = self.args, time.perf_counter()
-        weights = self.weighting.weights
+        weights = self.weighting.weights  # [K]
         self.rollouts.reset()
         self._pending_extra = {}
-        groups, report = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
-        generated = self.rollouts.generated
-        all_adv = self._advantages(generated)
+        built = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
+        generated, report = built.generated, built.report
         metrics: dict[str, Any] = {}
         update_begin = time.perf_counter()
-        improvement = self._update(groups, metrics)
+        improvement = self._update(built.groups, sum(g.group_size for g in generated), metrics)
         update_seconds = time.perf_counter() - update_begin
         weighting_begin = time.perf_counter()
-        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])
-        stats = TaskStats.from_rollouts(
+        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])  # [N]
+        advantages = np.concatenate([g.advantages for g in generated])  # [N]
+        self.weighting.update(TaskStats.from_rollouts(
             row_tasks, np.concatenate([g.correct for g in generated]), len(self.task_names),
-            abs_advantages=all_adv.advantages.abs().numpy(), improvement=improvement,
-        )
-        self.weighting.update(stats)
+            abs_advantages=np.abs(advantages), improvement=improvement,
+        ))
         weighting_seconds = time.perf_counter() - weighting_begin
         self.step += 1
         self.backend.update_weights(self.unwrapped, self.step)  # a copy of the weights follows
-        values = np.concatenate([g.rewards for g in generated])
-        scalar = all_adv.scalar_rewards.numpy()
-        metrics.update(task_metrics(self.task_names, generated, scalar,
-                                    all_adv.zero_gradient.numpy(), weights, report, improvement))
+        values = np.concatenate([g.rewards for g in generated])  # [N, R]
+        scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))  # [N]
+        metrics.update(task_metrics(self.task_names, generated, scalar, weights, report,
+                                    improvement))
         errors = [g.payload.reward_errors for g in generated]
         errors = np.concatenate(errors) if generated and all(e is not None for e in errors) \
             else None
         metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
         metrics.update(self._rollout_metrics(generated, report))
-        metrics["frac_reward_zero_std"] = float(all_adv.zero_gradient.float().mean())
+        metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         step_seconds = time.perf_counter() - begin
@@ -621,9 +658,9 @@ class GRPOTrainer:
             "throughput/tokens_per_second": self.rollouts.tokens_generated
             / max(self.rollouts.seconds["generate"], 1e-9),
         })
-        self._remember_completions(generated, all_adv.advantages)
+        self._remember_completions(generated, advantages)
         if args.save_rollouts and self.is_main_process:
-            self._save_rollouts(generated, all_adv.advantages)
+            self._save_rollouts(generated, advantages)
         return metrics
 
     def _rollout_metrics(self, generated: list[ScoredGroup], report: Any) -> dict[str, Any]:
@@ -651,7 +688,7 @@ class GRPOTrainer:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def _remember_completions(self, generated: list[ScoredGroup],
-                              advantages: torch.Tensor) -> None:
+                              advantages: np.ndarray) -> None:
         """TRL's ``trainer._logs``: the step's prompts, completions, rewards, advantages."""
         logs = self._logs
         for group in generated:
@@ -662,7 +699,7 @@ class GRPOTrainer:
                     logs["rewards"][name].append(float(group.rewards[j, r]))
         logs["advantages"].extend(advantages.tolist())
 
-    def _save_rollouts(self, generated: list[ScoredGroup], advantages: torch.Tensor) -> None:
+    def _save_rollouts(self, generated: list[ScoredGroup], advantages: np.ndarray) -> None:
         g = self.args.num_generations
         records = []
         for i, group in enumerate(generated):
@@ -675,7 +712,8 @@ class GRPOTrainer:
             })
         self._jsonl("rollouts.jsonl", records)
 
-    def _log_batch_rollouts(self, groups: list[ScoredGroup], advantages: torch.Tensor) -> None:
+    def _log_batch_rollouts(self, groups: list[ScoredGroup], advantages: torch.Tensor,
+                            generated: int) -> None:
         if not (self.args.log_completions and self.is_main_process):
             return
         g, records = self.args.num_generations, []
@@ -689,7 +727,6 @@ class GRPOTrainer:
                     "rewards": [None if math.isnan(v) else v for v in group.rewards[j].tolist()],
                     "advantage": float(advantages[i * g + j]),
                 })
-        generated = sum(group.group_size for group in self.rollouts.generated)
         for column, values in self._pending_extra.items():
             if len(values) == generated == len(records):  # one value per completion
                 for record, value in zip(records, values, strict=True):
@@ -735,15 +772,15 @@ class GRPOTrainer:
                 accuracy_threshold=args.accuracy_threshold,
                 accuracy_channel=self.accuracy_channel,
                 shard=Shard(self.rank, self.world, gather=self._gather_objects),
-                extra=self._reward_extras(),
+                extra=self._reward_extras(), estimate=self._estimate,
             )
             metrics = result.metrics()
             if result.groups:
-                adv = self._advantages(result.groups, g)
-                batch, _, _ = self._local_policy_batch(result.groups, adv.advantages, g)
+                advantages = self._batch_advantages(result.groups, g)  # [N]
+                batch, _, _ = self._local_policy_batch(result.groups, advantages, g)
                 metrics["loss"] = self.updater.evaluation_loss(batch)
-                values = np.concatenate([group.rewards for group in result.groups])
-                scalar = adv.scalar_rewards.numpy()
+                values = np.concatenate([group.rewards for group in result.groups])  # [N, R]
+                scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))
                 metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
         finally:
             self.unwrapped.train()
@@ -813,7 +850,7 @@ class GRPOTrainer:
 
             if self.state.best_global_step == self.step:
                 self.state.best_model_checkpoint = str(final)
-            ckpt.write_atomically(final, write)
+            write_atomically(final, write)
             best = self.state.best_model_checkpoint
             ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
                                     keep=Path(best) if best else None)
@@ -1078,7 +1115,7 @@ class GRPOTrainer:
         transformers and mtgrpo. Also logged at INFO."""
         import transformers
 
-        from mtgrpo import __version__
+        from mtgrpo._version import __version__
 
         route = resolve_logprob_path(self.unwrapped)
         record = {

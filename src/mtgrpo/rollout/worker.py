@@ -1,28 +1,33 @@
-"""Generate and score: the callable the batch-construction sampler drives.
+"""Generate, score, estimate: the callable the batch-construction sampler drives.
 
 Given prompt ids, every process generates ``G`` completions for its contiguous share of whole
-groups, scores them with the reward suite, and the scored groups are gathered so every
-process holds the same list (advantages, filters and task weights then agree everywhere).
-Every group generated during a step is also kept in :attr:`RolloutWorker.generated`, because
-task statistics (``J_k``) are measured before zero-gradient filtering.
+groups and scores them with the reward suite; the scores are gathered so every process holds
+the same list, and the advantage estimator runs once on every gathered group, giving each its
+advantages and its zero-gradient verdict (filters, advantages and task weights then agree
+everywhere). The sampler returns every group it generated (``SampledBatch.generated``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mtgrpo.advantages import AdvantageResult, compute_advantages
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
-from mtgrpo.rollout import GenerationBackend, SamplingParams
+from mtgrpo.rollout.base import GenerationBackend, SamplingParams
 from mtgrpo.sampling import ScoredGroup
-from mtgrpo.trainer.data import PromptSet, is_conversational
+from mtgrpo.tasks import PromptSet, is_conversational
 
-__all__ = ["GroupPayload", "RolloutWorker", "Shard"]
+__all__ = ["Estimate", "GroupPayload", "RolloutWorker", "Shard"]
+
+Estimate = Callable[[np.ndarray, int], AdvantageResult]
+"""``estimate(rewards [N, R], G) -> AdvantageResult``: the advantage estimator with the run's
+settings (:func:`mtgrpo.advantages.compute_advantages`)."""
 
 
 @dataclass
@@ -54,8 +59,22 @@ class Shard:
         return local if self.world == 1 else list(self.gather(local))
 
 
+@dataclass
+class _Scored:
+    """One group before estimation (what a process gathers from the others)."""
+
+    prompt_id: int
+    rewards: np.ndarray  # [G, R]
+    correct: np.ndarray  # [G]
+    payload: GroupPayload
+
+
 class RolloutWorker:
-    """``worker(prompt_ids) -> list[ScoredGroup]`` for :mod:`mtgrpo.sampling`."""
+    """``worker(prompt_ids) -> list[ScoredGroup]`` for :mod:`mtgrpo.sampling`.
+
+    ``estimate`` is the advantage estimator (default: :func:`compute_advantages` with the
+    suite's reward weights, gates and ``on_unscorable`` policy, and its other defaults).
+    """
 
     def __init__(
         self,
@@ -70,6 +89,7 @@ class RolloutWorker:
         accuracy_channel: int | None = None,
         shard: Shard | None = None,
         extra: dict[str, Any] | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         self.prompts = prompts
         self.backend = backend
@@ -81,25 +101,37 @@ class RolloutWorker:
         self.accuracy_channel = accuracy_channel
         self.shard = shard or Shard()
         self.extra = extra or {}
-        self.generated: list[ScoredGroup] = []
+        self.estimate = estimate or self._suite_estimate
         self.seconds = {"generate": 0.0, "score": 0.0}
         self.tokens_generated = 0
 
     def reset(self) -> None:
-        """Forget the previous step's groups and timings."""
-        self.generated = []
+        """Forget the previous step's timings and token count."""
         self.seconds = {"generate": 0.0, "score": 0.0}
         self.tokens_generated = 0
 
     def __call__(self, prompt_ids: Sequence[int]) -> list[ScoredGroup]:
         start, stop = self.shard.bounds(len(prompt_ids))
         local = [int(i) for i in prompt_ids[start:stop]]
-        groups = self._generate_and_score(local) if local else []
-        gathered = self.shard.all(groups)
-        self.generated.extend(gathered)
-        return gathered
+        gathered: list[_Scored] = self.shard.all(self._generate_and_score(local) if local
+                                                 else [])
+        if not gathered:
+            return []
+        estimated = self.estimate(np.concatenate([g.rewards for g in gathered]), self.group_size)
+        advantages = estimated.advantages.numpy().reshape(len(gathered), self.group_size)
+        zero_gradient = estimated.zero_gradient.numpy()  # [groups]
+        return [ScoredGroup(
+            prompt_id=g.prompt_id, task=int(self.prompts.prompt_tasks[g.prompt_id]),
+            rewards=g.rewards, correct=g.correct, zero_gradient=bool(zero_gradient[b]),
+            advantages=advantages[b], payload=g.payload,
+        ) for b, g in enumerate(gathered)]
 
-    def _generate_and_score(self, ids: list[int]) -> list[ScoredGroup]:
+    def _suite_estimate(self, rewards: np.ndarray, group_size: int) -> AdvantageResult:
+        suite = self.rewards
+        return compute_advantages(rewards, group_size, reward_weights=suite.reward_weights,
+                                  gates=suite.gates, on_unscorable=suite.on_unscorable)
+
+    def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
         g = self.group_size
         begin = time.perf_counter()
         out = self.backend.generate([self.prompts.tokens(i) for i in ids], self.params, g)
@@ -119,7 +151,7 @@ class RolloutWorker:
         )
         correct = correct_completions(scores.values, self.accuracy_threshold,
                                       self.accuracy_channel).numpy()
-        values = scores.values.numpy().astype(np.float64)  # [N, R]
+        values = scores.values.numpy()  # [N, R] float64
         errors = scores.errors.numpy() if scores.errors is not None else None  # [N, R]
         self.seconds["score"] += time.perf_counter() - begin
         groups = []
@@ -130,8 +162,5 @@ class RolloutWorker:
                 completions=completions[rows], finished=out.finished[rows],
                 reward_errors=None if errors is None else errors[rows],
             )
-            groups.append(ScoredGroup(
-                prompt_id=prompt_id, task=int(self.prompts.prompt_tasks[prompt_id]),
-                rewards=values[rows], correct=correct[rows], payload=payload,
-            ))
+            groups.append(_Scored(prompt_id, values[rows], correct[rows], payload))
         return groups

@@ -1,4 +1,5 @@
-"""Training prompts: the rows, their tasks, and their token ids (rendered once, cached)."""
+"""Prompt sets: rows with their task labels and token ids (rendered once, cached), as the sampler,
+the rollouts, evaluation and the SFT data address them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,44 @@
+"""Writing files and directories atomically: a reader sees the old content or the new, never half.
+
+Used by checkpoints (a directory renamed into place), the SFT warm start's saved model, the task
+cache's chunks and the metrics log's rewind on resume.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["write_atomically", "write_text_atomically"]
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over
+    ``path``; the temporary file is removed if anything fails."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_atomically(final: Path, write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to the directory ``final`` (replacing an
+    old one). ``tmp_dir`` is ``.<name>.tmp-<pid>`` beside ``final``, so what a crash leaves is
+    recognisable (:func:`mtgrpo.trainer.checkpoint.remove_stale_temporaries`)."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final

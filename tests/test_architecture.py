@@ -1,0 +1,183 @@
+"""The import contract of ``docs/architecture.md`` holds for the code, and the document says
+exactly what the code does.
+
+Every ``import`` statement of the package counts, wherever it stands (module level, inside a
+function, under ``TYPE_CHECKING``), as does ``importlib.import_module("mtgrpo....")`` with a
+literal name: a lazy import is still a dependency. A room is a top-level module or package of
+``mtgrpo`` (``mtgrpo.trainer``, ``mtgrpo.config``); ``mtgrpo`` itself is the package's facade,
+``src/mtgrpo/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "mtgrpo"
+DOC = ROOT / "docs" / "architecture.md"
+FACADE = "mtgrpo"
+
+# A table row: | `mtgrpo.room` | layer | `a`, `b` (or "none") | what it is |
+_ROW = re.compile(r"^\|\s*`mtgrpo(?:\.(?P<room>[\w]+))?`\s*\|\s*(?P<layer>\d+)\s*\|"
+                  r"(?P<imports>[^|]*)\|")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else FACADE
+
+
+def _is_room(name: str) -> bool:
+    return (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name / "__init__.py").is_file()
+
+
+def _imported_modules(path: Path) -> Iterator[str]:
+    """Every mtgrpo module ``path`` imports, statically or with a literal import_module."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base == FACADE:  # from mtgrpo import room (a submodule) or a facade name
+                yield from (f"{base}.{a.name}" if _is_room(a.name) else base for a in node.names)
+            else:
+                yield base
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                node.func, "id", None)) == "import_module" and node.args and isinstance(
+                node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            yield node.args[0].value
+
+
+@cache
+def code_imports() -> dict[str, set[str]]:
+    """room -> the other rooms it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        room = _room(_module_name(path))
+        targets = graph.setdefault(room, set())
+        for name in _imported_modules(path):
+            if name == FACADE or name.startswith(f"{FACADE}."):
+                target = _room(name)
+                if target != room:
+                    targets.add(target)
+    return graph
+
+
+@cache
+def documented() -> dict[str, tuple[int, set[str]]]:
+    """room -> (layer, the rooms it may import) from the table in docs/architecture.md."""
+    rows: dict[str, tuple[int, set[str]]] = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        match = _ROW.match(line)
+        if not match:
+            continue
+        room = match["room"] or FACADE
+        assert room not in rows, f"{room} has two rows in {DOC.name}"
+        cell = match["imports"].strip()
+        imports = set() if cell == "none" else {n.strip().strip("`") for n in cell.split(",")}
+        rows[room] = (int(match["layer"]), imports)
+    return rows
+
+
+def test_every_room_has_one_row_in_the_document():
+    code, doc = set(code_imports()), set(documented())
+    assert doc == code, (f"rooms in the code but not in {DOC.name}: {sorted(code - doc)}; rows "
+                         f"without a room: {sorted(doc - code)}")
+
+
+@pytest.mark.parametrize("room", sorted(code_imports()))
+def test_a_room_imports_exactly_what_the_document_says(room):
+    graph, rows = code_imports(), documented()
+    if room not in rows:
+        pytest.fail(f"{room} has no row in {DOC.name}")
+    listed = rows[room][1]
+    assert graph[room] == listed, (
+        f"{room} imports {sorted(graph[room] - listed)} that {DOC.name} does not list, and the "
+        f"document lists {sorted(listed - graph[room])} that it does not import; change the "
+        "code or the table in the same commit"
+    )
+
+
+def test_imports_run_down_the_layers():
+    """A room imports only rooms of a lower layer, or of its own layer (written in the table,
+    and acyclic: checked below)."""
+    rows = documented()
+    upward = [(room, target, layer, rows[target][0])
+              for room, (layer, imports) in rows.items() for target in imports
+              if target in rows and rows[target][0] > layer]
+    assert not upward, f"imports that go up a layer (room, target, layers): {upward}"
+
+
+def test_no_cycle_lazy_or_not():
+    graph = code_imports()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(room: str, path: list[str]) -> None:
+        state[room] = 1
+        for target in sorted(graph.get(room, ())):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target):], target]
+                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+            if state.get(target) is None:
+                visit(target, [*path, target])
+        state[room] = 2
+
+    for room in sorted(graph):
+        if room not in state:
+            visit(room, [room])
+
+
+# Rooms that import no model code at all, lazily or not (they run in tools, workers and the
+# configuration without torch); the first group also imports numpy only. (mtgrpo.choices asks
+# transformers about a name that is not ours; the subprocess test below holds it torch-free on
+# import.)
+_NUMPY_ONLY = ("metrics", "weighting", "sampling")
+_MODEL_FREE = ("advantages", "analysis", *_NUMPY_ONLY)
+_MODEL_LIBRARIES = ("transformers", "peft", "accelerate")
+
+
+def _external_imports(room: str) -> set[str]:
+    paths = [PACKAGE / f"{room}.py"] if (PACKAGE / f"{room}.py").is_file() \
+        else sorted((PACKAGE / room).rglob("*.py"))
+    return {name.split(".")[0] for path in paths for name in _imported_modules(path)
+            if not name.startswith(FACADE)}
+
+
+@pytest.mark.parametrize("room", _MODEL_FREE)
+def test_the_algorithm_core_imports_no_model_library(room):
+    assert not _external_imports(room) & set(_MODEL_LIBRARIES)
+    if room in _NUMPY_ONLY:
+        assert "torch" not in _external_imports(room)
+
+
+
+def test_building_a_config_imports_no_torch():
+    """``GRPOConfig()`` (and the whole default run config) is validated without torch."""
+    import subprocess
+
+    code = ("import sys\nfrom mtgrpo.config import GRPOConfig, load_run_config\n"
+            "GRPOConfig()\nload_run_config(None)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
