@@ -46,8 +46,7 @@ from typing import Any
 import torch
 
 from mtgrpo._registry import Registry
-from mtgrpo.rollout import SamplingParams, make_backend
-from mtgrpo.rollout.static import StaticCacheBackend
+from mtgrpo.rollout import SamplingParams, StaticCacheBackend, make_backend
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,18 @@ def test_no_cycle_lazy_or_not():
             visit(room, [room])
 
 
+
+def test_the_speed_layer_is_used_through_its_package_interface():
+    """Outside ``mtgrpo.fast`` the package imports the speed layer as ``mtgrpo.fast`` (the names
+    its ``__init__`` exports), never one of its modules: the fast paths can be rearranged
+    without touching the RL code."""
+    reached = sorted(
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in PACKAGE.rglob("*.py") if _room(_module_name(path)) != "fast"
+        for name in _imported_modules(path) if name.startswith("mtgrpo.fast.")
+    )
+    assert not reached, f"modules of mtgrpo.fast imported directly (file, module): {reached}"
+
 # Rooms that import no model code at all, lazily or not (they run in tools, workers and the
 # configuration without torch); the first group also imports numpy only. (mtgrpo.choices asks
 # transformers about a name that is not ours; the subprocess test below holds it torch-free on

@@ -1,4 +1,4 @@
-"""The padding-free forward of ``sequence_logprobs`` (mtgrpo.policy.packed): every real token runs
+"""The padding-free forward of ``sequence_logprobs`` (mtgrpo.fast.packed): every real token runs
 once (each distinct prompt once), and the log-probs, entropies and gradients equal those of the
 model's own padded forward (``pack=False, share_prompts=False``)."""
 
@@ -9,17 +9,15 @@ import pytest
 import torch
 import transformers
 
-from mtgrpo.models.transformers_compat import (
+from mtgrpo.fast import (
     disable_activation_checkpointing,
+    distinct_prompts,
     enable_activation_checkpointing,
+    packed_layout,
+    packed_mismatch,
 )
 from mtgrpo.policy import sequence_logprobs
-from mtgrpo.policy.logprobs import (
-    _distinct_prompts,
-    position_ids_from_attention_mask,
-    resolve_logprob_path,
-)
-from mtgrpo.policy.packed import packed_layout, packed_mismatch
+from mtgrpo.policy.logprobs import position_ids_from_attention_mask, resolve_logprob_path
 from tolerance import assert_close_f32
 
 VOCAB, PROMPT, COMPLETION = 61, 6, 7
@@ -115,7 +113,7 @@ def test_packed_forward_equals_the_padded_forward_for_other_head_groupings(kv_he
 
 
 def test_gathers_off_the_cpu_use_advanced_indexing() -> None:
-    from mtgrpo.policy.packed import _gather
+    from mtgrpo.fast.packed import _gather
 
     states = torch.arange(24.0).view(2, 4, 3)
     index = torch.tensor([3, 0, 3])
@@ -145,7 +143,7 @@ def test_packed_forward_under_lora_applies_the_adapter() -> None:
 
 def test_attention_groups_cover_every_token_once() -> None:
     input_ids, mask = batch()
-    first, inverse = _distinct_prompts(input_ids, mask, PROMPT)
+    first, inverse = distinct_prompts(input_ids, mask, PROMPT)
     layout = packed_layout(input_ids, mask, position_ids_from_attention_mask(mask), COMPLETION,
                            first, inverse)
     assert layout is not None
@@ -177,7 +175,7 @@ def test_padding_that_is_not_trl_layout_runs_padded_with_the_same_result() -> No
     input_ids, mask = batch()
     holed = mask.clone()
     holed[0, PROMPT + 2] = 0  # a hole inside a completion: not right-padded
-    first, inverse = _distinct_prompts(input_ids, holed, PROMPT)
+    first, inverse = distinct_prompts(input_ids, holed, PROMPT)
     positions = position_ids_from_attention_mask(holed)
     assert packed_layout(input_ids, holed, positions, COMPLETION, first, inverse) is None
     seen, handle = mlp_tokens(model)

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from mtgrpo.models.transformers_compat import (
+from mtgrpo.fast import (
     disable_activation_checkpointing,
     enable_activation_checkpointing,
+    shared_prompt_rows,
 )
-from mtgrpo.policy.logprobs import _shared_prompt_rows, resolve_logprob_path
+from mtgrpo.policy.logprobs import resolve_logprob_path
 from tolerance import assert_close_f32
 
 VOCAB, PROMPT, COMPLETION, GROUP = 61, 6, 5, 3
@@ -86,7 +87,8 @@ def test_shared_prompts_give_the_full_forwards_logps_entropy_and_gradients(arch:
 def test_rows_are_mapped_to_their_prompts() -> None:
     model = tiny("llama")
     input_ids, mask = grouped_batch()
-    first, inverse = _shared_prompt_rows(resolve_logprob_path(model), input_ids, mask, COMPLETION)
+    backbone = resolve_logprob_path(model).backbone
+    first, inverse = shared_prompt_rows(backbone, input_ids, mask, COMPLETION)
     assert len(first) == 3
     # every row points at a representative with the same prompt tokens and mask
     prompt = input_ids[:, :PROMPT] * mask[:, :PROMPT]
@@ -95,7 +97,7 @@ def test_rows_are_mapped_to_their_prompts() -> None:
     # same tokens under a different padding are different prompts
     other = mask.clone()
     other[0, 0] = 0
-    assert len(_shared_prompt_rows(resolve_logprob_path(model), input_ids, other,
+    assert len(shared_prompt_rows(backbone, input_ids, other,
                                    COMPLETION)[0]) == 4
 
 
@@ -104,14 +106,15 @@ def test_falls_back_to_the_full_forward_where_sharing_does_not_apply() -> None:
     route = resolve_logprob_path(model)
     input_ids, mask = grouped_batch()
     # more than half the rows with distinct prompts: nothing to gain
-    assert _shared_prompt_rows(route, input_ids[:5], mask[:5], COMPLETION) is None
+    assert shared_prompt_rows(route.backbone, input_ids[:5], mask[:5], COMPLETION) is None
     # gradient checkpointing drops the cache the completions would attend to
     enable_activation_checkpointing(model)
-    assert _shared_prompt_rows(route, input_ids, mask, COMPLETION) is None
+    assert shared_prompt_rows(route.backbone, input_ids, mask, COMPLETION) is None
     disable_activation_checkpointing(model)
     # a model type the sharing has not been checked on, or a sliding-window cache
     model.config.model_type = "gpt_neox"
-    assert _shared_prompt_rows(route, input_ids, mask, COMPLETION) is None
+    assert shared_prompt_rows(route.backbone, input_ids, mask, COMPLETION) is None
     qwen = tiny("qwen2")
     qwen.config.use_sliding_window, qwen.config.sliding_window = True, 4
-    assert _shared_prompt_rows(resolve_logprob_path(qwen), input_ids, mask, COMPLETION) is None
+    qwen_backbone = resolve_logprob_path(qwen).backbone
+    assert shared_prompt_rows(qwen_backbone, input_ids, mask, COMPLETION) is None

@@ -1,4 +1,4 @@
-"""Generation from a copy of the policy's weights in another dtype (mtgrpo.rollout.replica):
+"""Generation from a copy of the policy's weights in another dtype (mtgrpo.fast.replica):
 the copy equals the policy (LoRA merged), follows it after every change, and in bfloat16 gives
 log-probabilities within a stated distance of the float32 policy's."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 import transformers
 
+from mtgrpo.fast import replica as replica_module
+from mtgrpo.fast.replica import WeightReplica
 from mtgrpo.models import apply_lora
 from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend
-from mtgrpo.rollout import replica as replica_module
-from mtgrpo.rollout.replica import WeightReplica
 from tolerance import assert_close_f32
 
 PROMPTS = [[5, 9, 14, 3, 22, 8], [7, 21], [30, 31, 32, 33]]
@@ -102,7 +102,7 @@ def test_the_backend_generates_from_a_bfloat16_copy_that_stays_current() -> None
     policy = _lora(_llama())
     backend = StaticCacheBackend(policy, eos_token_ids=[2], dtype="bfloat16")
     assert backend.dtype is torch.bfloat16
-    served = backend._lm
+    served = backend.engine._lm
     assert served is not policy
     assert next(served.parameters()).dtype == torch.bfloat16
     params = SamplingParams(max_new_tokens=5, greedy=True)

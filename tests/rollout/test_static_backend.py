@@ -16,7 +16,8 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
-import mtgrpo.rollout.static as static_module
+import mtgrpo.fast.static as static_module
+from mtgrpo.fast.static import length_buckets
 from mtgrpo.models import apply_lora, load_model, load_model_and_tokenizer
 from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import (
@@ -24,9 +25,9 @@ from mtgrpo.rollout import (
     GenerationBackend,
     HFGenerateBackend,
     SamplingParams,
+    StaticCacheBackend,
     make_backend,
 )
-from mtgrpo.rollout.static import StaticCacheBackend, length_buckets
 from tolerance import assert_close_f32
 
 EOS, PAD = 258, 256  # <|im_end|>, <|endoftext|>: the tiny model's generation_config EOS ids
@@ -158,7 +159,7 @@ def test_other_architectures_pick_their_decode_path_and_equal_hf(
 def test_module_decode_step_equals_the_model_forward_bit_for_bit(
     family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
 ) -> None:
-    from mtgrpo.rollout.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
+    from mtgrpo.fast.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
 
     paths = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
@@ -193,7 +194,7 @@ def _one_decode_step(model: torch.nn.Module, decoder: object) -> torch.Tensor:
 def test_decode_with_transposed_weights_equals_the_module_calls(
     family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
 ) -> None:
-    from mtgrpo.rollout.static_decoders import LlamaModulesDecoder
+    from mtgrpo.fast.static_decoders import LlamaModulesDecoder
 
     paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
@@ -245,7 +246,7 @@ def _copies_per_decode_step(
     backend: StaticCacheBackend, monkeypatch: pytest.MonkeyPatch
 ) -> list[int]:
     """Record, at each decode step of ``backend``, how many weight copies its decoder holds."""
-    decoder, seen = backend._decoder, []
+    decoder, seen = backend.engine._decoder, []
     original = decoder.decode
 
     def decode(*args: object, **options: object) -> torch.Tensor:
@@ -273,7 +274,7 @@ def test_hooked_projections_are_called_under_transposed_weights(tiny_model_dir: 
 def test_grouped_query_decode_attention_equals_sdpa_with_repeated_heads(kv_heads: int) -> None:
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    from mtgrpo.rollout.static_decoders import _grouped_query_sdpa
+    from mtgrpo.fast.static_decoders import _grouped_query_sdpa
 
     rows, heads, columns, dim = 5, 4, 11, 8
     generator = torch.Generator().manual_seed(kv_heads)
@@ -474,8 +475,8 @@ def test_done_is_read_every_sync_every_steps(
 
     def count_decode_steps(backend: StaticCacheBackend) -> tuple[list[list[int]], int]:
         calls = []
-        original = backend._decoder.decode
-        monkeypatch.setattr(backend._decoder, "decode",
+        original = backend.engine._decoder.decode
+        monkeypatch.setattr(backend.engine._decoder, "decode",
                             lambda *args: calls.append(1) or original(*args))  # fmt: skip
         return backend.generate(PROMPTS, params).completion_ids, len(calls)
 
@@ -524,8 +525,8 @@ def test_finished_rows_are_compacted_away_without_changing_results(
     )
     backend = StaticCacheBackend(model, decode_path=decode_path)  # default compact_below
     batch_sizes: list[int] = []
-    original = backend._decoder.decode
-    monkeypatch.setattr(backend._decoder, "decode",
+    original = backend.engine._decoder.decode
+    monkeypatch.setattr(backend.engine._decoder, "decode",
                         lambda cache, tokens, *rest: batch_sizes.append(tokens.shape[0])
                         or original(cache, tokens, *rest))  # fmt: skip
     out = backend.generate(PROMPTS, params)
@@ -536,10 +537,10 @@ def test_finished_rows_are_compacted_away_without_changing_results(
     # way on some CPUs; a row decoded against another row's cache would be off by > 1e-2
     for got, want in zip(out.logprobs or [], reference.logprobs or [], strict=True):
         assert_close_f32(torch.tensor(got), torch.tensor(want), ulps=32)
-    assert backend.compact_below == 0.9
-    assert batch_sizes == _compacted_batch_sizes(lengths, 20, backend.compact_below)
+    assert backend.engine.compact_below == 0.9
+    assert batch_sizes == _compacted_batch_sizes(lengths, 20, backend.engine.compact_below)
     assert batch_sizes[-1] == 1  # it really shrank, down to the one running row
-    assert backend._slots == {}  # a compacted cache is not kept for reuse
+    assert backend.engine._slots == {}  # a compacted cache is not kept for reuse
     again = backend.generate(PROMPTS, params)
     assert again.completion_ids == out.completion_ids
 
@@ -587,7 +588,7 @@ def test_slots_are_reused_and_evicted(tiny_model_dir: Path) -> None:
     params = _greedy(6)
     first = backend.generate(PROMPTS, params).completion_ids
     backend.generate(PROMPTS[:2], params)  # another shape evicts the first slot
-    assert len(backend._slots) == 1
+    assert len(backend.engine._slots) == 1
     again = backend.generate(PROMPTS, params).completion_ids
     assert again == first
     assert backend.generate(PROMPTS, params).completion_ids == first  # reused slot, reset cache
@@ -694,7 +695,7 @@ def test_failed_capture_warns_once_and_decodes_eagerly(
     expected = StaticCacheBackend(model, use_cuda_graph=False, row_bucket=8, length_bucket=64,
                                   compact_below=0).generate(PROMPTS, params)  # fmt: skip
     backend = StaticCacheBackend(model)
-    with caplog.at_level(logging.WARNING, logger="mtgrpo.rollout.static"):
+    with caplog.at_level(logging.WARNING, logger="mtgrpo.fast.static"):
         first = backend.generate(PROMPTS, params)
         second = backend.generate(PROMPTS, params)
     assert first.completion_ids == second.completion_ids == expected.completion_ids
@@ -833,7 +834,7 @@ def test_bfloat16_model_decodes_with_a_bfloat16_mask(tiny_model_dir: Path) -> No
     backend = StaticCacheBackend(model)
     out = backend.generate(PROMPTS, _greedy(8, return_logprobs=True))
     expected = HFGenerateBackend(model).generate(PROMPTS, _greedy(8, return_logprobs=True))
-    assert next(iter(backend._slots.values())).buffers.visible.dtype == torch.bfloat16
+    assert next(iter(backend.engine._slots.values())).buffers.visible.dtype == torch.bfloat16
     assert out.completion_ids == expected.completion_ids
     for got, want in zip(out.logprobs or [], expected.logprobs or [], strict=True):
         # float32 log-softmax of bf16 logits from two cache layouts: equal up to bf16 rounding

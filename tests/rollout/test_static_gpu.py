@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtgrpo.fast.static_graph import CapturedStep
 from mtgrpo.models import apply_lora, load_model
 from mtgrpo.policy import sequence_logprobs
-from mtgrpo.rollout import HFGenerateBackend, SamplingParams
-from mtgrpo.rollout.static import StaticCacheBackend
-from mtgrpo.rollout.static_graph import CapturedStep
+from mtgrpo.rollout import HFGenerateBackend, SamplingParams, StaticCacheBackend
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +28,7 @@ def _cuda_model(path: Path, **options: object) -> torch.nn.Module:
 def _captured(backend: StaticCacheBackend) -> list[CapturedStep]:
     return [
         program.graph
-        for slot in backend._slots.values()
+        for slot in backend.engine._slots.values()
         for program in slot.programs.values()
         if program.graph is not None
     ]

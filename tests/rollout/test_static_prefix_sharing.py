@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import mtgrpo.rollout.static as static_module
+import mtgrpo.fast.static as static_module
+from mtgrpo.fast.static import length_buckets
 from mtgrpo.models import apply_lora, load_model
 from mtgrpo.policy import sequence_logprobs
-from mtgrpo.rollout import HFGenerateBackend, SamplingParams
-from mtgrpo.rollout.static import StaticCacheBackend, length_buckets
+from mtgrpo.rollout import HFGenerateBackend, SamplingParams, StaticCacheBackend
 from tolerance import assert_close_f32
 
 PAD = 256  # the tiny tokenizer's pad id (<|endoftext|>)
@@ -90,7 +90,7 @@ def _prefill_inputs(
     the embedding; the decoder's ``prefill`` marks when a prefill is running)."""
     seen: list[torch.Tensor] = []
     prefilling = [False]
-    original = backend._decoder.prefill
+    original = backend.engine._decoder.prefill
 
     def prefill(*args: object) -> torch.Tensor:
         prefilling[0] = True
@@ -103,8 +103,8 @@ def _prefill_inputs(
         if prefilling[0]:
             seen.append(inputs[0].clone())
 
-    monkeypatch.setattr(backend._decoder, "prefill", prefill)
-    backend._lm.get_input_embeddings().register_forward_pre_hook(hook)
+    monkeypatch.setattr(backend.engine._decoder, "prefill", prefill)
+    backend.engine._lm.get_input_embeddings().register_forward_pre_hook(hook)
     return seen
 
 
@@ -285,7 +285,7 @@ def test_graph_path_decodes_all_rows_of_shared_prefills(
     # 4 prompts x 3 rows = 12 rows in a 16-row bucket: 4 bucket-padding rows copy prompt 0
     backend = StaticCacheBackend(model, decode_path=decode_path)
     out = backend.generate(PROMPTS, params, num_samples=3)
-    assert [slot.buffers.done.shape[0] for slot in backend._slots.values()] == [16]
+    assert [slot.buffers.done.shape[0] for slot in backend.engine._slots.values()] == [16]
     expected = HFGenerateBackend(model).generate(PROMPTS, params, num_samples=3)
     assert out.completion_ids == expected.completion_ids
     assert backend.generate(PROMPTS, params, num_samples=3).completion_ids == out.completion_ids

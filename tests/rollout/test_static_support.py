@@ -11,13 +11,13 @@ import torch
 import transformers
 from torch import nn
 
-from mtgrpo.models.transformers_compat import cache_argument, cache_keyword
-from mtgrpo.rollout import SamplingParams, StaticCacheBackend
-from mtgrpo.rollout.selection import _auto_backend
-from mtgrpo.rollout.static_decoders import (
+from mtgrpo.fast.static_decoders import (
     StaticCacheUnsupportedError,
     check_static_cache_support,
 )
+from mtgrpo.fast.transformers_compat import cache_argument, cache_keyword
+from mtgrpo.rollout import SamplingParams, StaticCacheBackend
+from mtgrpo.rollout.selection import _auto_backend
 
 PROMPTS = [[5, 9, 14, 3], [7, 21]]
 

@@ -9,9 +9,9 @@ import torch
 import trainer_helpers as _common
 
 from mtgrpo import GRPOTrainer
+from mtgrpo.fast.replica import WeightReplica
 from mtgrpo.models import precision
 from mtgrpo.reporting import read_metrics
-from mtgrpo.rollout.replica import WeightReplica
 
 
 def _trainer(tiny_model_dir, tmp_path, **overrides):
@@ -34,7 +34,7 @@ def test_bf16_generates_from_a_copy_that_follows_every_optimizer_step(tiny_model
     trainer.train()
     assert versions == [1, 2]  # pushed after each optimizer step
     assert trainer.backend.weights_version == 2
-    served = trainer.backend._lm
+    served = trainer.backend.engine._lm
     expected = WeightReplica(trainer.unwrapped, torch.float32).module  # merged, float32
     for (name, got), want in zip(served.named_parameters(), expected.parameters(), strict=True):
         assert torch.equal(got, want.to(torch.bfloat16)), name  # the trained weights, rounded

@@ -19,6 +19,7 @@ One update of the policy on a scored batch, read top to bottom::
 Formulas and sources are in each module's docstring (ALGORITHMS.md section 3, TRL 1.16).
 """
 
+from mtgrpo.fast import plan_micro_batches
 from mtgrpo.policy.logprobs import (
     DEFAULT_CHUNK_SIZE,
     LOGIT_TRANSFORM_FIELDS,
@@ -39,7 +40,7 @@ from mtgrpo.policy.losses import (
     per_sequence_objective,
     policy_loss,
 )
-from mtgrpo.policy.micro_batches import PolicyBatch, plan_micro_batches
+from mtgrpo.policy.micro_batches import PolicyBatch
 from mtgrpo.policy.optim import (
     SCHEDULERS,
     build_optimizer,

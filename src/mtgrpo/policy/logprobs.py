@@ -48,14 +48,20 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from mtgrpo.fast import (
+    PackedLayout,
+    distinct_prompts,
+    packed_hidden,
+    packed_layout,
+    packed_mismatch,
+    shared_prompt_hidden,
+    shared_prompt_rows,
+)
 from mtgrpo.models.positions import position_ids_from_attention_mask
-from mtgrpo.models.transformers_compat import cache_argument, returned_cache
-from mtgrpo.policy.packed import PackedLayout, packed_hidden, packed_layout, packed_mismatch
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "LOGIT_TRANSFORM_FIELDS",
-    "PROMPT_SHARING_MODEL_TYPES",
     "LogprobOutput",
     "LogprobPath",
     "LogprobRoute",
@@ -114,7 +120,7 @@ class LogprobRoute:
     ``backbone`` and ``head`` are the modules the ``"chunked_head"`` path calls (``None`` on
     the ``"model_forward"`` path); ``via`` is the DDP wrapper whose forward the computation
     runs inside, if any; ``packed``: the backbone can run the padding-free forward of
-    :mod:`mtgrpo.policy.packed` (Llama family, ``sdpa``/``eager`` attention, no sliding window,
+    :mod:`mtgrpo.fast.packed` (Llama family, ``sdpa``/``eager`` attention, no sliding window,
     no gradient checkpointing).
     """
 
@@ -123,7 +129,7 @@ class LogprobRoute:
     backbone: nn.Module | None = None
     head: nn.Module | None = None
     via: nn.Module | None = None
-    packed: bool = False  # the backbone runs padding-free (mtgrpo.policy.packed)
+    packed: bool = False  # the backbone runs padding-free (mtgrpo.fast.packed)
 
 
 def selective_log_softmax(
@@ -263,13 +269,13 @@ def sequence_logprobs(
     cache is repeated for the rows that share it, before the completions run on top of it.
     Autograd sums the rows' gradients into the shared prompt pass, so log-probs and gradients
     equal those of the full forward up to float rounding, for a fraction of the prompt tokens'
-    cost. Used when at most half the rows have distinct prompts, the backbone is a
-    :data:`PROMPT_SHARING_MODEL_TYPES` model with a plain (non-sliding) cache and gradient
-    checkpointing is off; otherwise every row runs in full.
+    cost (:mod:`mtgrpo.fast.shared_prompts`). Used when at most half the rows have distinct
+    prompts, the backbone is a :data:`mtgrpo.fast.PROMPT_SHARING_MODEL_TYPES` model with a plain
+    (non-sliding) cache and gradient checkpointing is off; otherwise every row runs in full.
 
     Padding-free (``pack``, on the chunked route, for :attr:`LogprobRoute.packed` backbones:
     the Llama family): the real tokens of the rows are packed into one sequence, each distinct
-    prompt once, and only attention sees the rows apart (:mod:`mtgrpo.policy.packed`), so
+    prompt once, and only attention sees the rows apart (:mod:`mtgrpo.fast.packed`), so
     neither padding nor a repeated prompt costs a projection or an MLP. It needs TRL's layout
     (left-padded prompts, right-padded completions, at least one prompt token per row) and
     takes precedence over ``share_prompts``; a batch laid out otherwise runs padded.
@@ -283,12 +289,13 @@ def sequence_logprobs(
         if pack and route.packed:
             width = input_ids.shape[1] - completion_length
             layout = packed_layout(input_ids, attention_mask, position_ids, completion_length,
-                                   *_distinct_prompts(input_ids, attention_mask, width))
+                                   *distinct_prompts(input_ids, attention_mask, width))
         shared = share_prompts and layout is None
         logps_full, entropy_full = _chunked_head_scores(
             route, input_ids, attention_mask, position_ids, completion_length,
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
-            prompt_rows=_shared_prompt_rows(route, input_ids, attention_mask, completion_length)
+            prompt_rows=shared_prompt_rows(route.backbone, input_ids, attention_mask,
+                                           completion_length)
             if shared else None,
             layout=layout,
         )  # fmt: skip
@@ -388,8 +395,8 @@ def _chunked_head_scores(
     """The direct route: the backbone once, then the head on scored positions chunk by chunk.
 
     ``prompt_rows`` (``[U]`` row indices, one per distinct prompt, and ``[N]`` each row's
-    index into them, see :func:`_shared_prompt_rows`) switches on the shared-prompt forward;
-    ``layout`` on the padding-free one.
+    index into them, see :func:`mtgrpo.fast.shared_prompt_rows`) switches on the shared-prompt
+    forward; ``layout`` on the padding-free one.
     """
     backbone, head = route.backbone, route.head
     assert backbone is not None
@@ -410,7 +417,7 @@ def _chunked_head_scores(
                 use_cache=False,
             ).last_hidden_state[:, -length - 1 : -1]  # [N, L, H]: the state before each token
         else:
-            hidden = _shared_prompt_hidden(
+            hidden = shared_prompt_hidden(
                 backbone, input_ids, attention_mask, position_ids, length, *prompt_rows
             )
         if layout is None:
@@ -434,87 +441,6 @@ def _chunked_head_scores(
         return score(**inputs)
     with _forward_replaced(route.via.module, score):
         return route.via(**inputs)
-
-
-# Model types whose backbone accepts a key/value cache built from a shared prompt pass and
-# attends from the completions to it exactly as in one full forward (checked by tests on each).
-PROMPT_SHARING_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
-
-
-def _shared_prompt_rows(
-    route: LogprobRoute, input_ids: Tensor, attention_mask: Tensor, length: int
-) -> tuple[Tensor, Tensor] | None:
-    """``(first row of each distinct prompt [U], each row's prompt index [N])``, or ``None``
-    when sharing does not apply (see :func:`sequence_logprobs`)."""
-    backbone = route.backbone
-    config = getattr(backbone, "config", None)
-    width = input_ids.shape[1] - length
-    if (
-        config is None
-        or getattr(config, "model_type", None) not in PROMPT_SHARING_MODEL_TYPES
-        or (getattr(config, "sliding_window", None) is not None
-        and getattr(config, "use_sliding_window", True))
-        or getattr(backbone, "gradient_checkpointing", False)
-        or width < 1
-        or input_ids.shape[0] < 2
-    ):
-        return None
-    first, inverse = _distinct_prompts(input_ids, attention_mask, width)
-    if 2 * first.shape[0] > input_ids.shape[0]:
-        return None
-    return first, inverse
-
-
-def _distinct_prompts(
-    input_ids: Tensor, attention_mask: Tensor, width: int
-) -> tuple[Tensor, Tensor]:
-    """``(first row of each distinct prompt [U], each row's prompt index [N])``: rows whose
-    first ``width`` columns hold the same tokens under the same mask share a prompt."""
-    prompts = torch.cat([input_ids[:, :width] * attention_mask[:, :width],
-                         attention_mask[:, :width]], dim=1)
-    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    first = torch.full((unique.shape[0],), input_ids.shape[0], dtype=torch.long,
-                       device=input_ids.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(input_ids.shape[0],
-                                                          device=input_ids.device), "amin")
-    return first, inverse
-
-
-def _shared_prompt_hidden(
-    backbone: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    length: int,
-    first: Tensor,
-    inverse: Tensor,
-) -> Tensor:
-    """``[N, L, H]`` hidden states before each completion token, the prompts run once each."""
-    from transformers import DynamicCache
-
-    width = input_ids.shape[1] - length
-    prompt = backbone(
-        input_ids=input_ids[first, :width],
-        attention_mask=attention_mask[first, :width],
-        position_ids=position_ids[first, :width],
-        use_cache=True,
-    )  # fmt: skip
-    cache = returned_cache(prompt)
-    layers = getattr(cache, "layers", None)
-    if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        raise RuntimeError(f"shared prompts need a plain DynamicCache, got {type(cache).__name__}")
-    repeated = DynamicCache(
-        ddp_cache_data=[(layer.keys[inverse], layer.values[inverse]) for layer in layers]
-    )
-    completion = backbone(
-        input_ids=input_ids[:, width:],
-        attention_mask=attention_mask,
-        position_ids=position_ids[:, width:],
-        use_cache=True,
-        **cache_argument(repeated),
-    ).last_hidden_state  # [N, L, H]
-    last_prompt = prompt.last_hidden_state[inverse, -1:]  # [N, 1, H]: predicts token 0
-    return torch.cat([last_prompt, completion[:, :-1]], dim=1)
 
 
 @contextmanager

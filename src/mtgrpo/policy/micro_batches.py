@@ -1,7 +1,8 @@
 """Length-bucketed micro-batches and the padded batch they are cut from.
 
 A GRPO batch mixes short and long completions; splitting it in batch order makes every
-micro-batch as wide as its longest row. :func:`plan_micro_batches` sorts rows by length and
+micro-batch as wide as its longest row. :func:`~mtgrpo.fast.buckets.plan_micro_batches` sorts
+rows by length and
 packs them greedily under a padded-token budget (``rows x padded width``), and
 :meth:`PolicyBatch.select` cuts a micro-batch out of the padded batch, dropping the columns that
 are padding for all of its rows, so padding is neither stored nor computed.
@@ -24,52 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PolicyBatch", "plan_micro_batches"]
-
-
-def plan_micro_batches(
-    lengths: Tensor | Sequence[int] | Sequence[Sequence[int]],
-    max_tokens_per_micro_batch: int,
-    max_rows: int | None = None,
-    max_padding: float = 1.0,
-) -> list[list[int]]:
-    """Partition rows ``0..N-1`` into micro-batches whose padded size fits a token budget.
-
-    ``lengths`` is ``[N]`` (tokens per row; padded width = the longest row) or ``[N, 2]``
-    (prompt and completion tokens per row; padded width = longest prompt + longest
-    completion, the width :meth:`PolicyBatch.select` leaves). Rows are visited longest first
-    (ties by row index) and appended to the open micro-batch while ``rows x width <=
-    max_tokens_per_micro_batch`` and ``rows <= max_rows``; otherwise a new one is opened. A row
-    longer than the budget therefore gets a micro-batch of its own. Every row appears exactly
-    once; the result is deterministic; rows inside a micro-batch are listed in ascending
-    order, micro-batches longest first (so an out-of-memory error shows on the first one).
-
-    ``max_padding`` (in ``(0, 1]``) also opens a new micro-batch when the next row's own
-    tokens would fill less than ``1 - max_padding`` of the micro-batch's padded width, i.e.
-    when more than that fraction of its row would be padding. Rows of similar length then share
-    a micro-batch (length bucketing): with GRPO's mix of short and long completions this cuts
-    the tokens computed by a third or more, and never makes a micro-batch larger. ``1.0``
-    (the default) turns it off.
-    """
-    table = _length_table(lengths)
-    _check_budget(max_tokens_per_micro_batch, max_rows, max_padding)
-    order = sorted(range(len(table)), key=lambda row: (-sum(table[row]), row))
-    plan: list[list[int]] = []
-    current: list[int] = []
-    widths = [0] * len(table[0]) if table else []  # running max per part (prompt, completion)
-    for row in order:
-        candidate = [max(w, part) for w, part in zip(widths, table[row], strict=True)]
-        fits = (len(current) + 1) * sum(candidate) <= max_tokens_per_micro_batch
-        padded = sum(table[row]) < (1 - max_padding) * sum(candidate)
-        if current and (not fits or padded
-                        or (max_rows is not None and len(current) >= max_rows)):
-            plan.append(sorted(current))
-            current, candidate = [], list(table[row])
-        current.append(row)
-        widths = candidate
-    if current:
-        plan.append(sorted(current))
-    return plan
+__all__ = ["PolicyBatch"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +70,7 @@ class PolicyBatch:
         """``[N, 2]``: prompt span (from its first token) and completion span (to its last).
 
         For left-padded prompts and right-padded completions these are the token counts;
-        they are the input :func:`plan_micro_batches` budgets.
+        they are the input :func:`~mtgrpo.fast.buckets.plan_micro_batches` budgets.
         """
         spans = [_prompt_spans(self.prompt_mask), _completion_spans(self.completion_mask)]
         return torch.stack(spans, dim=1)
@@ -168,47 +124,6 @@ def _completion_spans(completion_mask: Tensor) -> Tensor:
     present = completion_mask.bool()
     positions = torch.arange(1, present.shape[1] + 1, device=present.device)
     return torch.where(present, positions, torch.zeros_like(positions)).amax(1)
-
-
-def _length_table(lengths: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
-    values = torch.as_tensor(lengths)
-    if values.numel() == 0:
-        return []
-    if values.dim() == 1:
-        values = values.unsqueeze(1)
-    if values.dim() != 2 or values.shape[1] not in (1, 2):
-        raise ValueError(
-            f"lengths must be [N] (tokens per row) or [N, 2] (prompt and completion tokens), "
-            f"got shape {tuple(values.shape)}"
-        )
-    if values.is_floating_point() or values.dtype == torch.bool:
-        raise TypeError(f"lengths must be integers, got dtype {values.dtype}")
-    if bool((values < 0).any()):
-        raise ValueError(f"lengths must be >= 0, got a minimum of {int(values.min())}")
-    return values.tolist()
-
-
-def _is_positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _check_budget(
-    max_tokens_per_micro_batch: int, max_rows: int | None, max_padding: float = 1.0
-) -> None:
-    if not _is_positive_int(max_tokens_per_micro_batch):
-        raise ValueError(
-            f"max_tokens_per_micro_batch must be a positive int (padded tokens per "
-            f"micro-batch), got {max_tokens_per_micro_batch!r}"
-        )
-    if max_rows is not None and not _is_positive_int(max_rows):
-        raise ValueError(f"max_rows must be a positive int or None, got {max_rows!r}")
-    if isinstance(max_padding, bool) or not isinstance(max_padding, (int, float)) or not (
-        0 < max_padding <= 1
-    ):
-        raise ValueError(
-            f"max_padding must be a fraction in (0, 1] (1: no length bucketing), got "
-            f"{max_padding!r}"
-        )
 
 
 def _check_policy_batch(batch: PolicyBatch) -> None:

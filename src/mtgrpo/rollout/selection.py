@@ -63,7 +63,7 @@ def build_backend(
 def _custom_generate(model: Any) -> bool:
     """The model's class replaces transformers' ``generate`` (custom decoding, or a test's
     mock of it): generation must go through it."""
-    from mtgrpo.rollout.static_decoders import unwrap_causal_lm
+    from mtgrpo.fast import unwrap_causal_lm
 
     generate = getattr(type(unwrap_causal_lm(model)), "generate", None)
     return generate is not None and generate is not _TRANSFORMERS_GENERATE
@@ -97,7 +97,7 @@ def _auto_backend(model: Any) -> str:
     the model's own architecture (an attention implementation, an installed transformers
     whose interface changed): the fast path is never lost in silence.
     """
-    from mtgrpo.rollout.static_decoders import check_static_cache_support, unwrap_causal_lm
+    from mtgrpo.fast import check_static_cache_support, unwrap_causal_lm
 
     try:
         check_static_cache_support(unwrap_causal_lm(model))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mtgrpo.config import GRPOConfig, RewardsConfig, check_model_init_kwargs
-from mtgrpo.models.transformers_compat import enable_activation_checkpointing
+from mtgrpo.fast import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward, resolve_rewards
 from mtgrpo.tasks.prompt_set import is_lazy_split

@@ -445,7 +445,7 @@ class GRPOTrainer:
     def _generation_dtype(self) -> torch.dtype | None:
         """bfloat16 when bf16 is on and the policy's weights are float32 (the static backend
         then generates from a bfloat16 copy); None: the policy's own dtype."""
-        from mtgrpo.rollout.replica import hooked_modules
+        from mtgrpo.fast import hooked_modules
 
         weights = next(self.unwrapped.parameters()).dtype
         if not self.bf16 or weights != torch.float32:

@@ -46,13 +46,13 @@ import torch
 from torch import Tensor, nn
 
 from mtgrpo._registry import Registry
-from mtgrpo.models.llama_family import (
+from mtgrpo.fast.llama_family import (
     SUPPORTED_ATTENTION,
     attention_inputs,
     llama_family_mismatch,
     llama_functions,
 )
-from mtgrpo.models.transformers_compat import (
+from mtgrpo.fast.transformers_compat import (
     CACHE_KEYWORDS,
     cache_argument,
     cache_keyword,
@@ -175,7 +175,7 @@ def _probe_forward(lm: nn.Module) -> str:
     that works.
 
     Reference: the full forward of tokens ``(a, b)`` at positions ``(0, 1)``, no cache. Probe,
-    for each name in :data:`~mtgrpo.models.transformers_compat.CACHE_KEYWORDS` (the installed
+    for each name in :data:`~mtgrpo.fast.transformers_compat.CACHE_KEYWORDS` (the installed
     release's first): prefill the left-padded prompt ``(pad, a)`` (2-D mask ``(0, 1)``,
     positions ``(0, 0)``) into a 4-column ``StaticCache`` passed under that name, which must
     then hold two columns; then decode ``b`` at position 1 under the 4-D additive mask that
@@ -534,7 +534,7 @@ def _grouped_query_sdpa(
     the CPU benchmark's model. Used on the CPU only (measured there), and only with a
     transformers whose wrapper makes this call (5.23 on; older releases repeat the key/value
     heads, and the decoder then calls their wrapper so that its numbers stay the forward's:
-    :func:`~mtgrpo.models.transformers_compat.sdpa_packs_one_token_queries`).
+    :func:`~mtgrpo.fast.transformers_compat.sdpa_packs_one_token_queries`).
     """
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]

@@ -3,7 +3,7 @@
 The fast paths (the static generation backend, the padding-free and shared-prompt
 log-probabilities) call transformers' models below their ``generate``/``forward`` surface, so
 they notice when transformers renames or reshapes something. Each such difference is one
-function here, and ``tests/models/test_transformers_compat.py`` tests both sides of it (the
+function here, and ``tests/fast/test_transformers_compat.py`` tests both sides of it (the
 installed release, and a stand-in of the other); ``scripts/test-matrix.sh`` runs the fast
 paths' tests on the oldest admitted, the locked and the newest release.
 
@@ -27,7 +27,7 @@ paths' tests on the oldest admitted, the locked and the newest release.
   whichever the model has.
 
 Which models the static backend can serve is decided by running them, not by reading names:
-see :func:`mtgrpo.rollout.static_decoders.check_static_cache_support`.
+see :func:`mtgrpo.fast.static_decoders.check_static_cache_support`.
 
 Importing this module imports neither torch nor transformers.
 """

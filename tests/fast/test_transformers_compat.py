@@ -1,4 +1,4 @@
-"""The transformers differences mtgrpo.models.transformers_compat holds: each side of each one
+"""The transformers differences mtgrpo.fast.transformers_compat holds: each side of each one
 (the installed release for real, the other through a stand-in), and that the installed
 release's models really take and return the cache under the name the module gives."""
 
@@ -13,7 +13,7 @@ import transformers
 from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from mtgrpo.models.transformers_compat import (
+from mtgrpo.fast.transformers_compat import (
     CACHE_KEYWORDS,
     cache_argument,
     cache_keyword,

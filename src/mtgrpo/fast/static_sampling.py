@@ -1,5 +1,5 @@
 """Next-token sampling on the device, without a host synchronisation: the sampling half of the
-static backend's decode step (:mod:`mtgrpo.rollout.static`).
+static backend's decode step (:mod:`mtgrpo.fast.static`).
 
 Notation: ``n`` rows decoded together, ``V`` vocabulary size.
 
@@ -23,13 +23,12 @@ stream: a seed reproduces this backend's samples, not ``generate``'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from mtgrpo.rollout.base import SamplingParams
-
-__all__ = ["SampledTokens", "SamplingRule", "draw_tokens", "warp_logits"]
+__all__ = ["SampledTokens", "SamplingRule", "SamplingSettings", "draw_tokens", "warp_logits"]
 
 # The smallest Exp(1) draw we allow: exponential_ may return exactly 0 (float32 uniform
 # draws hit 0 with probability 2^-24 per element, i.e. many times per step over a 150k
@@ -45,6 +44,19 @@ class SampledTokens:
 
     tokens: Tensor  # [n] int64
     logprobs: Tensor  # [n] float32 (zeros when the rule does not compute them)
+
+
+class SamplingSettings(Protocol):
+    """What a sampling rule is read from: :class:`mtgrpo.rollout.SamplingParams` (the
+    generation contract's request) has these attributes."""
+
+    @property
+    def is_greedy(self) -> bool: ...
+
+    temperature: float
+    top_k: int
+    top_p: float
+    return_logprobs: bool
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ class SamplingRule:
     with_logprobs: bool = False
 
     @classmethod
-    def from_params(cls, params: SamplingParams) -> SamplingRule:
+    def from_params(cls, params: SamplingSettings) -> SamplingRule:
         if params.is_greedy:
             return cls(greedy=True, with_logprobs=params.return_logprobs)
         return cls(

@@ -23,7 +23,7 @@ the model's own (on the CPU, ``sdpa`` is called with ``enable_gqa`` rather than 
 transformers' wrapper, which copies the key/value heads when a mask is given), and the outputs
 of real queries are gathered back into packed order.
 Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
-forward of :mod:`mtgrpo.policy.logprobs`, so log-probabilities, entropies and gradients equal
+forward of :mod:`mtgrpo.fast.shared_prompts`, so log-probabilities, entropies and gradients equal
 those of the model's padded forward up to float rounding (tests check them against it).
 
 The computation mirrors ``<Family>Model.forward``, ``<Family>DecoderLayer.forward`` and
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from mtgrpo.models.llama_family import (
+from mtgrpo.fast.buckets import plan_micro_batches
+from mtgrpo.fast.llama_family import (
     SUPPORTED_ATTENTION,
     attention_inputs,
     llama_backbone_mismatch,
     llama_functions,
 )
-from mtgrpo.policy.micro_batches import plan_micro_batches
 
 __all__ = [
     "ATTENTION_MAX_PADDING",

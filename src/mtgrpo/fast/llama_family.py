@@ -4,8 +4,8 @@ Llama, Mistral, Qwen2 and Qwen3 share one decoder-layer shape: pre-norm attentio
 residual connections, rotary position embedding, grouped-query attention, optional per-head
 q/k norms (Qwen3). Two places compose those layers from the model's own submodules instead of
 calling its ``forward``: the static generation backend's decode step
-(:class:`mtgrpo.rollout.static_decoders.LlamaModulesDecoder`) and the padding-free training
-forward (:mod:`mtgrpo.policy.packed`). Both call the same modules (so LoRA layers injected into
+(:class:`mtgrpo.fast.static_decoders.LlamaModulesDecoder`) and the padding-free training
+forward (:mod:`mtgrpo.fast.packed`). Both call the same modules (so LoRA layers injected into
 the projections still apply), the family's own ``apply_rotary_pos_emb`` and transformers'
 attention function for the configured implementation (on the CPU with ``sdpa``, torch's
 ``scaled_dot_product_attention`` directly, the kernel that function calls; and the decode step

@@ -16,8 +16,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from mtgrpo.fast.static_sampling import SamplingRule, draw_tokens, warp_logits
 from mtgrpo.rollout import SamplingParams
-from mtgrpo.rollout.static_sampling import SamplingRule, draw_tokens, warp_logits
 from tolerance import assert_close_f32
 
 

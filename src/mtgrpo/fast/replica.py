@@ -51,7 +51,7 @@ class WeightReplica:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        from mtgrpo.rollout.static_decoders import unwrap_causal_lm
+        from mtgrpo.fast.static_decoders import unwrap_causal_lm
 
         source = unwrap_causal_lm(model)
         self.dtype = dtype
@@ -87,7 +87,7 @@ class WeightReplica:
         must have the same structure).
         """
         if model is not None:
-            from mtgrpo.rollout.static_decoders import unwrap_causal_lm
+            from mtgrpo.fast.static_decoders import unwrap_causal_lm
 
             source = unwrap_causal_lm(model)
             if source is not self._source:

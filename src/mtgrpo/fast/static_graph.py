@@ -1,6 +1,6 @@
 """CUDA-graph capture of the static backend's decode step (CUDA only; nothing here runs on CPU).
 
-A decode step (:meth:`mtgrpo.rollout.static.StaticCacheBackend`'s one-token forward +
+A decode step (:class:`mtgrpo.fast.static.StaticGenerator`'s one-token forward +
 sampling + bookkeeping) reads and writes only tensors that live as long as the captured graph
 (the static KV cache, the step's input/output buffers, the model's parameters) and never reads
 a value on the host, so it can be recorded once per (rows, cache length, sampling rule) and
