@@ -13,6 +13,7 @@ from mtgrpo.advantages import compute_advantages
 from mtgrpo.metrics import (
     delta_m,
     lacks_contrast,
+    logprob_mismatch,
     scalar_rewards,
     steps_to_threshold,
     task_accuracy,
@@ -129,3 +130,20 @@ def test_each_metric_has_one_definition():
     assert compare.delta_m is metrics.delta_m
     assert compare.DeltaM is metrics.DeltaM
     assert not hasattr(evaluation, "delta_m")
+
+
+def test_logprob_mismatch_by_hand():
+    generation = np.array([-1.0, -2.0, -0.5])
+    trainer = np.array([-1.0, -1.5, -0.7])  # δ = trainer - generation = [0, 0.5, -0.2]
+    out = logprob_mismatch(generation, trainer)
+    k3 = (0.0 + (math.exp(0.5) - 1 - 0.5) + (math.exp(-0.2) - 1 + 0.2)) / 3
+    # float64 throughout: a few roundings of values below 2
+    assert out == pytest.approx({"generation/logprob_mismatch_mean": 0.7 / 3,
+                                 "generation/logprob_mismatch_max": 0.5,
+                                 "generation/kl_k3": k3}, rel=0, abs=8 * np.finfo(float).eps)
+    same = logprob_mismatch(generation, generation)
+    assert same == {"generation/logprob_mismatch_mean": 0.0,
+                    "generation/logprob_mismatch_max": 0.0, "generation/kl_k3": 0.0}
+    assert logprob_mismatch(np.zeros(0), np.zeros(0)) == {}
+    with pytest.raises(ValueError, match=r"two \[M\] arrays of the same tokens"):
+        logprob_mismatch(generation, trainer[:2])

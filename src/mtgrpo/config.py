@@ -315,6 +315,12 @@ class GRPOConfig(TRLCompatibleFields):
                                     default="auto")
     generation_batch_size: int | None = _help(
         "Most sequences per generate call (None: all of a round at once).", default=None)
+    generation_logprobs: bool | None = _help(
+        "Ask the generation backend for each sampled token's log-probability and log how far "
+        "it is from the trainer's (generation/logprob_mismatch_mean, _max, generation/kl_k3). "
+        "None: only from a backend that computes them at no cost (static; an engine with "
+        "cheap_logprobs = True); true: from any (hf then keeps every step's scores); false: "
+        "never.", default=None)
     mask_truncated_completions: bool = _help(
         "Leave completions cut at max_completion_length out of the loss.", default=False)
     min_p: float | None = _help(

@@ -37,6 +37,16 @@ Worst-task and average accuracy
 Steps to a threshold
     The first step whose worst-task accuracy is at least the threshold, None if never
     (:func:`steps_to_threshold`).
+
+Generation log-prob mismatch
+    How far the generation engine's distribution is from the trainer's, on the tokens it
+    sampled (:func:`logprob_mismatch`): with ``δ_t = log π_train(y_t) − log π_gen(y_t)`` over
+    the ``M`` trained completion tokens, ``mean |δ|``, ``max |δ|`` and the ``k3`` estimate of
+    ``KL(π_gen ‖ π_train)``, ``(1/M) Σ_t (e^{δ_t} − 1 − δ_t)`` (Schulman, "Approximating KL
+    divergence", 2020: unbiased for samples drawn from ``π_gen``, never negative). 0 when the
+    engine samples from the trainer's weights in the trainer's precision; the basis of an
+    importance-sampling correction for an engine that does not (a bfloat16 replica, an
+    external server a step behind).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ __all__ = [
     "DeltaM",
     "delta_m",
     "lacks_contrast",
+    "logprob_mismatch",
     "scalar_rewards",
     "steps_to_threshold",
     "task_accuracy",
@@ -146,3 +157,25 @@ def steps_to_threshold(steps: np.ndarray, worst: np.ndarray, threshold: float) -
     with np.errstate(invalid="ignore"):
         reached = np.flatnonzero(np.asarray(worst) >= threshold)
     return int(np.asarray(steps)[reached[0]]) if len(reached) else None
+
+
+def logprob_mismatch(generation_logps: np.ndarray, trainer_logps: np.ndarray) -> dict[str, float]:
+    """``generation/logprob_mismatch_mean``, ``generation/logprob_mismatch_max`` and
+    ``generation/kl_k3`` (see the module docstring) of ``[M]`` aligned token log-probs: the
+    generation engine's and the trainer's (old policy, before the update) for the same sampled
+    tokens. Empty inputs give ``{}`` (nothing to compare)."""
+    generation = np.asarray(generation_logps, dtype=np.float64)
+    trainer = np.asarray(trainer_logps, dtype=np.float64)
+    if generation.shape != trainer.shape or generation.ndim != 1:
+        raise ValueError(
+            f"logprob_mismatch needs two [M] arrays of the same tokens, got shapes "
+            f"{generation.shape} and {trainer.shape}"
+        )
+    if generation.size == 0:
+        return {}
+    delta = trainer - generation  # [M] log(π_train / π_gen) at tokens drawn from π_gen
+    return {
+        "generation/logprob_mismatch_mean": float(np.abs(delta).mean()),
+        "generation/logprob_mismatch_max": float(np.abs(delta).max()),
+        "generation/kl_k3": float(np.mean(np.expm1(delta) - delta)),
+    }

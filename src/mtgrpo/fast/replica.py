@@ -17,8 +17,9 @@ old weights even when nobody called the backend's ``update_weights``.
 
 Sampling from the replica is sampling from a slightly different distribution than the
 float32 policy's (rounding of bfloat16 weights and activations); the trainer recomputes the
-log-probabilities it trains on in its own precision, and the backend can return the replica's
-log-probabilities so that the difference is measured (``generation/logprob_mismatch``).
+log-probabilities it trains on in its own precision, and the backend returns the replica's
+log-probabilities so that the difference is measured (``generation/logprob_mismatch_mean``,
+``_max`` and ``generation/kl_k3``: the trainer asks the static backend for them by default).
 """
 
 from __future__ import annotations

@@ -140,7 +140,13 @@ class GenerationBackend(Protocol):
     (i+1)*num_samples - 1`` being the samples of prompt ``i``. ``update_weights`` hands the engine
     the policy's current weights (a model or a state dict) and their version number, which later
     outputs report in ``weights_version``; an engine that shares the trainer's model object only
-    records the version.
+    records the version. The trainer calls it after every optimizer step (version = the steps
+    done) and after resuming from a checkpoint.
+
+    Optional: ``cheap_logprobs = True`` says the engine returns ``GenerationOutput.logprobs`` at
+    no real cost when ``SamplingParams.return_logprobs`` asks for them (vLLM-like engines, the
+    static backend); the trainer then asks by default (``generation_logprobs``) and logs how far
+    they are from its own (``generation/logprob_mismatch_mean``, ``_max``, ``generation/kl_k3``).
     """
 
     def generate(

@@ -124,6 +124,7 @@ class HFGenerateBackend:
     """
 
     name = "hf"
+    cheap_logprobs = False  # generate keeps every step's [n, V] scores to return them
 
     def __init__(
         self,

@@ -52,6 +52,7 @@ class StaticCacheBackend:
     """
 
     name = "static"
+    cheap_logprobs = True  # the sampled tokens' log-probs are computed while sampling
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ class GroupPayload:
     completions: list[Any]  # [G] text, or assistant messages for chat prompts
     finished: list[bool]  # [G] ended with a stop token (vs. cut at max_completion_length)
     reward_errors: np.ndarray | None = None  # [G, R] a built-in verifier failed on the text
+    logprobs: list[list[float]] | None = None  # [G] the engine's own token log-probs, if asked
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class RolloutWorker:
                 prompt_ids=out.prompt_ids[b * g], completion_ids=out.completion_ids[rows],
                 completions=completions[rows], finished=out.finished[rows],
                 reward_errors=None if errors is None else errors[rows],
+                logprobs=None if out.logprobs is None else out.logprobs[rows],
             )
             groups.append(_Scored(prompt_id, values[rows], correct[rows], payload))
         return groups

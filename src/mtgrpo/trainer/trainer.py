@@ -40,7 +40,7 @@ import torch
 from mtgrpo._files import write_atomically
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
-from mtgrpo.metrics import scalar_rewards
+from mtgrpo.metrics import logprob_mismatch, scalar_rewards
 from mtgrpo.models.precision import resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
@@ -376,7 +376,7 @@ class GRPOTrainer:
                                      generation_dtype=self._generation_dtype())
         self.sampling_params = SamplingParams(
             max_new_tokens=args.max_completion_length, temperature=args.temperature,
-            top_p=args.top_p, top_k=args.top_k,
+            top_p=args.top_p, top_k=args.top_k, return_logprobs=self._wants_generation_logprobs(),
         )
         reference = None
         if args.beta > 0 and self.is_peft:
@@ -456,6 +456,40 @@ class GRPOTrainer:
                         "forward hooks, which a bfloat16 copy would not compute alike", hooked[:3])
             return None
         return torch.bfloat16
+
+    def _wants_generation_logprobs(self) -> bool:
+        """Whether to ask the backend for its own token log-probabilities (compared with the
+        trainer's, ``generation/logprob_mismatch_*``): ``generation_logprobs`` when set, else
+        whether the backend says they cost it nothing (``cheap_logprobs``: the static backend
+        computes them while sampling; transformers ``generate`` would keep every step's scores)."""
+        wanted = self.args.generation_logprobs
+        return bool(getattr(self.backend, "cheap_logprobs", False)) if wanted is None else wanted
+
+    def _push_weights(self) -> None:
+        """Hand the backend the policy's current weights and their version (the steps done), so
+        an engine with its own copy of the weights samples the next batch from them."""
+        self.backend.update_weights(self.unwrapped, self.step)
+
+    def _generation_mismatch(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
+                             old_logps: torch.Tensor) -> dict[str, float]:
+        """``generation/logprob_mismatch_mean``, ``_max`` and ``generation/kl_k3``
+        (:func:`mtgrpo.metrics.logprob_mismatch`) over the trained completion tokens of every
+        process: the backend's log-probs of its samples against the trainer's at θ_t
+        (``old_logps``/``completion_mask``: ``[n, L]``, this process's rows). ``{}`` when the
+        backend returned none."""
+        local, _ = self._local_groups(groups)
+        rows = [row for i in local for row in (groups[i].payload.logprobs or [None])]
+        if any(row is None for row in rows) or len(rows) != old_logps.shape[0]:
+            return {}
+        engine = torch.zeros_like(old_logps, device="cpu")  # [n, L]
+        for i, row in enumerate(rows):
+            engine[i, : len(row)] = torch.tensor(row, dtype=engine.dtype)
+        mask = completion_mask.bool().cpu()  # [n, L]: the tokens the update trained on
+        pairs = [(engine[mask].numpy(), old_logps.detach().cpu()[mask].numpy())]
+        if self.world > 1:
+            pairs = self._gather_objects(pairs)
+        return logprob_mismatch(np.concatenate([p[0] for p in pairs]),
+                                np.concatenate([p[1] for p in pairs]))
 
     def _gather_objects(self, local: list[Any]) -> list[Any]:
         from accelerate.utils import gather_object
@@ -547,16 +581,20 @@ class GRPOTrainer:
                                   group_size).advantages
         return torch.from_numpy(np.concatenate([g.advantages for g in groups]))
 
+    def _local_groups(self, groups: list[ScoredGroup]) -> tuple[list[int], bool]:
+        """This process's share of whole groups (indices), and whether it has any; a process
+        without one takes group 0 as a fully masked padding group, so that collective
+        operations stay in step."""
+        start, stop = Shard(self.rank, self.world).bounds(len(groups))
+        local = list(range(start, stop))
+        return (local, True) if local else ([0], False)
+
     def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
                             group_size: int | None = None):
         """This process's share of whole groups as a padded policy batch, and its task ids."""
         g = group_size or self.args.num_generations
-        start, stop = Shard(self.rank, self.world).bounds(len(groups))
-        local = list(range(start, stop))
-        has_rows = bool(local)
-        weight = [True] * (len(local) * g)
-        if not has_rows:  # keep collective operations in step: one fully masked padding group
-            local, weight = [0], [False] * g
+        local, has_rows = self._local_groups(groups)
+        weight = [has_rows] * (len(local) * g)
         payloads: list[GroupPayload] = [groups[i].payload for i in local]
         if self.args.mask_truncated_completions:
             finished = [f for p in payloads for f in p.finished]
@@ -594,8 +632,11 @@ class GRPOTrainer:
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
         advantages = self._batch_advantages(groups, self.args.num_generations)  # [B*G]
         batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
-        out = self.updater.update(batch, measure_after=self.needs_improvement)
+        out = self.updater.update(batch, measure_after=self.needs_improvement,
+                                  keep_old_logps=self.sampling_params.return_logprobs)
         metrics.update(out.metrics)
+        if out.old_logps is not None:
+            metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
         if self.args.include_num_input_tokens_seen == "all":
             seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
             self.state.num_input_tokens_seen += seen
@@ -615,7 +656,7 @@ class GRPOTrainer:
             advantages = self._batch_advantages(built.groups, G)               # [B*G]
             out = self.updater.update(pad_policy_batch(..., advantages), ...)  # (in _update)
             self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
-            self.backend.update_weights(self.unwrapped, self.step)             # generation follows
+            self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
         args, begin = self.args, time.perf_counter()
         weights = self.weighting.weights  # [K]
@@ -636,7 +677,7 @@ class GRPOTrainer:
         ))
         weighting_seconds = time.perf_counter() - weighting_begin
         self.step += 1
-        self.backend.update_weights(self.unwrapped, self.step)  # a copy of the weights follows
+        self._push_weights()
         values = np.concatenate([g.rewards for g in generated])  # [N, R]
         scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))  # [N]
         metrics.update(task_metrics(self.task_names, generated, scalar, weights, report,
@@ -978,6 +1019,7 @@ class GRPOTrainer:
             ckpt.remove_stale_temporaries(self.output_dir)
         if target:
             self._resume(target)
+            self._push_weights()  # the checkpoint's weights, at its step
         elif self.is_main_process:
             _set_aside_previous_run(self.output_dir)
         self._open_outputs()

@@ -93,6 +93,7 @@ class UpdateOutput:
     metrics: dict[str, float]
     objective_before: np.ndarray  # [n] per-sequence GRPO objective at θ_t (= the advantages)
     objective_after: np.ndarray | None = None  # [n] the same after the update, if measured
+    old_logps: Tensor | None = None  # [n, L] the rows' log-probs at θ_t, if kept
     optimizer_steps: int = 0
     losses: list[LossOutput] = field(default_factory=list)
 
@@ -259,12 +260,16 @@ class PolicyUpdater:
             if len(part):
                 yield part.tolist()
 
-    def update(self, batch: PolicyBatch, measure_after: bool = False) -> UpdateOutput:
-        """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``."""
+    def update(self, batch: PolicyBatch, measure_after: bool = False,
+               keep_old_logps: bool = False) -> UpdateOutput:
+        """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``.
+        ``keep_old_logps``: return the rows' log-probs at θ_t (``UpdateOutput.old_logps``: the
+        old log-probs of several updates, else those of the one update's forward pass, at no
+        extra cost)."""
         multi = self.args.num_iterations > 1 or self.args.steps_per_generation > 1
         batch = self._with_logps(batch, need_old=multi)
         capture = None
-        if measure_after and not multi:
+        if (measure_after or keep_old_logps) and not multi:
             capture = torch.zeros(batch.completion_ids.shape, dtype=torch.float32,
                                   device=batch.completion_ids.device)
         outputs: list[LossOutput] = []
@@ -282,8 +287,10 @@ class PolicyUpdater:
             optimizer_steps=len(grad_norms),
             losses=outputs,
         )
+        at_start = batch.old_logps if multi else capture
+        if keep_old_logps:
+            result.old_logps = at_start
         if measure_after:
-            at_start = batch.old_logps if multi else capture
             result.objective_after = self._objective_after(batch, at_start)
         return result
 
