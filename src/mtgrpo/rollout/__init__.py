@@ -3,8 +3,9 @@
 :mod:`mtgrpo.rollout.base` holds the contract (:class:`SamplingParams`,
 :class:`GenerationOutput`, the :class:`GenerationBackend` protocol) and the ``BACKENDS`` registry;
 :mod:`mtgrpo.rollout.hf_generate` the transformers ``generate`` backend, registered as ``"hf"``;
-:mod:`mtgrpo.rollout.static` the fast backend (static KV cache, own decode loop, CUDA graphs on a
-GPU), registered as ``"static"``. ``"auto"`` (the trainer's default) picks ``"static"`` when the
+:mod:`mtgrpo.rollout.static` the fast backend, registered as ``"static"``: the contract over the
+speed layer's decode engine (:class:`mtgrpo.fast.StaticGenerator`: static KV cache, own decode
+loop, CUDA graphs on a GPU). ``"auto"`` (the trainer's default) picks ``"static"`` when the
 model supports it and ``"hf"`` otherwise.
 ``make_backend("hf", model, tokenizer, max_batch_size=...)`` builds one by name;
 :func:`build_backend` (:mod:`mtgrpo.rollout.selection`) also resolves ``"auto"`` and import paths.
