@@ -759,6 +759,119 @@ def render_verdict(checks: Sequence[Check]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+@dataclass(frozen=True)
+class NoiseCheck:
+    """Is one method's final worst-task accuracy above another's by more than the seed noise?
+
+    ``values`` are the per-seed final worst-task accuracies (fractions). Two tests, one-sided
+    (``method`` above ``other``): Welch's t-test (unequal variances; assumes roughly normal
+    per-seed means) and the exact two-sample permutation test on the difference of means (no
+    distributional assumption: every way of splitting the pooled seeds into two groups of the
+    observed sizes is equally likely under "no difference"). ``average_gap`` is the cost (or
+    gain) in mean final average accuracy, ``method`` minus ``other``.
+    """
+
+    method: str
+    other: str
+    values: tuple[float, ...]
+    other_values: tuple[float, ...]
+    welch_p: float
+    permutation_p: float
+    average_gap: float
+
+    @property
+    def outside_noise(self) -> bool:
+        """Both tests reject "no difference" at the 5 % level."""
+        return self.welch_p < 0.05 and self.permutation_p < 0.05
+
+
+def permutation_p_value(values: Sequence[float], other: Sequence[float]) -> float:
+    """Exact one-sided p of ``mean(values) - mean(other)`` under random relabelling.
+
+    The fraction of the ``C(n + m, n)`` splits of the pooled values whose difference of means
+    is at least the observed one (the observed split included, so p ≥ 1 / C(n + m, n)).
+    """
+    from itertools import combinations
+
+    pooled = [*values, *other]
+    n, total = len(values), sum(pooled)
+    observed = sum(values) / n - (total - sum(values)) / len(other)
+    splits = list(combinations(range(len(pooled)), n))
+    at_least = 0
+    for split in splits:
+        chosen = sum(pooled[i] for i in split)
+        at_least += chosen / n - (total - chosen) / len(other) >= observed - _ROUNDING
+    return at_least / len(splits)
+
+
+def welch_p_value(values: Sequence[float], other: Sequence[float]) -> float:
+    """One-sided p of Welch's t-test, mean(values) > mean(other) (scipy.stats.ttest_ind).
+
+    Two identical constant samples give p = 1 (no evidence of a difference); two different
+    constant samples give 0 or 1 by the sign of the gap.
+    """
+    from scipy import stats
+
+    if len(set(values)) <= 1 and len(set(other)) <= 1:
+        gap = (values[0] if values else 0.0) - (other[0] if other else 0.0)
+        return 0.0 if gap > _ROUNDING else 1.0
+    return float(stats.ttest_ind(values, other, equal_var=False, alternative="greater").pvalue)
+
+
+def noise_checks(summaries: Sequence[RunSummary], group_of: Mapping[str, str],
+                 mtgrpo_methods: Sequence[str],
+                 baselines: Sequence[str] = ("grpo", "dapo")) -> list[NoiseCheck]:
+    """One :class:`NoiseCheck` per MT-GRPO method and baseline with finished runs of both."""
+    worst: dict[str, list[float]] = {}
+    average: dict[str, list[float]] = {}
+    for summary in summaries:
+        if summary.final_worst is None or summary.final_average is None:
+            continue
+        method = group_of.get(summary.label, summary.label)
+        worst.setdefault(method, []).append(summary.final_worst)
+        average.setdefault(method, []).append(summary.final_average)
+    checks = []
+    for name in mtgrpo_methods:
+        for other in baselines:
+            if len(worst.get(name, ())) < 2 or len(worst.get(other, ())) < 2:
+                continue
+            mine, theirs = worst[name], worst[other]
+            checks.append(NoiseCheck(
+                name, other, tuple(mine), tuple(theirs), welch_p_value(mine, theirs),
+                permutation_p_value(mine, theirs),
+                sum(average[name]) / len(average[name])
+                - sum(average[other]) / len(average[other])))
+    return checks
+
+
+def evaluation_standard_error(summaries: Sequence[RunSummary], samples: int) -> float:
+    """The largest binomial standard error ``sqrt(p (1 - p) / n)`` of one final per-task
+    accuracy over all runs (``n = samples`` per task and evaluation), as a fraction; NaN
+    without samples."""
+    if samples < 1:
+        return math.nan
+    return max((math.sqrt(p * (1 - p) / samples) for s in summaries
+                for p in s.final_accuracy.values()), default=math.nan)
+
+
+def render_noise(checks: Sequence[NoiseCheck], standard_error: float, samples: int) -> str:
+    """Markdown: the evaluation's standard error and one line per test."""
+    lines = [f"One evaluation scores {samples} samples per task, so a final per-task accuracy "
+             f"has a binomial standard error of at most {standard_error * 100:.1f} points in "
+             "these runs. Across seeds (final worst-task accuracy, one-sided, MT-GRPO above "
+             "the baseline; Welch's t-test and the exact permutation test):", ""]
+    for c in checks:
+        verdict_word = "**outside the noise**" if c.outside_noise else "**within the noise**"
+        lines.append(
+            f"- {c.method} vs {c.other}: {_pts(sum(c.values) / len(c.values))} against "
+            f"{_pts(sum(c.other_values) / len(c.other_values))} "
+            f"(seeds {', '.join(f'{v * 100:.1f}' for v in c.values)} against "
+            f"{', '.join(f'{v * 100:.1f}' for v in c.other_values)}); Welch p = "
+            f"{c.welch_p:.3f}, permutation p = {c.permutation_p:.3f}: {verdict_word}; "
+            f"average accuracy {c.average_gap * 100:+.1f} points")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- results
 
 
@@ -876,12 +989,22 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def _eval_prompts_per_task(plan: GridPlan) -> int | None:
+    tasks = plan.base.get("tasks") or {}
+    return tasks.get("paper_test_per_task") if tasks.get("paper_test_sets") \
+        else tasks.get("eval_size")
+
+
+def eval_samples_per_task(plan: GridPlan) -> int:
+    """Completions scored per task at one evaluation: eval prompts × samples per prompt."""
+    run = run_config_from_dict(plan.base).training
+    return (_eval_prompts_per_task(plan) or 0) * run.num_generations_eval
+
+
 def settings(plan: GridPlan) -> list[str]:
     """The shared settings of every run, in words."""
     run = run_config_from_dict(plan.base).training
-    tasks = plan.base.get("tasks") or {}
-    eval_size = tasks.get("paper_test_per_task") if tasks.get("paper_test_sets") \
-        else tasks.get("eval_size")
+    eval_size = _eval_prompts_per_task(plan)
     return [
         f"base config `{_display(plan.base_path)}`; start model "
         f"`{plan.start.model_section['name_or_path']}`"
@@ -907,10 +1030,17 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
              method_rows(plan), "", *_status_lines(plan, result, comparison)]
     payload: dict[str, Any] = {"command": command, "failed": result.failed}
     if comparison is not None:
-        checks = verdict(comparison.aggregate, comparison.summaries,
-                         list(dict.fromkeys(r.method.name for r in plan.runs
-                                            if r.method.is_mtgrpo)))
-        parts += _result_sections(comparison, checks, out)
+        mtgrpo_methods = list(dict.fromkeys(r.method.name for r in plan.runs
+                                            if r.method.is_mtgrpo))
+        checks = verdict(comparison.aggregate, comparison.summaries, mtgrpo_methods)
+        noise = noise_checks(comparison.summaries, comparison.aggregate.group_of, mtgrpo_methods)
+        samples = eval_samples_per_task(plan)
+        standard_error = evaluation_standard_error(comparison.summaries, samples)
+        parts += _result_sections(comparison, checks, out,
+                                  render_noise(noise, standard_error, samples) if noise else "")
+        payload.update(noise=[{**dataclasses.asdict(c), "outside_noise": c.outside_noise}
+                              for c in noise],
+                       evaluation_standard_error=standard_error, eval_samples_per_task=samples)
         payload.update(aggregate=json.loads(comparison.aggregate.to_json()),
                        per_seed={str(k): json.loads(t.to_json())
                                  for k, t in comparison.per_seed.items()},
@@ -937,7 +1067,8 @@ def _status_lines(plan: GridPlan, result: GridResult,
     return [*lines, ""]
 
 
-def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path) -> list[str]:
+def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path,
+                     noise: str = "") -> list[str]:
     from mtgrpo.reporting.plots import plot_comparison
 
     figures = plot_comparison(comparison.combined, out / FIGURES_DIR,
@@ -952,6 +1083,7 @@ def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path)
              "### Final accuracy per task (%)", "", per_task_table(aggregate), "",
              "## Verdict", "",
              render_verdict(checks) if checks else "No MT-GRPO method was run.\n",
+             *(["## Signal and noise", "", noise] if noise else []),
              "## Figures", ""]
     for path in figures.written:
         caption = _FIGURE_CAPTIONS.get(path.stem, path.stem.replace("_", " "))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,65 @@ def test_verdict_says_no_when_mtgrpo_falls_short() -> None:
                   ].answer is False
     text = bench.render_verdict(list(checks.values()))
     assert "- Final worst-task accuracy above GRPO's? **No.** 40.0%" in text
+
+
+def test_permutation_p_value_counts_the_splits_at_least_as_extreme() -> None:
+    # pooled {1, 2, 3, 4}: six splits into two pairs; only {3, 4} vs {1, 2} has a gap of 2
+    assert bench.permutation_p_value([3, 4], [1, 2]) == pytest.approx(1 / 6)
+    # the smallest possible gap: every split is at least as extreme
+    assert bench.permutation_p_value([1, 2], [3, 4]) == 1.0
+    assert bench.permutation_p_value([1, 1], [1, 1]) == 1.0  # ties: no evidence
+    # 5 vs 5 fully separated: 1 of C(10, 5) = 252 splits
+    assert bench.permutation_p_value([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == pytest.approx(1 / 252)
+
+
+def test_welch_p_value_is_the_one_sided_welch_test() -> None:
+    from scipy import stats
+
+    mine, theirs = [0.10, 0.12, 0.14], [0.05, 0.06, 0.07]
+    # by hand: sample variances 0.0004 and 0.0001, n = 3 each
+    se2 = 0.0004 / 3 + 0.0001 / 3
+    t = (0.12 - 0.06) / math.sqrt(se2)  # 4.648
+    df = se2 ** 2 / ((0.0004 / 3) ** 2 / 2 + (0.0001 / 3) ** 2 / 2)  # 2.941 (Welch-Satterthwaite)
+    assert t == pytest.approx(4.648, abs=1e-3)
+    assert df == pytest.approx(2.941, abs=1e-3)
+    assert bench.welch_p_value(mine, theirs) == pytest.approx(float(stats.t.sf(t, df)),
+                                                              rel=1e-9)
+    assert bench.welch_p_value(theirs, mine) == pytest.approx(1 - float(stats.t.sf(t, df)),
+                                                              rel=1e-9)
+    assert bench.welch_p_value([0.2, 0.2], [0.1, 0.1]) == 0.0  # constant, strictly above
+    assert bench.welch_p_value([0.1, 0.1], [0.1, 0.1]) == 1.0
+
+
+def test_noise_checks_separate_a_clear_lead_from_overlapping_seeds() -> None:
+    runs = [summary(f"mtgrpo_l1-seed{k}", w, 0.30, {}) for k, w in
+            enumerate((0.20, 0.21, 0.22, 0.23, 0.24), 1)]
+    runs += [summary(f"grpo-seed{k}", w, 0.34, {}) for k, w in
+             enumerate((0.10, 0.11, 0.12, 0.13, 0.14), 1)]
+    runs += [summary(f"dapo-seed{k}", w, 0.32, {}) for k, w in
+             enumerate((0.15, 0.25, 0.20, 0.26, 0.18), 1)]
+    group_of = aggregate_seeds(runs).group_of
+    checks = {c.other: c for c in bench.noise_checks(runs, group_of, ["mtgrpo_l1"])}
+    assert set(checks) == {"grpo", "dapo"}
+    assert checks["grpo"].permutation_p == pytest.approx(1 / 252)
+    assert checks["grpo"].outside_noise
+    assert checks["grpo"].average_gap == pytest.approx(-0.04)
+    assert not checks["dapo"].outside_noise  # means 0.22 vs 0.208 with seeds interleaved
+    text = bench.render_noise(list(checks.values()), 0.015, 400)
+    assert "1.5 points" in text
+    assert "mtgrpo_l1 vs grpo: 22.0% against 12.0%" in text
+    assert "**outside the noise**" in text
+    assert "**within the noise**" in text
+    # one seed of a method is not a sample: no check
+    assert bench.noise_checks(runs[:6], aggregate_seeds(runs[:6]).group_of, ["mtgrpo_l1"]) == []
+
+
+def test_evaluation_standard_error_is_the_largest_binomial_one() -> None:
+    runs = [dataclasses_replace(summary("grpo-seed1", 0.1, 0.2, {}),
+                                final_accuracy={"a": 0.1, "b": 0.5})]
+    # sqrt(0.5 * 0.5 / 400) = 0.025 beats sqrt(0.1 * 0.9 / 400) = 0.015
+    assert bench.evaluation_standard_error(runs, 400) == pytest.approx(0.025)
+    assert math.isnan(bench.evaluation_standard_error(runs, 0))
 
 
 def test_verdict_is_undecided_without_baselines_and_no_without_runs() -> None:
