@@ -218,8 +218,9 @@ class GRPOConfig(TRLCompatibleFields):
     bf16: bool | None = _help(
         "bfloat16 where the hardware multiplies it natively: autocast for the update's forward "
         "passes and, for float32 weights, generation from a bfloat16 copy of the policy (static "
-        "backend). None (auto): on a GPU that supports it or a CPU with amx_bf16, avx512_bf16 "
-        "or Arm bf16 (TRL: true unless fp16); false: never (float32 throughout).", default=None)
+        "backend). None (auto): on a GPU that supports it, or a CPU with amx_bf16, avx512_bf16 "
+        "or Arm bf16 for a model at least 256 wide (hidden_size; narrower ones run faster in "
+        "float32) (TRL: true unless fp16); false: never (float32 throughout).", default=None)
     fp16: bool = _help("float16 autocast for forward passes (a GPU feature).", default=False)
     tf32: bool | None = _help("Allow TF32 matrix products on Ampere or newer GPUs (None: "
                               "leave torch's setting).", default=None)

@@ -47,4 +47,25 @@ def test_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert resolve_bf16(None, "cuda") == (True, "auto: the GPU supports bfloat16")
+    assert resolve_bf16(None, "cuda", hidden_size=64)[0] is True  # the width rule is the CPU's
     assert resolve_bf16(None, "mps")[0] is False
+
+
+def test_auto_on_a_cpu_needs_a_model_wide_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: "amx_bf16")
+    assert precision.CPU_BF16_MIN_WIDTH == 256
+    assert resolve_bf16(None, "cpu", hidden_size=256) == (True, "auto: this CPU has amx_bf16")
+    on, why = resolve_bf16(None, "cpu", hidden_size=128)
+    assert on is False
+    assert why == ("auto: this CPU has amx_bf16, but the model's hidden size 128 is below 256, "
+                   "where autocast's casts cost more than bfloat16 saves")
+    assert resolve_bf16(None, "cpu", hidden_size=None)[0] is True  # width unknown: on
+    assert resolve_bf16(True, "cpu", hidden_size=64) == (True, "bf16=True in the config")
+
+
+def test_model_width_reads_the_config_through_wrappers() -> None:
+    from types import SimpleNamespace
+
+    assert precision.model_width(SimpleNamespace(config=SimpleNamespace(hidden_size=576))) == 576
+    assert precision.model_width(SimpleNamespace(config=SimpleNamespace())) is None
+    assert precision.model_width(object()) is None

@@ -46,9 +46,18 @@ def test_bf16_generates_from_a_copy_that_follows_every_optimizer_step(tiny_model
         assert record["loss"] == pytest.approx(record["loss"])  # finite (NaN != NaN)
 
 
-@pytest.mark.parametrize(("feature", "on"), [("avx512_bf16", True), (None, False)])
-def test_auto_follows_the_cpu(tiny_model_dir, tmp_path, monkeypatch, feature, on):
+@pytest.mark.parametrize(("feature", "min_width", "on", "reason"), [
+    ("avx512_bf16", 0, True, "auto: this CPU has avx512_bf16"),
+    # the tiny model is 64 wide: too narrow for bf16 to pay on a CPU
+    ("avx512_bf16", None, False, "auto: this CPU has avx512_bf16, but the model's hidden size 64 "
+                                 "is below 256"),
+    (None, 0, False, "auto: this CPU has no native bfloat16 instructions"),
+])
+def test_auto_follows_the_cpu_and_the_model_width(tiny_model_dir, tmp_path, monkeypatch, feature,
+                                                  min_width, on, reason):
     monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: feature)
+    if min_width is not None:
+        monkeypatch.setattr(precision, "CPU_BF16_MIN_WIDTH", min_width)
     trainer = _trainer(tiny_model_dir, tmp_path, bf16=None, max_steps=1)
     assert trainer.bf16 is on
     assert trainer.accelerator.mixed_precision == "no"  # on the CPU, bf16 is our own autocast
@@ -58,7 +67,7 @@ def test_auto_follows_the_cpu(tiny_model_dir, tmp_path, monkeypatch, feature, on
     trainer.train()
     [run] = read_metrics(tmp_path, split="run")
     assert run["generation/dtype"] == ("bfloat16" if on else "float32")
-    assert run["precision/bf16_reason"].startswith("auto: this CPU has")
+    assert run["precision/bf16_reason"].startswith(reason)
 
 
 def test_a_policy_with_forward_hooks_generates_from_itself(tiny_model_dir, tmp_path):

@@ -88,7 +88,8 @@ class SFTConfig:
         default=None, metadata={"help": "bfloat16 autocast for the forward passes; None (auto): "
                                         "where the hardware multiplies bfloat16 natively (a GPU "
                                         "that supports it, a CPU with amx_bf16, avx512_bf16 or "
-                                        "Arm bf16); false: float32."})
+                                        "Arm bf16 for a model at least 256 wide); false: "
+                                        "float32."})
     completion_only_loss: bool = field(
         default=True,
         metadata={"help": "Loss on completion tokens (+EOS) only; false: on the prompt too."})

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from mtgrpo._files import write_atomically
-from mtgrpo.models.precision import resolve_bf16
+from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.policy import (
     build_optimizer,
     build_scheduler,
@@ -173,7 +173,8 @@ def accumulate_step_gradients(
             completion_only_loss=config.completion_only_loss, device=device,
         )
         with torch.autocast(device.type, dtype=torch.bfloat16,
-                            enabled=resolve_bf16(config.bf16, device.type)[0]):
+                            enabled=resolve_bf16(config.bf16, device.type,
+                                                 model_width(model))[0]):
             summed = completion_cross_entropy(model, batch)
         # Normalised by the whole step's target tokens: accumulated gradients = token mean.
         (summed / step_targets).backward()
@@ -212,7 +213,8 @@ def _eval_loss(
             completion_only_loss=config.completion_only_loss, device=device,
         )
         with torch.autocast(device.type, dtype=torch.bfloat16,
-                            enabled=resolve_bf16(config.bf16, device.type)[0]):
+                            enabled=resolve_bf16(config.bf16, device.type,
+                                                 model_width(model))[0]):
             loss_sum += float(completion_cross_entropy(model, batch))
         targets += batch.num_target_tokens
     model.train()

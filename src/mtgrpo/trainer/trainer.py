@@ -41,7 +41,7 @@ from mtgrpo._files import write_atomically
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
 from mtgrpo.metrics import logprob_mismatch, scalar_rewards
-from mtgrpo.models.precision import resolve_bf16
+from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
@@ -246,6 +246,9 @@ class GRPOTrainer:
             model, processing_class, peft_config, args
         )
         self.processing_class = self.tokenizer
+        if self._cpu_bf16 and args.bf16 is None:  # auto on a CPU also asks the model's width
+            self.bf16, self.bf16_reason = resolve_bf16(None, "cpu", model_width(self.model))
+            self._cpu_bf16 = self.bf16
         _check_context_length(self.model, args)
         self._build_prompts(data)
         self._build_algorithms()
