@@ -189,17 +189,19 @@ def test_the_benchmark_refuses_before_timing_when_auto_falls_back(monkeypatch):
 # ---------------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def tiny_report():
-    # bf16 forced on for our default row, so that --ours-fp32 adds its row on any CPU
+    # bf16 auto forced on for our default row (a bf16 CPU, and no minimum width for this
+    # 64-wide model), so that --ours-fp32 adds its row on any CPU
     config, _ = bench.config_from_args([*TINY_ARGS, "--trl-defaults", "--trl-bf16",
                                         "--ours-fp32"])
     import mtgrpo.models.precision as precision
 
-    original = precision.cpu_bf16_feature
+    original = precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH
     precision.cpu_bf16_feature = lambda: "avx512_bf16"
+    precision.CPU_BF16_MIN_WIDTH = 0
     try:
         return bench.run_benchmark(config)
     finally:
-        precision.cpu_bf16_feature = original
+        precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH = original
 
 
 def test_every_trainer_runs_and_reports_every_step(tiny_report):
