@@ -269,6 +269,16 @@ def test_trl_arguments_without_a_counterpart_are_refused(tiny_model_dir, tmp_pat
                         train_dataset=single_task_rows(), **{argument: [print]})
 
 
+def _hub_http():
+    """The HTTP client library the installed huggingface_hub speaks: httpx2 from hub 2.x (the
+    lock), httpx before (the hub that transformers' oldest admitted release resolves to)."""
+    try:
+        import httpx2
+    except ModuleNotFoundError:
+        import httpx as httpx2
+    return httpx2
+
+
 class _FakeHub:
     """The Hub's HTTP API at the network edge (huggingface_hub's client factory)."""
 
@@ -277,7 +287,7 @@ class _FakeHub:
         self.created: list[dict] = []
 
     def __call__(self, request):
-        import httpx2
+        httpx2 = _hub_http()
 
         path = request.url.path
         if path == "/api/repos/create":
@@ -302,8 +312,9 @@ class _FakeHub:
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    import httpx2
     import huggingface_hub
+
+    httpx2 = _hub_http()
     import huggingface_hub.constants as constants
     from huggingface_hub.utils._http import default_client_factory
 
