@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--no-lora", action="store_true", help="train every weight")
     options = parser.parse_args(argv)
     command = "python benchmarks/bf16_logprob_gap.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else __import__("sys").argv[1:]))
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, bf16 in (("bf16", True), ("float32", False)):

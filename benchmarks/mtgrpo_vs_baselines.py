@@ -699,6 +699,16 @@ def _threshold_checks(name: str, threshold: float, members: Mapping[str, Sequenc
     return Check(name, question, answer, evidence)
 
 
+def runs_by_method(summaries: Sequence[RunSummary],
+                   group_of: Mapping[str, str]) -> dict[str, list[RunSummary]]:
+    """The runs of each method (``group_of``: run label -> method; a label not in it is its
+    own method), in the order given."""
+    members: dict[str, list[RunSummary]] = {}
+    for summary in summaries:
+        members.setdefault(group_of.get(summary.label, summary.label), []).append(summary)
+    return members
+
+
 def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
             mtgrpo_methods: Sequence[str], *, grpo: str = "grpo", dapo: str = "dapo",
             tolerance: float = TOLERANCE) -> list[Check]:
@@ -710,9 +720,7 @@ def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
     """
     by_name = {m.method: m for m in aggregate.methods}
     group_of = aggregate.group_of
-    members: dict[str, list[RunSummary]] = {}
-    for summary in summaries:
-        members.setdefault(group_of.get(summary.label, summary.label), []).append(summary)
+    members = runs_by_method(summaries, group_of)
     averages = {m.method: m.final_average.mean for m in aggregate.methods if m.final_average}
     checks = []
     for name in mtgrpo_methods:
@@ -822,14 +830,10 @@ def noise_checks(summaries: Sequence[RunSummary], group_of: Mapping[str, str],
                  mtgrpo_methods: Sequence[str],
                  baselines: Sequence[str] = ("grpo", "dapo")) -> list[NoiseCheck]:
     """One :class:`NoiseCheck` per MT-GRPO method and baseline with finished runs of both."""
-    worst: dict[str, list[float]] = {}
-    average: dict[str, list[float]] = {}
-    for summary in summaries:
-        if summary.final_worst is None or summary.final_average is None:
-            continue
-        method = group_of.get(summary.label, summary.label)
-        worst.setdefault(method, []).append(summary.final_worst)
-        average.setdefault(method, []).append(summary.final_average)
+    finished = [s for s in summaries if s.final_worst is not None and s.final_average is not None]
+    members = runs_by_method(finished, group_of)
+    worst = {method: [s.final_worst for s in runs] for method, runs in members.items()}
+    average = {method: [s.final_average for s in runs] for method, runs in members.items()}
     checks = []
     for name in mtgrpo_methods:
         for other in baselines:

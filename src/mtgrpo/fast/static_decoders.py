@@ -320,15 +320,7 @@ class ModelForwardDecoder:
 
         ``input_ids, attention_mask, position_ids: [n, P]`` -> ``[n, V]``.
         """
-        output = self.lm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **cache_argument(cache, self._cache),
-            **self._keep,
-        )
-        return output.logits[:, -1]
+        return self._last_logits(cache, input_ids, attention_mask, position_ids)
 
     def decode(
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
@@ -342,10 +334,16 @@ class ModelForwardDecoder:
         to those columns only; the columns after them are masked out anyway. This decoder
         attends to all ``C`` (the model's own attention over its ``StaticCache``).
         """
+        return self._last_logits(cache, tokens, mask, positions)
+
+    def _last_logits(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> Tensor:
+        """The model's own forward over ``cache``; the logits of the last column ``[n, V]``."""
         output = self.lm(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
             use_cache=True,
             **cache_argument(cache, self._cache),
             **self._keep,

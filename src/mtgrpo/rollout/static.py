@@ -6,13 +6,8 @@ from ``generate`` is in :mod:`mtgrpo.fast.static`).
 
 This class holds what belongs to the contract: checking the request, the EOS and pad ids, the
 seed, the weights version, and the model-or-state-dict forms of ``update_weights``; the engine
-sees token-id lists, a :class:`~mtgrpo.fast.SamplingRule` and a model.
-
-When to use it: GRPO rollouts of a transformers decoder-only model with full causal attention
-in every layer (Llama, Qwen2/2.5/3, Mistral without sliding window, SmolLM, ...) under the
-``"sdpa"`` or ``"eager"`` attention implementation, full or LoRA. Refused with a clear error
-(use ``"hf"``): sliding-window / chunked / recurrent attention, encoder-decoders, flash or flex
-attention, prompt-learning peft. See ``docs/fast_generation.md``.
+sees token-id lists, a :class:`~mtgrpo.fast.SamplingRule` and a model. Which models it serves
+and which it refuses: :mod:`mtgrpo.fast.static` and ``docs/fast_generation.md``.
 """
 
 from __future__ import annotations
