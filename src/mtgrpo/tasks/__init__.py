@@ -36,7 +36,9 @@ from mtgrpo.tasks.paper import (
     ensure_trainable,
     is_paper_test_source,
     load_paper_test_sets,
+    nearest_paper_level,
     paper_task_id,
+    paper_task_of,
 )
 from mtgrpo.tasks.prompt_set import PromptSet, is_conversational, is_lazy_split
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, AnswerFormat, format_prompt
@@ -90,7 +92,9 @@ __all__ = [
     "load_rows",
     "make_suite",
     "measure_generation",
+    "nearest_paper_level",
     "paper_task_id",
+    "paper_task_of",
     "resolve_task",
     "reward_routing",
     "solve_countdown",

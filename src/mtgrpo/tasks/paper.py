@@ -14,6 +14,19 @@ schema of :mod:`mtgrpo.tasks.suite`, so that our verifiers score them:
   reads), and since the files hold no solution, ``answer`` is one found by
   :func:`solve_countdown` (exhaustive search; every row of the released set is solvable).
 
+**Re-asked in a run's formats.** A model trained with other formats (say ``chat`` prompts
+and ``<answer>`` tags) is measured on the released *problems* asked the way it was taught:
+with ``prompt_format`` and/or ``answer_format``, each row's problem is asked in its family's
+own wording for that answer format (:mod:`mtgrpo.tasks.families`), wrapped in that prompt
+format, and graded in that answer format. The problem comes from the row: countdown's
+``numbers`` and ``target`` from ``reward_model.ground_truth``; for zebra and ARC, the
+reasoning-gym question in ``extra_info["question"]`` with the papers' ``\\boxed{}``
+instruction put back to reasoning-gym's words. Items, order, ids and gold answers are the
+released ones, so scores stay comparable. With ``prompt_format="paper"`` and
+``answer_format="boxed"`` the re-asked prompts equal the released ones (countdown and ARC,
+every row), except that zebra's instruction reads "put it in" where the release has the typo
+"put in in".
+
 These rows are evaluation data. They carry ``split: "test"`` and metadata
 ``origin: "mtgrpo-paper-test"``; :func:`is_paper_test_source` recognises them (and their
 ``data_source`` names), and :func:`ensure_trainable` refuses them as training data.
@@ -28,8 +41,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.tasks.families import FAMILIES, LEVELS
+from mtgrpo.tasks.families import _ARC_TAIL, _ZEBRA_TAIL, FAMILIES, LEVELS, TaskSpec, resolve_task
+from mtgrpo.tasks.prompts import Prompt
 from mtgrpo.tasks.solver import solve_countdown
+from mtgrpo.tasks.suite import RenderOptions
 
 __all__ = [
     "PAPER_TASK_IDS",
@@ -37,7 +52,9 @@ __all__ = [
     "ensure_trainable",
     "is_paper_test_source",
     "load_paper_test_sets",
+    "nearest_paper_level",
     "paper_task_id",
+    "paper_task_of",
 ]
 
 PAPER_TEST_ORIGIN = "mtgrpo-paper-test"
@@ -46,6 +63,20 @@ _DATA_SOURCE = re.compile(r"^(countdown|zebra|arc)-(easy|medium|hard|very_hard)-
 PAPER_TASK_IDS = tuple(
     f"{family}:{level}" for family in _PAPER_FAMILIES.values() for level in LEVELS
 )
+# The answer instruction the papers wrote into reasoning-gym's zebra and ARC questions (the
+# released text, typo included; in every row of test_zebra / test_arc), and reasoning-gym's
+# own words it replaced: what the family question builders extend.
+_RELEASED_INSTRUCTIONS = {
+    "zebra_puzzles": (
+        "as your final answer and put in in \\boxed{}, for example: \\boxed{Alice}.",
+        _ZEBRA_TAIL,
+    ),
+    "arc_1d": (
+        "Your final answer must be placed in \\boxed{} and should be just the test output grid "
+        "itself.",
+        _ARC_TAIL,
+    ),
+}
 
 
 def paper_task_id(data_source: str) -> str:
@@ -57,6 +88,41 @@ def paper_task_id(data_source: str) -> str:
             f"family in {sorted(_PAPER_FAMILIES)} and level in {list(LEVELS)}"
         )
     return f"{_PAPER_FAMILIES[match.group(1)]}:{match.group(2)}"
+
+
+def paper_task_of(task: str | Mapping[str, Any] | TaskSpec) -> str | None:
+    """The papers' task id that ``task`` *is*, else ``None``.
+
+    A task is a papers' level when it is one of the papers' families at one of the four
+    levels with that level's config (``countdown:easy``, ``{family: zebra, level: hard}``).
+    A task of these families at a config of its own (``{family: countdown, name:
+    countdown:3x20, config: {...}}``) is not, whatever its name says.
+    """
+    spec = resolve_task(task)
+    if spec.level is None or f"{spec.family.name}:{spec.level}" not in PAPER_TASK_IDS:
+        return None
+    level = resolve_task(f"{spec.family.name}:{spec.level}")
+    return level.task_id if spec.config == level.config else None
+
+
+def nearest_paper_level(task: str | Mapping[str, Any] | TaskSpec) -> str | None:
+    """The papers' level of ``task``'s family whose config shares the most settings with
+    ``task``'s (ties: the easier level); ``None`` for a family without test sets.
+
+    A suggestion for a task at a config of its own: ``countdown`` with 3 numbers up to 20
+    shares ``min_numbers``, ``max_numbers``, ``min_value`` and ``min_target`` with
+    ``countdown:easy``, and only the last two with ``countdown:medium``.
+    """
+    spec = resolve_task(task)
+    levels = [task_id for task_id in PAPER_TASK_IDS if task_id.startswith(f"{spec.family.name}:")]
+    if not levels:
+        return None
+
+    def shared(task_id: str) -> int:
+        config = resolve_task(task_id).config
+        return sum(1 for key, value in spec.config.items() if config.get(key) == value)
+
+    return max(levels, key=shared)
 
 
 def is_paper_test_source(source: str | Mapping[str, Any]) -> bool:
@@ -123,18 +189,17 @@ def _wanted_tasks(tasks: Sequence[str] | None) -> set[str]:
         task_id = f"{FAMILIES.canonical(family)}:{level}" if family in FAMILIES else str(task)
         if task_id not in PAPER_TASK_IDS:
             raise ValueError(
-                f"{task!r} is not a task of the papers' test sets; "
-                f"valid: {', '.join(PAPER_TASK_IDS)}"
+                f"{task!r} is not a task of the papers' test sets; name one of their "
+                f"levels (family:level): {', '.join(PAPER_TASK_IDS)}"
             )
         wanted.add(task_id)
     return wanted
 
 
-def _convert(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _metadata(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's metadata: family, level, origin, and what the family's verifier reads."""
     data_source = str(raw["data_source"])
-    task_id = paper_task_id(data_source)
-    family, _, level = task_id.partition(":")
-    truth = raw["reward_model"]["ground_truth"]
+    family, _, level = paper_task_id(data_source).partition(":")
     extra = raw.get("extra_info") or {}
     metadata: dict[str, Any] = {
         "family": family,
@@ -146,16 +211,52 @@ def _convert(raw: Mapping[str, Any]) -> dict[str, Any]:
         "difficulty": extra.get("difficulty"),
     }
     if family == "countdown":
+        truth = raw["reward_model"]["ground_truth"]
         numbers = truth["numbers"]
         numbers = [int(n) for n in (numbers.split(",") if isinstance(numbers, str) else numbers)]
         metadata.update(numbers=numbers, target=int(truth["target"]))
-        answer = solve_countdown(numbers, metadata["target"]) or ""
+    return metadata
+
+
+def _reasoning_gym_question(family: str, raw: Mapping[str, Any]) -> str:
+    """reasoning-gym's question of a zebra or ARC row: the papers' instruction undone."""
+    question = str((raw.get("extra_info") or {}).get("question") or "")
+    released, original = _RELEASED_INSTRUCTIONS[family]
+    if question.count(released) != 1:
+        raise ValueError(
+            f"{raw['data_source']} row {(raw.get('extra_info') or {}).get('index')!r}: "
+            f"extra_info['question'] does not hold the papers' answer instruction {released!r} "
+            "exactly once, so its problem cannot be re-asked in another format; load these rows "
+            "without prompt_format and answer_format to use the released prompts as they are"
+        )
+    return question.replace(released, original)
+
+
+def _reasked_prompt(
+    raw: Mapping[str, Any], metadata: dict[str, Any], render: RenderOptions
+) -> Prompt:
+    """The row's problem asked in its family's wording for ``render``'s formats."""
+    family = metadata["family"]
+    item: dict[str, Any] = {"metadata": metadata}
+    if family in _RELEASED_INSTRUCTIONS:
+        item["question"] = _reasoning_gym_question(family, raw)
+    metadata["answer_format"] = render.answer_format
+    return render.prompt(FAMILIES.get(family), item)
+
+
+def _convert(raw: Mapping[str, Any], render: RenderOptions | None) -> dict[str, Any]:
+    metadata = _metadata(raw)
+    if metadata["family"] == "countdown":
+        answer = solve_countdown(metadata["numbers"], metadata["target"]) or ""
     else:
-        answer = str(truth["target"])
-    prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in raw["prompt"]]
+        answer = str(raw["reward_model"]["ground_truth"]["target"])
+    if render is None:
+        prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in raw["prompt"]]
+    else:
+        prompt = _reasked_prompt(raw, metadata, render)
     return {
-        "id": f"paper-test/{data_source}/{extra.get('index')}",
-        "task": task_id,
+        "id": f"paper-test/{metadata['data_source']}/{metadata['index']}",
+        "task": f"{metadata['family']}:{metadata['level']}",
         "prompt": prompt,
         "answer": answer,
         "metadata": json.dumps(metadata, sort_keys=True),
@@ -163,20 +264,52 @@ def _convert(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _render_options(
+    prompt_format: str | None,
+    answer_format: str | None,
+    think_prefix: bool,
+    system_prompt: str | None,
+) -> RenderOptions | None:
+    """How to re-ask the released problems; ``None``: keep the released prompts."""
+    if prompt_format is None and answer_format is None:
+        if think_prefix or system_prompt is not None:
+            raise ValueError(
+                "think_prefix and system_prompt apply to re-asked problems; the released "
+                "prompts are kept as they are unless prompt_format or answer_format is given "
+                "(e.g. prompt_format='paper', answer_format='boxed' for the released layout)"
+            )
+        return None
+    return RenderOptions(prompt_format or "paper", answer_format or "boxed", think_prefix,
+                         system_prompt)  # fmt: skip
+
+
 def load_paper_test_sets(
     path: str | os.PathLike[str],
     tasks: Sequence[str] | None = None,
     per_task: int | None = None,
+    *,
+    prompt_format: str | None = None,
+    answer_format: str | None = None,
+    think_prefix: bool = False,
+    system_prompt: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the papers' test sets (row schema of :mod:`mtgrpo.tasks.suite`).
 
     ``path`` is the directory of the released parquet files or one file; ``tasks`` keeps
     only these task ids (aliases such as ``zebra:hard`` are accepted); ``per_task`` keeps
     the first ``per_task`` rows of each task, in file order.
+
+    Prompts: the released ones, verbatim and graded in ``\\boxed{}``, when neither
+    ``prompt_format`` nor ``answer_format`` is given. Otherwise each problem is re-asked
+    (see the module docstring) in ``prompt_format`` (default ``"paper"``, the released
+    layout) with ``answer_format`` (default ``"boxed"``), ``think_prefix`` and
+    ``system_prompt`` as in :class:`~mtgrpo.tasks.TaskSuite`, and graded in that answer
+    format.
     """
     import pyarrow.parquet as pq
 
     wanted = _wanted_tasks(tasks)
+    render = _render_options(prompt_format, answer_format, think_prefix, system_prompt)
     if per_task is not None and (not isinstance(per_task, int) or per_task < 1):
         raise ValueError(f"per_task must be a positive integer or None, got {per_task!r}")
     rows: list[dict[str, Any]] = []
@@ -193,7 +326,7 @@ def load_paper_test_sets(
             if task_id not in wanted or counts.get(task_id, 0) >= (per_task or float("inf")):
                 continue
             counts[task_id] = counts.get(task_id, 0) + 1
-            rows.append(_convert(raw))
+            rows.append(_convert(raw, render))
     missing = sorted(wanted - set(counts))
     if tasks is not None and missing:
         raise ValueError(f"tasks {missing} not found under {str(path)!r}; found: {sorted(counts)}")

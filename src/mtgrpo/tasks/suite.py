@@ -68,7 +68,7 @@ import numpy as np
 
 from mtgrpo._registry import Registry
 from mtgrpo.tasks.cache import CHUNK_SIZE, CacheKey, ItemCache
-from mtgrpo.tasks.families import TaskSpec, resolve_task
+from mtgrpo.tasks.families import TaskFamily, TaskSpec, resolve_task
 from mtgrpo.tasks.generation import (
     DEFAULT_ITEM_TIMEOUT_S,
     GenerationPool,
@@ -76,7 +76,7 @@ from mtgrpo.tasks.generation import (
     ItemTimeoutError,
     PoolClosedError,
 )
-from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, format_prompt
+from mtgrpo.tasks.prompts import ANSWER_FORMATS, PROMPT_FORMATS, Prompt, format_prompt
 from mtgrpo.tasks.rewards import RewardScheme, TaskReward, reward_routing
 
 __all__ = [
@@ -154,21 +154,25 @@ class RenderOptions:
                 "(the plain template's preamble is fixed)"
             )
 
-    def row(self, spec: TaskSpec, split: str, seed: int, item: Mapping[str, Any]) -> dict[str, Any]:
-        """The row (see the module docstring) for one stored item."""
-        answer_format = ANSWER_FORMATS.get(self.answer_format)
-        question = spec.family.question(item, answer_format)
-        prompt = format_prompt(
+    def prompt(self, family: TaskFamily, item: Mapping[str, Any]) -> Prompt:
+        """The prompt of one item: its family's question for the answer format, wrapped in
+        the prompt format."""
+        question = family.question(item, ANSWER_FORMATS.get(self.answer_format))
+        return format_prompt(
             question,
             self.prompt_format,
             think_prefix=self.think_prefix,
             system_prompt=self.system_prompt,
         )
+
+    def row(self, spec: TaskSpec, split: str, seed: int, item: Mapping[str, Any]) -> dict[str, Any]:
+        """The row (see the module docstring) for one stored item."""
+        prompt = self.prompt(spec.family, item)
         metadata = {
             **item["metadata"],
             "family": spec.family.name,
             "level": spec.level,
-            "answer_format": answer_format.name,
+            "answer_format": self.answer_format,
             "seed": seed,
             "source_index": item["source_index"],
         }
