@@ -59,6 +59,12 @@ ARC_QUESTION = (
     "just the test output grid itself.\n\nInput:\n9 9 9 0 0 0 0 1 0 0"
 )
 ARC_ANSWER = "0 0 0 0 9 9 9 1 0 0"
+# The first countdown problem asked in the family's wording for <answer> tags.
+TAG_COUNTDOWN = (
+    "Using the numbers [8, 73, 96], create an equation that equals 841. You can only use basic "
+    "arithmetic operations (+, -, *, /) and each number should be used exactly once. Return the "
+    "final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+)
 COUNTDOWN_PROBLEMS = (([8, 73, 96], 841), ([3, 5, 7], 22))
 
 

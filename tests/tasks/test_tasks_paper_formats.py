@@ -28,6 +28,7 @@ from paper_release import (
     ARC_QUESTION,
     CLOSING,
     PREAMBLE,
+    TAG_COUNTDOWN,
     ZEBRA_QUESTION,
     countdown_question,
     write_release,
@@ -36,11 +37,6 @@ from paper_release import (
 PAPER_DIR = Path("/work/shared/data/mtgrpo-paper-test")
 needs_paper_data = pytest.mark.skipif(
     not PAPER_DIR.is_dir(), reason="the papers' released test sets are not on this machine"
-)
-TAG_COUNTDOWN = (
-    "Using the numbers [8, 73, 96], create an equation that equals 841. You can only use basic "
-    "arithmetic operations (+, -, *, /) and each number should be used exactly once. Return the "
-    "final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
 )
 TAG_ZEBRA = ZEBRA_QUESTION.replace(
     "put in in \\boxed{}, for example: \\boxed{Alice}.",
