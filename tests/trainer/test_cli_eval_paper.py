@@ -153,3 +153,13 @@ def test_clear_errors_before_any_model_loads(tmp_path, tiny_model_dir, release, 
         assert err.startswith("mtgrpo eval: "), err
         for message in messages:
             assert message in err, (extra, err)
+
+
+def test_help_tells_how_to_evaluate_a_run_on_the_papers_levels(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--paper-prompts {config,released}" in text
+    assert "mtgrpo eval --model CHECKPOINT --config smollm2-cpu \\ --paper-test-sets DIR" in text
+    assert "Δm% against a baseline" in text  # the description is printed as written

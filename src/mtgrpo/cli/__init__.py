@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(
             name, help=help_text.replace("%", "%%"), aliases=list(aliases),
-            description=(module.__doc__ or "").replace("%", "%%"),
+            description=module.__doc__ or "",  # argparse %-formats it only if it has %(prog)
             formatter_class=argparse.RawDescriptionHelpFormatter, parents=[debug],
         )
         module.add_arguments(command_parser)

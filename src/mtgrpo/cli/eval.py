@@ -16,7 +16,7 @@ checkpoint is measured on the released problems asked the way the run taught it:
 problem is re-asked in the config's prompt and answer formats (and graded in that answer
 format, with the config's completion length), e.g.::
 
-    mtgrpo eval --model runs/smollm2-cpu/checkpoint-75 --config smollm2-cpu \\
+    mtgrpo eval --model CHECKPOINT --config smollm2-cpu \\
         --paper-test-sets DIR --tasks countdown:easy
 
 Without ``--tasks`` the levels are the config's own tasks when these are papers' levels
@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int,
                         help="default: 512, or the config's max_completion_length")
-    parser.add_argument("--prompt-format", help="plain (default), chat or paper")
-    parser.add_argument("--answer-format", help="answer_tag (default) or boxed")
+    parser.add_argument("--prompt-format", help="plain (default, or the config's), chat or "
+                        "paper")
+    parser.add_argument("--answer-format", help="answer_tag (default, or the config's) or boxed")
     parser.add_argument("--baseline", help="results.json of a baseline model, for Δm%%")
     parser.add_argument("--backend", default="auto", help="generation backend (auto, hf, ...)")
     parser.add_argument("--out", default="runs/eval", help="output directory")
@@ -208,7 +209,7 @@ def _config_paper_levels(tasks_config) -> list[str]:
         f"cannot choose the papers' levels for the config's tasks "
         f"({', '.join(spec.task_id for spec in specs)}): {why}; name the levels to evaluate "
         f"with --tasks, e.g. --tasks {nearest or PAPER_TASK_IDS[0]}"
-        f"{' (the nearest levels)' if nearest else ''}; "
+        f"{' (the nearest level of each)' if nearest else ''}; "
         f"valid: {', '.join(PAPER_TASK_IDS)}")
 
 
