@@ -233,14 +233,13 @@ def _reasoning_gym_question(family: str, raw: Mapping[str, Any]) -> str:
 
 
 def _reasked_prompt(
-    raw: Mapping[str, Any], metadata: dict[str, Any], render: RenderOptions
+    raw: Mapping[str, Any], metadata: Mapping[str, Any], render: RenderOptions
 ) -> Prompt:
     """The row's problem asked in its family's wording for ``render``'s formats."""
     family = metadata["family"]
     item: dict[str, Any] = {"metadata": metadata}
     if family in _RELEASED_INSTRUCTIONS:
         item["question"] = _reasoning_gym_question(family, raw)
-    metadata["answer_format"] = render.answer_format
     return render.prompt(FAMILIES.get(family), item)
 
 
@@ -254,6 +253,7 @@ def _convert(raw: Mapping[str, Any], render: RenderOptions | None) -> dict[str, 
         prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in raw["prompt"]]
     else:
         prompt = _reasked_prompt(raw, metadata, render)
+        metadata["answer_format"] = render.answer_format
     return {
         "id": f"paper-test/{metadata['data_source']}/{metadata['index']}",
         "task": f"{metadata['family']}:{metadata['level']}",
