@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scripted_backend import OFFSETS, TRUNCATED_OFFSET
 
-from tolerance import assert_close_f32
+from tolerance import assert_close_f32, f32_atol
 
 SCRIPT = Path(__file__).with_name("distributed_script.py")
+MISMATCH_SCRIPT = Path(__file__).with_name("mismatch_script.py")
+MISMATCH_KEYS = ("generation/logprob_mismatch_mean", "generation/logprob_mismatch_max",
+                 "generation/kl_k3")
 
 
-def _launch(model: Path, out: Path, processes: int) -> dict:
+def _free_port() -> int:
+    """A port no other process listens on now (engineers and CI jobs share machines)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _accelerate_launch(script: Path, processes: int, *argv: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parent), OMP_NUM_THREADS="1")
     # accelerate's multi-process launcher is torchrun ("--multi_gpu"); without a GPU the
     # trainer's Accelerator(cpu=True) joins a gloo process group.
@@ -23,9 +37,13 @@ def _launch(model: Path, out: Path, processes: int) -> dict:
     command = [sys.executable, "-m", "accelerate.commands.launch", launcher,
                "--num_processes", str(processes), "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(29_500 + processes), str(SCRIPT), str(model), str(out)]
+               "--main_process_port", str(_free_port()), str(script), *argv]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _launch(model: Path, out: Path, processes: int) -> dict:
+    _accelerate_launch(SCRIPT, processes, str(model), str(out))
     result = json.loads((out / "result.json").read_text())
     result["rollouts"] = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     return result
@@ -48,3 +66,103 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
     assert one["weights"] != pytest.approx([0.5, 0.5], abs=1e-3)  # the update did move them
     # the same update: DDP averages gradients, the loss normaliser is the whole batch's
     assert two["param_sum"] == pytest.approx(one["param_sum"], rel=1e-6)
+
+
+# ---------------------------------------------------------------- generation/logprob_mismatch_*
+def _launch_mismatch(model: Path, out: Path, case: str) -> list[dict]:
+    """Two processes of mismatch_script.py; what each logged, in rank order."""
+    _accelerate_launch(MISMATCH_SCRIPT, 2, str(model), str(out), case)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def _pooled_mismatch(calls: list[dict], truncated_trained: bool) -> dict[str, float]:
+    """The metrics by hand over every trained token of every engine call (its truncated rows'
+    only when ``truncated_trained``): the engine reported ``log π + δ`` for each of ``n``
+    tokens, so ``trainer − engine = −δ`` there and
+
+        mean = Σ n·|δ| / Σ n      max = max over calls with n > 0 of |δ|
+        k3   = Σ n·(exp(−δ) − 1 + δ) / Σ n."""
+    calls = [c for c in calls if c["finished"] or truncated_trained]
+    n = np.array([c["tokens"] for c in calls], dtype=np.float64)
+    delta = -np.array([c["offset"] for c in calls], dtype=np.float64)
+    return {"generation/logprob_mismatch_mean": float((n * np.abs(delta)).sum() / n.sum()),
+            "generation/logprob_mismatch_max": float(np.abs(delta[n > 0]).max()),
+            "generation/kl_k3": float((n * (np.expm1(delta) - delta)).sum() / n.sum())}
+
+
+def _mismatch_atol(model: Path) -> dict[str, float]:
+    """The engine's log-prob is one unpadded float32 forward, the trainer's one padded batched
+    forward with a chunked log-softmax: 32 ulps (tests/tolerance.py) of the roundings'
+    magnitude, the log-softmax normaliser (about log V for this small random model, times 2 for
+    a margin) plus the largest offset, stored with it in float32. A mean or max of |Δ| moves
+    by at most the per-token error; k3's slope |exp(−δ) − 1| is below 2 at every offset."""
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    scale = 2 * math.log(vocab) + max(abs(d) for d in (*OFFSETS, TRUNCATED_OFFSET))
+    per_token = f32_atol(scale, ulps=32)
+    return {"generation/logprob_mismatch_mean": per_token,
+            "generation/logprob_mismatch_max": per_token, "generation/kl_k3": 2 * per_token}
+
+
+def _assert_every_rank_logs(ranks: list[dict], run: str, atol: dict[str, float],
+                            truncated_trained: bool) -> list[dict]:
+    """Every process logs, at every step, the same values (bit for bit: they reduce the same
+    gathered tokens) and they are the hand-derived ones over all processes' trained tokens;
+    returns each step's expected values and engine calls."""
+    steps = []
+    for step, records in enumerate(zip(*(r[run]["records"] for r in ranks), strict=True), 1):
+        calls = [call for record in records for call in record["calls"]]
+        expected = _pooled_mismatch(calls, truncated_trained)
+        for rank, record in enumerate(records):
+            logged = record["metrics"]
+            assert logged == records[0]["metrics"], f"{run} step {step}: rank {rank} differs"
+            for key in MISMATCH_KEYS:
+                assert abs(logged[key] - expected[key]) <= atol[key], \
+                    (run, step, rank, key, logged[key], expected[key])
+        steps.append({"expected": expected, "calls": calls})
+    return steps
+
+
+def test_the_logprob_mismatch_is_merged_over_every_process_token_by_token(tiny_model_dir,
+                                                                          tmp_path):
+    """Process r's engine reports log-probs OFFSETS[r] away from the policy's, on uneven shares
+    (3 groups on 2 processes), and far away on the truncated rows that the update leaves out:
+    every process must log the mismatch of all trained tokens pooled, which is neither process's
+    own value nor the mean of their means."""
+    ranks = _launch_mismatch(tiny_model_dir, tmp_path, "offsets")
+    assert [r["offsets"]["world"] for r in ranks] == [2, 2]
+    atol = _mismatch_atol(tiny_model_dir)
+    steps = _assert_every_rank_logs(ranks, "offsets", atol, truncated_trained=False)
+    assert len(steps) == 2
+    for step in steps:
+        # the setup discriminates: both engines' tokens were trained, in unequal numbers, so
+        # the pooled mean lies strictly between their own values and off their midpoint
+        tokens = {r: sum(c["tokens"] for c in step["calls"] if c["offset"] == d)
+                  for r, d in enumerate(OFFSETS)}
+        assert tokens[0] != tokens[1] and min(tokens.values()) > 0, tokens
+        mean = step["expected"]["generation/logprob_mismatch_mean"]
+        margin = 100 * atol["generation/logprob_mismatch_mean"]
+        for own in (abs(d) for d in OFFSETS):
+            assert abs(mean - own) > margin
+        assert abs(mean - np.mean(np.abs(OFFSETS))) > margin
+        # the truncated rows' offset would be the max had they been counted
+        assert step["expected"]["generation/logprob_mismatch_max"] == max(map(abs, OFFSETS))
+
+
+def test_the_logprob_mismatch_with_a_rank_without_rows_or_without_engine_logprobs(
+        tiny_model_dir, tmp_path):
+    """One group on two processes: process 1 generates and trains nothing, yet logs process 0's
+    values. An engine that returns no log-probs on process 1 only: no process logs a mismatch
+    (on one process, too, it is logged only when every trained completion has the engine's
+    log-probs), and training goes on in step (no process waits in a gather the other skipped)."""
+    ranks = _launch_mismatch(tiny_model_dir, tmp_path, "edge_cases")
+    # truncated completions are trained here (mask_truncated_completions off): counted
+    [step] = _assert_every_rank_logs(ranks, "padding_rank", _mismatch_atol(tiny_model_dir),
+                                     truncated_trained=True)
+    # process 0 generated it all
+    assert {c["offset"] for c in step["calls"]} == {OFFSETS[0], TRUNCATED_OFFSET}
+    assert step["expected"]["generation/logprob_mismatch_max"] == TRUNCATED_OFFSET
+    records = [r["rank1_without_logprobs"]["records"] for r in ranks]
+    assert [len(r) for r in records] == [2, 2]
+    for rank_records in records:
+        for record in rank_records:
+            assert not set(MISMATCH_KEYS) & set(record["metrics"]), record["metrics"]

@@ -477,22 +477,42 @@ class GRPOTrainer:
                              old_logps: torch.Tensor) -> dict[str, float]:
         """``generation/logprob_mismatch_mean``, ``_max`` and ``generation/kl_k3``
         (:func:`mtgrpo.metrics.logprob_mismatch`) over the trained completion tokens of every
-        process: the backend's log-probs of its samples against the trainer's at θ_t
-        (``old_logps``/``completion_mask``: ``[n, L]``, this process's rows). ``{}`` when the
-        backend returned none."""
-        local, _ = self._local_groups(groups)
-        rows = [row for i in local for row in (groups[i].payload.logprobs or [None])]
-        if any(row is None for row in rows) or len(rows) != old_logps.shape[0]:
+        process, pooled token by token (not a mean of per-process means, nor a local max): the
+        backend's log-probs of its samples against the trainer's at θ_t (``old_logps`` /
+        ``completion_mask``: ``[n, L]``, this process's rows).
+
+        Every process takes part in the gather, whatever it holds, so that the collective
+        operations stay in step: one without trained rows sends no tokens, and one whose
+        trained completions lack the backend's log-probs says so. The metrics are then ``{}`` on
+        every process, as on one process, where they are logged only when every trained
+        completion has them (a mismatch over some backends' tokens only would measure another
+        quantity on N processes than on one)."""
+        local = self._engine_and_trainer_logps(groups, completion_mask, old_logps)
+        pairs = self._gather_objects([local]) if self.world > 1 else [local]
+        if any(pair is None for pair in pairs):
             return {}
+        return logprob_mismatch(np.concatenate([p[0] for p in pairs]),
+                                np.concatenate([p[1] for p in pairs]))
+
+    def _engine_and_trainer_logps(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
+                                  old_logps: torch.Tensor
+                                  ) -> tuple[np.ndarray, np.ndarray] | None:
+        """This process's trained tokens as ``([M] backend log-probs, [M] trainer log-probs)``
+        (``M = 0`` on a process that holds only the padding group), or None when a trained
+        completion has no backend log-probs."""
+        local, has_rows = self._local_groups(groups)
+        if not has_rows:
+            nothing = np.zeros(0, dtype=np.float32)
+            return nothing, nothing
+        rows = [row for i in local for row in (groups[i].payload.logprobs or [None])]
+        if any(row is None for row in rows):
+            return None
+        assert len(rows) == old_logps.shape[0], (len(rows), tuple(old_logps.shape))
         engine = torch.zeros_like(old_logps, device="cpu")  # [n, L]
         for i, row in enumerate(rows):
             engine[i, : len(row)] = torch.tensor(row, dtype=engine.dtype)
         mask = completion_mask.bool().cpu()  # [n, L]: the tokens the update trained on
-        pairs = [(engine[mask].numpy(), old_logps.detach().cpu()[mask].numpy())]
-        if self.world > 1:
-            pairs = self._gather_objects(pairs)
-        return logprob_mismatch(np.concatenate([p[0] for p in pairs]),
-                                np.concatenate([p[1] for p in pairs]))
+        return engine[mask].numpy(), old_logps.detach().cpu()[mask].numpy()
 
     def _gather_objects(self, local: list[Any]) -> list[Any]:
         from accelerate.utils import gather_object
