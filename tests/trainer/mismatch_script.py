@@ -26,7 +26,8 @@ RUNS = {
     # one group: process 1 generates nothing and trains a fully masked padding group
     "padding_rank": ("scripted_backend:OffsetLogprobBackend",
                      {"prompts_per_step": 1, "max_steps": 1}),
-    # process 1's engine returns no log-probs
+    # process 1's engine returns no log-probs: it generates 1 of the 3 groups, so whichever
+    # process trains that group, the other trains only groups that have them
     "rank1_without_logprobs": ("scripted_backend:rank1_without_logprobs",
                                {"prompts_per_step": 3, "max_steps": 2}),
 }

@@ -55,7 +55,8 @@ class OffsetLogprobBackend(ScriptedBackend):
 
     cheap_logprobs = True
 
-    def __init__(self, model: Any = None, tokenizer: Any = None, with_logprobs: bool = True) -> None:
+    def __init__(self, model: Any = None, tokenizer: Any = None,
+                 with_logprobs: bool = True) -> None:
         super().__init__(model, tokenizer)
         self.model = model
         self.offset = OFFSETS[int(os.environ.get("RANK", "0"))]

@@ -39,7 +39,10 @@ def _accelerate_launch(script: Path, processes: int, *argv: str) -> None:
                "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(_free_port()), str(script), *argv]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    # each process's exception, which the launcher's own report would push out of the tail
+    raised = [line for line in done.stderr.splitlines() if line.startswith("[rank")
+              and "Error" in line]
+    assert done.returncode == 0, "\n".join([*raised[-8:], done.stderr[-3000:]])
 
 
 def _launch(model: Path, out: Path, processes: int) -> dict:
@@ -138,7 +141,8 @@ def test_the_logprob_mismatch_is_merged_over_every_process_token_by_token(tiny_m
         # the pooled mean lies strictly between their own values and off their midpoint
         tokens = {r: sum(c["tokens"] for c in step["calls"] if c["offset"] == d)
                   for r, d in enumerate(OFFSETS)}
-        assert tokens[0] != tokens[1] and min(tokens.values()) > 0, tokens
+        assert tokens[0] != tokens[1], tokens
+        assert min(tokens.values()) > 0, tokens
         mean = step["expected"]["generation/logprob_mismatch_mean"]
         margin = 100 * atol["generation/logprob_mismatch_mean"]
         for own in (abs(d) for d in OFFSETS):
