@@ -24,3 +24,44 @@ def test_a_saved_lora_adapter_loads_with_its_base(tiny_model_dir, tmp_path):
     )
     assert load_tokenizer(str(tmp_path)).encode("hi") == load_tokenizer(
         str(tiny_model_dir)).encode("hi")
+
+
+def test_an_adapter_trained_on_a_relative_path_loads_from_anywhere(tiny_model_dir, tmp_path,
+                                                                    monkeypatch):
+    # a run's warm start is named relative to where the training ran (runs/NAME/sft/model);
+    # its adapter must still load when evaluated from another directory
+    import json
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "runs" / "sft" / "model")
+    monkeypatch.chdir(tmp_path)
+    model = apply_lora(load_model("runs/sft/model"), {"r": 4, "init_lora_weights": False})
+    model.save_pretrained(tmp_path / "adapter")
+    base = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert base["base_model_name_or_path"] == str(tmp_path / "runs" / "sft" / "model")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    ids = torch.tensor([[72, 101, 108, 108, 111]])
+    # the same weights and adapter: float32 rounding at most
+    assert_close_f32(load_model(str(tmp_path / "adapter"), for_training=False)(ids).logits,
+                     model(ids).logits, ulps=8)
+
+
+def test_an_adapter_naming_a_missing_relative_base_says_where_it_looked(tiny_model_dir, tmp_path,
+                                                                         monkeypatch):
+    import json
+
+    import pytest
+
+    model = apply_lora(load_model(str(tiny_model_dir)), {"r": 4})
+    model.save_pretrained(tmp_path / "adapter")
+    config_file = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = "runs/quickstart/sft/model"
+    config_file.write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"names the base model 'runs/quickstart/sft/model', a "
+                                         r"relative path that does not exist from here"):
+        load_model(str(tmp_path / "adapter"), for_training=False)

@@ -168,7 +168,7 @@ def _source_from_mapping(spec: Mapping[str, Any], revision: str | None) -> Model
                 f"(found: {_gguf_names(directory) or 'no .gguf files'})"
             )
         _require_gguf()
-        return ModelSource(str(directory), gguf_file, is_local=True)
+        return ModelSource(str(directory.resolve()), gguf_file, is_local=True)
     _require_gguf()
     return _hub_source(location, gguf_file, revision)
 
@@ -196,8 +196,22 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
             f"{path}/adapter_config.json names no base_model_name_or_path; load the base model "
             "and the adapter yourself (peft.PeftModel.from_pretrained)"
         )
+    if _names_missing_local_path(base_name):
+        raise ValueError(
+            f"{path}/adapter_config.json names the base model {base_name!r}, a relative path that "
+            f"does not exist from here ({Path.cwd()}); run from the directory the training ran "
+            "in, or set base_model_name_or_path in that file to the base model's absolute path"
+        )
     base = load_model(base_name, for_training=for_training, **base_options)
     return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
+
+
+def _names_missing_local_path(name: str) -> bool:
+    """``name`` reads as a relative file-system path (``runs/x/sft/model``, ``./m``) that does
+    not exist: not a hub id (``org/name`` has exactly one slash) or an absolute path."""
+    path = Path(name).expanduser()
+    return (not path.is_absolute() and not path.exists()
+            and (name.startswith(".") or name.count("/") > 1))
 
 
 def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelSource:
@@ -210,7 +224,7 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
                 "holds config.json (save_pretrained layout) or a .gguf file"
             )
         _require_gguf()
-        return ModelSource(str(path.parent), path.name, is_local=True)
+        return ModelSource(str(path.resolve().parent), path.name, is_local=True)
     if path.is_dir():
         if not (path / "config.json").is_file() and not _is_adapter_dir(path):
             found = _gguf_names(path)
@@ -219,7 +233,7 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
                 f"model directory {text!r} has no config.json, so it is not a save_pretrained "
                 f"checkpoint{hint}"
             )
-        return ModelSource(str(path), None, is_local=True)
+        return ModelSource(str(path.resolve()), None, is_local=True)
     if text.endswith(".gguf") or not _HUB_ID.match(text) or ".." in text or "--" in text:
         raise ValueError(
             f"model path {text!r} does not exist; pass an existing directory, a .gguf file or a "
