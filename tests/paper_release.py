@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+
+# The released files themselves, where this machine has them (tests on them skip elsewhere).
+PAPER_DIR = Path("/work/shared/data/mtgrpo-paper-test")
+needs_paper_data = pytest.mark.skipif(
+    not PAPER_DIR.is_dir(), reason="the papers' released test sets are not on this machine"
+)
 
 PREAMBLE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant "

@@ -20,11 +20,7 @@ from mtgrpo.tasks.paper import (
 )
 from mtgrpo.tasks.rewards import task_reward
 from mtgrpo.tasks.suite import TaskSuite
-
-PAPER_DIR = Path("/work/shared/data/mtgrpo-paper-test")
-needs_paper_data = pytest.mark.skipif(
-    not PAPER_DIR.is_dir(), reason="the papers' released test sets are not on this machine"
-)
+from paper_release import PAPER_DIR, needs_paper_data
 
 
 def _raw(data_source: str, content: str, truth: dict, index: int) -> dict:

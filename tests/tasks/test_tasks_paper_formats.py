@@ -27,17 +27,15 @@ from paper_release import (
     ARC_ANSWER,
     ARC_QUESTION,
     CLOSING,
+    PAPER_DIR,
     PREAMBLE,
     TAG_COUNTDOWN,
     ZEBRA_QUESTION,
     countdown_question,
+    needs_paper_data,
     write_release,
 )
 
-PAPER_DIR = Path("/work/shared/data/mtgrpo-paper-test")
-needs_paper_data = pytest.mark.skipif(
-    not PAPER_DIR.is_dir(), reason="the papers' released test sets are not on this machine"
-)
 TAG_ZEBRA = ZEBRA_QUESTION.replace(
     "put in in \\boxed{}, for example: \\boxed{Alice}.",
     "put it in <answer> </answer> tags, for example: <answer> Alice </answer>.",
