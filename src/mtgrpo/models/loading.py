@@ -206,12 +206,17 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
     return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
 
 
+def _is_hub_id(text: str) -> bool:
+    """``text`` can name a hub repo (``org/name`` or ``name``)."""
+    return bool(_HUB_ID.match(text)) and ".." not in text and "--" not in text
+
+
 def _names_missing_local_path(name: str) -> bool:
-    """``name`` reads as a relative file-system path (``runs/x/sft/model``, ``./m``) that does
-    not exist: not a hub id (``org/name`` has exactly one slash) or an absolute path."""
+    """``name`` is a relative file-system path (``runs/x/sft/model``, ``./m``) that does not
+    exist from here: neither a packaged model, an absolute path nor a hub repo id."""
     path = Path(name).expanduser()
-    return (not path.is_absolute() and not path.exists()
-            and (name.startswith(".") or name.count("/") > 1))
+    return (not _is_packaged_spec(name) and not path.is_absolute() and not path.exists()
+            and not _is_hub_id(name))
 
 
 def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelSource:
@@ -234,7 +239,7 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
                 f"checkpoint{hint}"
             )
         return ModelSource(str(path.resolve()), None, is_local=True)
-    if text.endswith(".gguf") or not _HUB_ID.match(text) or ".." in text or "--" in text:
+    if text.endswith(".gguf") or not _is_hub_id(text):
         raise ValueError(
             f"model path {text!r} does not exist; pass an existing directory, a .gguf file or a "
             "hub repo id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
