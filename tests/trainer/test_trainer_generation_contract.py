@@ -167,6 +167,38 @@ def test_log_probs_are_asked_for_when_cheap_or_configured(tiny_model_dir, tmp_pa
     assert (set(MISMATCH_KEYS) <= set(metrics)) is asked
 
 
+class NoLogprobEngine(CopyEngine):
+    """An engine that ignores ``return_logprobs``: its outputs never carry log-probabilities."""
+
+    cheap_logprobs = False
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                 num_samples: int = 1) -> GenerationOutput:
+        out = super().generate(prompt_ids, params, num_samples)
+        out.logprobs = None
+        return out
+
+
+@pytest.mark.parametrize("option", [True, None])
+def test_asking_an_engine_without_log_probs_warns_once(tiny_model_dir, tmp_path, caplog,
+                                                       option):
+    """``generation_logprobs: true`` with an engine that returns none: the mismatch metrics
+    are missing, and the log says so once (not every step); unasked, nothing is said."""
+    trainer = _trainer(RecordingTrainer, tiny_model_dir, tmp_path, NoLogprobEngine(tiny_model_dir),
+                       max_steps=3, generation_logprobs=option)
+    with caplog.at_level("WARNING", logger="mtgrpo.trainer.trainer"):
+        trainer.train()
+    assert [step for step, _, _ in trainer.records] == [1, 2, 3]
+    assert not any(set(MISMATCH_KEYS) & set(metrics) for _, metrics, _ in trainer.records)
+    said = [r.getMessage() for r in caplog.records
+            if "returned no log-probabilities" in r.getMessage()]
+    if option:
+        assert len(said) == 1, said
+        assert "NoLogprobEngine" in said[0] and "generation_logprobs: false" in said[0]
+    else:
+        assert said == []
+
+
 def test_a_resumed_run_hands_the_engine_the_checkpoint_weights(tiny_model_dir, tmp_path):
     """The engine of a resumed run starts from the initial checkpoint, as a server would; the
     trainer pushes the resumed weights before generating, so the first resumed step samples

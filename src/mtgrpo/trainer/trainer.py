@@ -377,6 +377,7 @@ class GRPOTrainer:
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer, args,
                                      generation_dtype=self._generation_dtype())
+        self._warned_no_engine_logprobs = False
         self.sampling_params = SamplingParams(
             max_new_tokens=args.max_completion_length, temperature=args.temperature,
             top_p=args.top_p, top_k=args.top_k, return_logprobs=self._wants_generation_logprobs(),
@@ -493,6 +494,19 @@ class GRPOTrainer:
             return {}
         return logprob_mismatch(np.concatenate([p[0] for p in pairs]),
                                 np.concatenate([p[1] for p in pairs]))
+
+    def _warn_no_engine_logprobs(self) -> None:
+        """Say once why ``generation/logprob_mismatch_*`` is missing when the user asked for it
+        (``generation_logprobs: true``) and the backend returned no log-probabilities."""
+        if not self.args.generation_logprobs or self._warned_no_engine_logprobs:
+            return
+        self._warned_no_engine_logprobs = True
+        logger.warning(
+            "generation_logprobs is true, but the generation backend (%s) returned no "
+            "log-probabilities for some trained completions, so generation/logprob_mismatch_* "
+            "and generation/kl_k3 are not logged; have its generate() fill "
+            "GenerationOutput.logprobs when SamplingParams.return_logprobs is set, or set "
+            "generation_logprobs: false", type(self.backend).__name__)
 
     def _engine_and_trainer_logps(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
                                   old_logps: torch.Tensor
@@ -659,7 +673,10 @@ class GRPOTrainer:
                                   keep_old_logps=self.sampling_params.return_logprobs)
         metrics.update(out.metrics)
         if out.old_logps is not None:
-            metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
+            mismatch = self._generation_mismatch(groups, batch.completion_mask, out.old_logps)
+            if not mismatch:
+                self._warn_no_engine_logprobs()
+            metrics.update(mismatch)
         if self.args.include_num_input_tokens_seen == "all":
             seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
             self.state.num_input_tokens_seen += seen
