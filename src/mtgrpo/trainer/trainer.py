@@ -246,8 +246,8 @@ class GRPOTrainer:
             model, processing_class, peft_config, args
         )
         self.processing_class = self.tokenizer
-        if self._cpu_bf16 and args.bf16 is None:  # auto on a CPU also asks the model's width
-            self.bf16, self.bf16_reason = resolve_bf16(None, "cpu", model_width(self.model))
+        if self._on_cpu:  # auto on a CPU also asks the model's width, so it is decided here
+            self.bf16, self.bf16_reason = resolve_bf16(args.bf16, "cpu", model_width(self.model))
             self._cpu_bf16 = self.bf16
         _check_context_length(self.model, args)
         self._build_prompts(data)
@@ -303,18 +303,22 @@ class GRPOTrainer:
         from accelerate import Accelerator
 
         args = self.args
-        device_type = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
-        self.bf16, self.bf16_reason = resolve_bf16(args.bf16, device_type)
-        # bf16 on the CPU is our own autocast: accelerate keeps one mixed-precision setting
-        # per process, which another trainer (a benchmark's TRL) would change under us
-        self._cpu_bf16 = self.bf16 and device_type == "cpu"
-        precision = "bf16" if self.bf16 and not self._cpu_bf16 else "fp16" if args.fp16 else "no"
+        self._on_cpu = args.use_cpu or not torch.cuda.is_available()
+        # bf16 on the CPU is our own autocast, decided once the model is loaded: accelerate
+        # keeps one mixed-precision setting per process, which another trainer (a benchmark's
+        # TRL) would change under us
+        self._cpu_bf16 = False
+        gpu_bf16 = False
+        if not self._on_cpu:
+            self.bf16, self.bf16_reason = resolve_bf16(args.bf16, "cuda")
+            gpu_bf16 = self.bf16
+        precision = "bf16" if gpu_bf16 else "fp16" if args.fp16 else "no"
         if args.tf32 is not None and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = args.tf32
             torch.backends.cudnn.allow_tf32 = args.tf32
         _release_accelerator_state(precision)
         self.accelerator = Accelerator(
-            cpu=args.use_cpu or not torch.cuda.is_available(), mixed_precision=precision,
+            cpu=self._on_cpu, mixed_precision=precision,
             kwargs_handlers=_ddp_kwargs(args),
         )
         self.rank = self.accelerator.process_index
