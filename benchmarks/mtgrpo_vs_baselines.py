@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import inspect
 import json
 import logging
@@ -576,8 +575,7 @@ def prepare_start(plan: GridPlan) -> Path:
 
 def execute_run(planned: PlannedRun) -> None:
     """Train one run of the grid (from scratch or from its checkpoint)."""
-    import torch
-
+    from mtgrpo.models import release_memory
     from mtgrpo.trainer.run import run_training
 
     logger.info("%s: %s", planned.label, "resuming from " + str(planned.state.checkpoint)
@@ -585,9 +583,7 @@ def execute_run(planned: PlannedRun) -> None:
     try:
         run_training(run_config_from_dict(planned.config))
     finally:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
 
 def run_grid(options: GridOptions) -> GridResult:

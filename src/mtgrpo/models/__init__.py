@@ -8,6 +8,7 @@
 * :mod:`mtgrpo.models.tiny`: ``build_tiny_model`` (a small Llama or Qwen2 with a byte-level
   tokenizer and a ChatML template, saved offline), ``ensure_tiny_model`` (build on first use)
   and ``write_tiny_gguf``.
+* :mod:`mtgrpo.models.memory`: ``release_memory`` (hand freed memory back between phases).
 
 Importing this package imports neither torch nor transformers; each function imports them when
 called.
@@ -36,6 +37,7 @@ from mtgrpo.models.lora import (
     make_lora_config,
     reference_mode,
 )
+from mtgrpo.models.memory import release_memory
 from mtgrpo.models.tiny import (
     CHATML_TEMPLATE,
     TINY_ARCHITECTURES,
@@ -66,6 +68,7 @@ __all__ = [
     "make_lora_config",
     "packaged_model_path",
     "reference_mode",
+    "release_memory",
     "resolve_model_source",
     "smollm2_gguf_path",
     "write_tiny_gguf",

@@ -152,6 +152,7 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
 
 def run_training(run: RunConfig) -> dict[str, Any]:
     """Build everything a run config describes, train, and write the report."""
+    from mtgrpo.models import release_memory
     from mtgrpo.trainer import GRPOTrainer
 
     args = run.training
@@ -171,6 +172,7 @@ def run_training(run: RunConfig) -> dict[str, Any]:
                 raise ValueError("the sft section warm-starts on a task suite's gold answers; "
                                  "add a tasks section, or run `mtgrpo sft --data FILE` first")
             model = _warm_start(run, model, suite)
+            release_memory()  # the fine-tuned model and its optimizer state are gone: hand back
         args.model_init_kwargs = _model_kwargs(run)
         trainer = GRPOTrainer(
             model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
