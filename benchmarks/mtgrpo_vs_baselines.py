@@ -872,6 +872,73 @@ def render_noise(checks: Sequence[NoiseCheck], standard_error: float, samples: i
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class StartGain:
+    """One task of one method: its accuracy at the first evaluation (step 0, the shared start
+    model sampled with each run's seed) and at the final one, per seed, and whether the gain
+    stands outside the evaluation's noise.
+
+    ``standard_error`` is the binomial standard error of the gain of the seed means,
+    ``sqrt(Σ_k [p0_k (1 - p0_k) + p1_k (1 - p1_k)] / n) / S`` over the ``S`` seeds with ``n``
+    samples per task and evaluation: both ends are noisy measurements (the start is sampled
+    anew by every run), so the difference carries both variances."""
+
+    method: str
+    task: str
+    start: tuple[float, ...]  # [S] per-seed step-0 accuracy
+    final: tuple[float, ...]  # [S] per-seed final accuracy
+    samples: int  # per task and evaluation
+
+    @property
+    def gain(self) -> float:
+        return sum(self.final) / len(self.final) - sum(self.start) / len(self.start)
+
+    @property
+    def standard_error(self) -> float:
+        variance = sum(p * (1 - p) for p in (*self.start, *self.final)) / self.samples
+        return math.sqrt(variance) / len(self.start)
+
+    @property
+    def z(self) -> float:
+        """The gain in standard errors (inf for a gain from a noiseless 0 % or 100 %)."""
+        se = self.standard_error
+        if se > 0:
+            return self.gain / se
+        return math.copysign(math.inf, self.gain) if self.gain else 0.0
+
+
+def start_gains(histories: Mapping[str, RunHistory], group_of: Mapping[str, str],
+                samples: int) -> list[StartGain]:
+    """Per method and task, the step-0 and final eval accuracy of every run that has both (the
+    runs' start is their first evaluation, which must be at step 0)."""
+    pairs: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for label, history in histories.items():
+        for task in history.tasks_with("accuracy", "eval"):
+            series = history.task_series(task, "accuracy", "eval").finite()
+            if len(series) < 2 or int(series.steps[0]) != 0:
+                continue
+            start, final = pairs.setdefault((group_of[label], task), ([], []))
+            start.append(float(series.values[0]))
+            final.append(float(series.values[-1]))
+    return [StartGain(method, task, tuple(start), tuple(final), samples)
+            for (method, task), (start, final) in pairs.items()]
+
+
+def render_start_gains(gains: Sequence[StartGain]) -> str:
+    """Markdown: per method and task, start → final (mean over seeds), the gain and its
+    standard error, and whether it exceeds two standard errors."""
+    rows = [[g.method, g.task, f"{len(g.start)}", _pts(sum(g.start) / len(g.start)),
+             _pts(sum(g.final) / len(g.final)), f"{g.gain * 100:+.1f}",
+             f"{g.standard_error * 100:.1f}", f"{g.z:+.1f}", "yes" if g.z > 2 else "no"]
+            for g in gains]
+    table = markdown_table(["method", "task", "seeds", "start (step 0)", "final", "gain (points)",
+                            "SE (points)", "gain / SE", "> 2 SE"], rows)
+    return (table + "\n\n- start: the first evaluation (step 0) of each run, the shared start "
+            "model sampled with the run's seed; gain: mean over seeds of final minus start; SE: "
+            "binomial standard error of that difference, both ends counted "
+            f"({gains[0].samples} samples per task and evaluation)\n" if gains else "")
+
+
 # ----------------------------------------------------------------------------- results
 
 
@@ -883,6 +950,7 @@ class Comparison:
     aggregate: SeedAggregateTable
     summaries: tuple[RunSummary, ...]  # per run, with paired Δm%
     combined: ComparisonTable  # every finished run (for the figures)
+    start_gains: tuple[StartGain, ...] = ()  # per method and task: step 0 against final
 
 
 def compare_grid(plan: GridPlan, thresholds: Sequence[float]) -> Comparison | None:
@@ -908,7 +976,8 @@ def compare_grid(plan: GridPlan, thresholds: Sequence[float]) -> Comparison | No
         aggregate = dataclasses.replace(aggregate, baseline="dapo (same seed)")
     combined = compare_runs(list(histories.values()), thresholds=thresholds, split="eval",
                             labels=list(histories))
-    return Comparison(per_seed, aggregate, summaries, combined)
+    gains = start_gains(histories, aggregate.group_of, eval_samples_per_task(plan))
+    return Comparison(per_seed, aggregate, summaries, combined, tuple(gains))
 
 
 def paper_table(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary]) -> str:
@@ -1041,6 +1110,9 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
         payload.update(noise=[{**dataclasses.asdict(c), "outside_noise": c.outside_noise}
                               for c in noise],
                        evaluation_standard_error=standard_error, eval_samples_per_task=samples)
+        payload["start_gains"] = [{**dataclasses.asdict(g), "gain": g.gain,
+                                   "standard_error": g.standard_error, "z": g.z}
+                                  for g in comparison.start_gains]
         payload.update(aggregate=json.loads(comparison.aggregate.to_json()),
                        per_seed={str(k): json.loads(t.to_json())
                                  for k, t in comparison.per_seed.items()},
@@ -1081,6 +1153,8 @@ def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path,
              "DAPO of the same seed; s/step: mean wall time of a training step; prompts/inf. "
              "group: prompts generated per informative group", "",
              "### Final accuracy per task (%)", "", per_task_table(aggregate), "",
+             *(["### Gain over the start (step 0)", "",
+                render_start_gains(comparison.start_gains)] if comparison.start_gains else []),
              "## Verdict", "",
              render_verdict(checks) if checks else "No MT-GRPO method was run.\n",
              *(["## Signal and noise", "", noise] if noise else []),

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mtgrpo.config import run_config_from_dict
-from mtgrpo.reporting.compare import RunSummary, aggregate_seeds
+from mtgrpo.reporting.compare import RunHistory, RunSummary, aggregate_seeds
 from script_loader import load_script
 
 bench = load_script("benchmarks/mtgrpo_vs_baselines.py")
@@ -355,6 +355,52 @@ def test_evaluation_standard_error_is_the_largest_binomial_one() -> None:
     assert math.isnan(bench.evaluation_standard_error(runs, 0))
 
 
+def test_start_gain_counts_the_noise_of_both_ends() -> None:
+    gain = bench.StartGain("m", "t", start=(0.1, 0.2), final=(0.3, 0.2), samples=100)
+    # gain: mean final 0.25 − mean start 0.15; variance of the difference of the seed means:
+    # (0.09 + 0.16 + 0.21 + 0.16) / 100 / 2² = 0.00155, so SE = 0.039370
+    assert gain.gain == pytest.approx(0.10)
+    assert gain.standard_error == pytest.approx(math.sqrt(0.00155))
+    assert gain.z == pytest.approx(0.10 / math.sqrt(0.00155))
+    level = bench.StartGain("m", "t", start=(0.0,), final=(0.0,), samples=100)
+    assert (level.gain, level.standard_error, level.z) == (0.0, 0.0, 0.0)
+    assert bench.StartGain("m", "t", (0.0,), (1.0,), 100).z == math.inf
+
+
+def _eval_history(label: str, steps_and_accuracy: dict[int, dict[str, float]]) -> RunHistory:
+    return RunHistory([{"step": step, "split": "eval",
+                        **{f"tasks/{t}/accuracy": a for t, a in accuracy.items()}}
+                       for step, accuracy in steps_and_accuracy.items()], name=label)
+
+
+def test_start_gains_pair_step_zero_with_the_final_evaluation() -> None:
+    histories = {
+        "grpo-seed1": _eval_history("grpo-seed1", {0: {"a": 0.5, "b": 0.1},
+                                                   10: {"a": 0.9, "b": 0.0},
+                                                   20: {"a": 0.7, "b": 0.1}}),
+        "grpo-seed2": _eval_history("grpo-seed2", {0: {"a": 0.3, "b": 0.1},
+                                                   20: {"a": 0.5, "b": 0.2}}),
+        # no evaluation at step 0: no start to measure a gain from
+        "dapo-seed1": _eval_history("dapo-seed1", {10: {"a": 0.1}, 20: {"a": 0.2}}),
+    }
+    group_of = {"grpo-seed1": "grpo", "grpo-seed2": "grpo", "dapo-seed1": "dapo"}
+    gains = {(g.method, g.task): g for g in bench.start_gains(histories, group_of, 400)}
+    assert set(gains) == {("grpo", "a"), ("grpo", "b")}
+    a = gains["grpo", "a"]
+    assert (a.start, a.final, a.samples) == ((0.5, 0.3), (0.7, 0.5), 400)
+    assert a.gain == pytest.approx(0.2)
+    # (0.25 + 0.21 + 0.21 + 0.25) / 400 / 4 = 0.000575: SE 2.4 points, gain 8.3 SE
+    text = bench.render_start_gains(list(gains.values()))
+    assert "| grpo | a | 2 | 40.0% | 60.0% | +20.0 | 2.4 | +8.3 | yes |" in text
+    # b: +5 points; variance (0.09 + 0.09 + 0.09 + 0.16) / 400 / 4: SE 1.6 points, 3.0 SE
+    b = gains["grpo", "b"]
+    assert b.gain == pytest.approx(0.05)
+    assert b.standard_error == pytest.approx(math.sqrt(0.43 / 1600))
+    assert "| grpo | b | 2 | 10.0% | 15.0% | +5.0 | 1.6 | +3.0 | yes |" in text
+    assert "400 samples per task and evaluation" in text
+    assert bench.render_start_gains([]) == ""
+
+
 def test_verdict_is_undecided_without_baselines_and_no_without_runs() -> None:
     runs = [summary("mtgrpo_l1-seed1", 0.4, 0.5, {0.3: 10})]
     checks = _checks(runs, methods=("mtgrpo_l1", "mtgrpo_l2"))
@@ -394,11 +440,15 @@ def test_smoke_grid_trains_once_resumes_and_skips_finished_runs(tmp_path, tiny_m
         assert resolved["seed"] == 1
     text = (out / "results.md").read_text()
     for section in ("## Methods", "## Results (eval split)", "## Verdict", "## Per seed",
-                    "**mtgrpo_l0.25**", "steps→10% (reached)", "worst task (most often)"):
+                    "**mtgrpo_l0.25**", "steps→10% (reached)", "worst task (most often)",
+                    "### Gain over the start (step 0)"):
         assert section in text
     assert "Command: `python benchmarks/mtgrpo_vs_baselines.py --config" in text
     assert (out / "figures" / "compare_worst.png").is_file()
-    assert json.loads((out / "results.json").read_text())["verdict"]
+    written = json.loads((out / "results.json").read_text())
+    assert written["verdict"]
+    assert {(g["method"], g["task"]) for g in written["start_gains"]} == {
+        (method, task) for method in ("grpo", "mtgrpo_l0.25") for task in TASKS}
 
     second = bench.run_grid(bench.parse_options(argv))
     assert (second.executed, second.skipped) == ([], ["grpo-seed1", "mtgrpo_l0.25-seed1"])
