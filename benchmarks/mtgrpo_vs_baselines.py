@@ -10,6 +10,7 @@ prompts generated per informative group, each as mean ± spread over the seeds.
     python benchmarks/mtgrpo_vs_baselines.py --dry-run                # the runs and overrides
     python benchmarks/mtgrpo_vs_baselines.py --methods grpo,dapo,mtgrpo --seeds 1,2
     python benchmarks/mtgrpo_vs_baselines.py --config smollm2-mtgrpo3-easy --threads 8
+    python benchmarks/mtgrpo_vs_baselines.py --config smollm2-cpu --jobs 2   # 2 runs at a time
 
 Methods (:func:`method_table`; each is a set of overrides on the base run config):
 
@@ -68,6 +69,11 @@ Grid mechanics:
   directory written with a different config is refused before any training: mixing settings
   in one table would compare different experiments.
 - A run that raises is recorded and the grid goes on; the exit status is then 1.
+- ``--jobs N`` trains N runs at a time, each in a process of its own (this script with
+  ``--only <label>``, its output in ``<out>/logs/<label>.log``), with ``--threads`` torch
+  threads each; the warm start, which runs alone first, uses ``threads × jobs``. Runs start
+  seed by seed (every method's seed 1, then seed 2, ...), with one job as with several, so that
+  an interrupted grid has whole seeds to compare.
 
 Output in ``<out>``: ``results.md`` (command, settings, the method table, the paper-style
 table, per-task accuracy, the verdict, figures, per-seed tables), ``results.json`` (the same
@@ -95,7 +101,9 @@ import math
 import os
 import platform
 import shlex
+import subprocess
 import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -143,6 +151,7 @@ MTGRPO_DEFAULT_PARAMS: Mapping[str, Any] = {
 MTGRPO_DEFAULT_REDUCTION = "sum"  # the released code sums I_k over samples (clipped above)
 WARM_START_DIR = "warm_start"
 FIGURES_DIR = "figures"
+LOGS_DIR = "logs"  # <out>/logs/<label>.log: the output of each --jobs process
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 # Keys of a run's config that may differ between an interrupted run and its continuation.
@@ -278,6 +287,8 @@ class GridOptions:
     max_steps: int | None = None  # None: the base config's
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     threads: int = 1
+    jobs: int = 1  # runs trained at a time, each in its own process
+    only: str | None = None  # train this run alone and write no report (a --jobs worker)
     sets: tuple[str, ...] = ()  # "key=value" overrides for every run
     dry_run: bool = False
     argv: tuple[str, ...] = ()  # the command line, for results.md
@@ -333,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worst-task accuracy thresholds (fractions) for steps-to-threshold")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1: no oversubscription on a shared machine)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs trained at a time, each in a process of its own with "
+                             "--threads threads (the warm start uses threads × jobs)")
+    parser.add_argument("--only", default=None, metavar="LABEL",
+                        help="train only this run (e.g. grpo-seed1) and write no report; "
+                             "what each --jobs process runs")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config option for every run (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
@@ -347,6 +364,10 @@ def parse_options(argv: Sequence[str]) -> GridOptions:
         raise ValueError(f"--max-steps must be a positive integer, got {args.max_steps}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.only is not None and args.jobs > 1:
+        raise ValueError("--only trains one run in this process; drop --jobs")
     lambdas = _parse_lambdas(args.lambdas)
     methods = None if args.methods is None else tuple(_csv(args.methods))
     if methods is not None:
@@ -355,7 +376,8 @@ def parse_options(argv: Sequence[str]) -> GridOptions:
         config=args.config, out=args.out, methods=methods, seeds=_parse_seeds(args.seeds),
         lambdas=lambdas, max_steps=args.max_steps,
         thresholds=parse_thresholds(args.thresholds), threads=args.threads,
-        sets=tuple(_check_set(item) for item in args.sets), dry_run=args.dry_run,
+        jobs=args.jobs, only=args.only, sets=tuple(_check_set(item) for item in args.sets),
+        dry_run=args.dry_run,
         argv=tuple(argv),
     )
 
@@ -587,7 +609,8 @@ def execute_run(planned: PlannedRun) -> None:
 
 
 def run_grid(options: GridOptions) -> GridResult:
-    """Plan, warm-start once, train every unfinished run, and write the report."""
+    """Plan, warm-start once, train every unfinished run (``options.jobs`` at a time), and
+    write the report; with ``options.only``, train that one run and write nothing else."""
     import torch
 
     plan = plan_grid(options)
@@ -595,11 +618,25 @@ def run_grid(options: GridOptions) -> GridResult:
     if options.dry_run:
         print(describe_plan(plan))
         return result
-    torch.set_num_threads(options.threads)
-    pending = [run for run in plan.runs if run.state.status != "done"]
+    if options.only is not None:
+        return _train_only(plan, options, result)
+    # seed by seed (stable: the method table's order within a seed)
+    pending = sorted((run for run in plan.runs if run.state.status != "done"),
+                     key=lambda run: options.seeds.index(run.seed))
     result.skipped = [run.label for run in plan.runs if run.state.status == "done"]
     if pending:
+        torch.set_num_threads(options.threads * options.jobs)  # the warm start runs alone
         prepare_start(plan)
+    torch.set_num_threads(options.threads)
+    if options.jobs > 1:
+        _train_in_workers(pending, options, result)
+    else:
+        _train_here(pending, result)
+    result.results = write_results(plan, options, result)
+    return result
+
+
+def _train_here(pending: Sequence[PlannedRun], result: GridResult) -> None:
     for planned in pending:
         try:
             execute_run(planned)
@@ -608,8 +645,92 @@ def run_grid(options: GridOptions) -> GridResult:
             result.failed[planned.label] = f"{type(error).__name__}: {error}"
         else:
             result.executed.append(planned.label)
-    result.results = write_results(plan, options, result)
+
+
+def _train_only(plan: GridPlan, options: GridOptions, result: GridResult) -> GridResult:
+    """``--only LABEL``: that run alone (a ``--jobs`` worker); an error propagates, so the
+    process's exit status says whether the run finished."""
+    import torch
+
+    planned = {run.label: run for run in plan.runs}.get(options.only)
+    if planned is None:
+        raise ValueError(f"--only {options.only!r} is not a run of this grid; its runs: "
+                         + ", ".join(run.label for run in plan.runs))
+    if planned.state.status == "done":
+        result.skipped.append(planned.label)
+        return result
+    torch.set_num_threads(options.threads)
+    prepare_start(plan)  # cached: a finished warm start is reused
+    execute_run(planned)
+    result.executed.append(planned.label)
     return result
+
+
+def worker_argv(options: GridOptions, label: str) -> list[str]:
+    """The command line of the process that trains run ``label`` of this grid (``--only``)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--config", options.config,
+            "--out", str(options.out), "--seeds", ",".join(map(str, options.seeds)),
+            "--lambdas", ",".join(map(str, options.lambdas)),
+            "--threads", str(options.threads), "--only", label]
+    if options.methods is not None:
+        argv += ["--methods", ",".join(options.methods)]
+    if options.max_steps is not None:
+        argv += ["--max-steps", str(options.max_steps)]
+    for item in options.sets:
+        argv += ["--set", item]
+    return argv
+
+
+def _train_in_workers(pending: Sequence[PlannedRun], options: GridOptions,
+                      result: GridResult) -> None:
+    logs = {run.label: options.out / LOGS_DIR / f"{run.label}.log" for run in pending}
+    statuses = run_parallel({run.label: worker_argv(options, run.label) for run in pending},
+                            logs, options.jobs)
+    for run in pending:
+        status = statuses[run.label]
+        if status == 0:
+            result.executed.append(run.label)
+        else:
+            result.failed[run.label] = (f"exit status {status}: {_last_line(logs[run.label])} "
+                                        f"(log: {logs[run.label]})")
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(no output)"
+
+
+def run_parallel(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path], jobs: int,
+                 *, poll_seconds: float = 1.0) -> dict[str, int]:
+    """Run ``commands`` (label -> argv) in their order, at most ``jobs`` at a time, each one's
+    stdout and stderr appended to ``logs[label]``; label -> exit status. Interrupted, it
+    stops the commands still running (a stopped run resumes from its last checkpoint)."""
+    waiting = list(commands)
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    statuses: dict[str, int] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                label = waiting.pop(0)
+                logs[label].parent.mkdir(parents=True, exist_ok=True)
+                with logs[label].open("ab") as log:
+                    running[label] = subprocess.Popen(list(commands[label]), stdout=log,
+                                                      stderr=subprocess.STDOUT)
+                logger.info("%s: started (log %s)", label, logs[label])
+            time.sleep(poll_seconds)
+            for label, process in list(running.items()):
+                status = process.poll()
+                if status is not None:
+                    statuses[label] = status
+                    del running[label]
+                    logger.info("%s: %s", label, "finished" if status == 0
+                                else f"failed with exit status {status} (log {logs[label]})")
+    finally:
+        for process in running.values():
+            process.terminate()
+        for process in running.values():
+            process.wait()
+    return statuses
 
 
 def describe_plan(plan: GridPlan) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import yaml
 
 from mtgrpo.config import run_config_from_dict
 from mtgrpo.reporting.compare import RunHistory, RunSummary, aggregate_seeds
-from script_loader import load_script
+from script_loader import ROOT, load_script
 
 bench = load_script("benchmarks/mtgrpo_vs_baselines.py")
 
@@ -127,6 +128,8 @@ def test_select_methods_keeps_table_order_and_expands_mtgrpo() -> None:
     (["--thresholds", "50"], "fractions in"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--max-steps", "0"], "--max-steps must be a positive integer"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--jobs", "2", "--only", "grpo-seed1"], "drop --jobs"),
 ])
 def test_bad_options_say_the_rule(argv: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -487,3 +490,97 @@ def test_a_failing_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, c
     assert "No run has finished" in text
     assert json.loads((out / "results.json").read_text())["failed"]["grpo-seed2"] == \
         "RuntimeError: out of memory"
+
+
+# ----------------------------------------------------------------------------- --jobs
+
+
+def test_worker_argv_reproduces_the_grid_for_one_run(tmp_path) -> None:
+    options = bench.parse_options(
+        ["--config", "quickstart", "--out", str(tmp_path / "g"), "--methods", "grpo,mtgrpo",
+         "--seeds", "3,1", "--lambdas", "0.25,4", "--max-steps", "7", "--threads", "2",
+         "--set", "eval_steps=5", "--set", "tasks.eval_size=9", "--jobs", "3"])
+    argv = bench.worker_argv(options, "mtgrpo_l0.25-seed3")
+    assert argv[:2] == [sys.executable, str(ROOT / "benchmarks" / "mtgrpo_vs_baselines.py")]
+    child = bench.parse_options(argv[2:])
+    assert child.only == "mtgrpo_l0.25-seed3"
+    assert child.jobs == 1
+    for name in ("config", "out", "methods", "seeds", "lambdas", "max_steps", "threads", "sets"):
+        assert getattr(child, name) == getattr(options, name), name
+    # the child plans the same runs with the same configs
+    parent_plan, child_plan = bench.plan_grid(options), bench.plan_grid(child)
+    assert [(r.label, r.config) for r in child_plan.runs] == \
+        [(r.label, r.config) for r in parent_plan.runs]
+
+
+def test_run_parallel_keeps_at_most_jobs_running_and_reports_each_status(tmp_path) -> None:
+    # each command records when it ran; one fails with its own status and message
+    script = ("import sys, time, pathlib; start = time.time(); time.sleep(0.4); "
+              "pathlib.Path(sys.argv[1]).write_text(f'{start} {time.time()}'); "
+              "print('done', sys.argv[1]); sys.exit(int(sys.argv[2]))")
+    labels = ["a", "b", "c", "d", "e"]
+    codes = {"a": 0, "b": 0, "c": 3, "d": 0, "e": 0}
+    commands = {label: [sys.executable, "-c", script, str(tmp_path / f"{label}.time"),
+                        str(codes[label])] for label in labels}
+    logs = {label: tmp_path / "logs" / f"{label}.log" for label in labels}
+    logs["a"].parent.mkdir()
+    logs["a"].write_text("earlier output\n")  # appended to, not replaced
+    statuses = bench.run_parallel(commands, logs, jobs=2, poll_seconds=0.02)
+    assert statuses == codes
+    spans = [tuple(map(float, (tmp_path / f"{label}.time").read_text().split()))
+             for label in labels]
+    overlap = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert overlap == 2  # two at a time, never three
+    assert logs["a"].read_text().startswith("earlier output\ndone")
+    assert "done" in logs["c"].read_text()
+
+
+def test_only_names_a_run_of_the_grid(tmp_path, capsys) -> None:
+    code = bench.main(["--config", str(write_config(tmp_path, "unused-model")), "--out",
+                       str(tmp_path / "g"), "--methods", "grpo", "--seeds", "1",
+                       "--only", "dapo-seed1"])
+    assert code == 2
+    assert "--only 'dapo-seed1' is not a run of this grid; its runs: grpo-seed1" in \
+        capsys.readouterr().err
+
+
+def test_a_grid_with_two_jobs_trains_each_run_in_a_process_of_its_own(tmp_path,
+                                                                     tiny_model_dir) -> None:
+    out = tmp_path / "grid"
+    argv = ["--config", str(write_config(tmp_path, tiny_model_dir)), "--out", str(out),
+            "--methods", "grpo,dapo", "--seeds", "1", "--jobs", "2"]
+    result = bench.run_grid(bench.parse_options(argv))
+    assert (sorted(result.executed), result.failed) == (["dapo-seed1", "grpo-seed1"], {})
+    for label in ("grpo-seed1", "dapo-seed1"):
+        assert (out / label / "checkpoint-2" / "trainer_state.json").is_file()
+        log = (out / "logs" / f"{label}.log").read_text()
+        assert f"{label}: training" in log  # the worker's own log
+    text = (out / "results.md").read_text()
+    assert "Runs: 2 of 2 finished (2 trained by this invocation" in text
+    # a second invocation finds both done and starts no process
+    again = bench.run_grid(bench.parse_options(argv))
+    assert (again.executed, again.skipped) == ([], ["grpo-seed1", "dapo-seed1"])
+
+
+def test_a_worker_that_fails_is_recorded_with_its_last_log_line(tmp_path, monkeypatch) -> None:
+    def fake_parallel(commands, logs, jobs):
+        assert jobs == 2
+        for label, argv in commands.items():
+            assert argv[argv.index("--only") + 1] == label
+        for label, log in logs.items():
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("loading\nRuntimeError: out of memory\n" if label == "grpo-seed1"
+                           else "done\n")
+        return {label: 1 if label == "grpo-seed1" else 0 for label in commands}
+
+    monkeypatch.setattr(bench, "prepare_start", lambda plan: None)
+    monkeypatch.setattr(bench, "run_parallel", fake_parallel)
+    out = tmp_path / "grid"
+    result = bench.run_grid(bench.parse_options(
+        ["--config", str(write_config(tmp_path, "unused-model")), "--out", str(out),
+         "--methods", "grpo,dapo", "--seeds", "1", "--jobs", "2"]))
+    assert result.executed == ["dapo-seed1"]
+    assert result.failed == {"grpo-seed1": "exit status 1: RuntimeError: out of memory "
+                                           f"(log: {out / 'logs' / 'grpo-seed1.log'})"}
+    assert "Failed: `grpo-seed1` (exit status 1: RuntimeError: out of memory" in \
+        (out / "results.md").read_text()
