@@ -1,6 +1,9 @@
+import warnings
+
 import torch
 
 from mtgrpo.models import apply_lora, load_model, load_tokenizer
+from mtgrpo.models.lora import quiet_peft_wrapping
 from tolerance import assert_close_f32
 
 
@@ -65,3 +68,20 @@ def test_an_adapter_naming_a_missing_relative_base_says_where_it_looked(tiny_mod
     with pytest.raises(ValueError, match=r"names the base model 'runs/quickstart/sft/model', a "
                                          r"relative path that does not exist from here"):
         load_model(str(tmp_path / "adapter"), for_training=False)
+
+
+def test_wrapping_and_loading_adapters_do_not_repeat_peft_internal_deprecations(tiny_model_dir,
+                                                                               tmp_path):
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a
+    model; users cannot act on that, so it is not shown. Other warnings still are."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = apply_lora(load_model(str(tiny_model_dir)), {"r": 4})
+        model.save_pretrained(tmp_path)
+        load_tokenizer(str(tiny_model_dir)).save_pretrained(tmp_path)
+        load_model(str(tmp_path), for_training=True)
+        with quiet_peft_wrapping():
+            warnings.warn("another deprecation", FutureWarning, stacklevel=1)
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "is_gradient_checkpointing" in m], messages
+    assert "another deprecation" in messages

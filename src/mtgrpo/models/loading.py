@@ -188,6 +188,8 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
 
     from peft import PeftModel
 
+    from mtgrpo.models.lora import quiet_peft_wrapping
+
     base_name = json.loads((path / "adapter_config.json").read_text()).get(
         "base_model_name_or_path"
     )
@@ -203,7 +205,8 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
             "in, or set base_model_name_or_path in that file to the base model's absolute path"
         )
     base = load_model(base_name, for_training=for_training, **base_options)
-    return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
+    with quiet_peft_wrapping():
+        return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
 
 
 def _is_hub_id(text: str) -> bool:

@@ -8,6 +8,7 @@ weights is kept in memory (TRL's GRPOTrainer does the same when it is given a ``
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,6 +134,17 @@ def make_lora_config(
     return LoraConfig(**options)
 
 
+@contextmanager
+def quiet_peft_wrapping() -> Iterator[None]:
+    """Within the block, peft's read of transformers' deprecated ``is_gradient_checkpointing``
+    alias (peft 0.21 on transformers 5.x, when it wraps a model) warns no more: a
+    ``FutureWarning`` about code inside peft, which no user setting changes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
+
+
 def apply_lora(
     model: PreTrainedModel, config: LoraConfig | Mapping[str, Any] | None = None
 ) -> PeftModel:
@@ -149,7 +161,8 @@ def apply_lora(
             "the model already has peft adapters; pass the base model, or keep training the "
             "existing adapter without calling apply_lora"
         )
-    return get_peft_model(model, make_lora_config(model, config))
+    with quiet_peft_wrapping():
+        return get_peft_model(model, make_lora_config(model, config))
 
 
 @contextmanager
