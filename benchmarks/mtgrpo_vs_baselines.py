@@ -1060,6 +1060,68 @@ def render_start_gains(gains: Sequence[StartGain]) -> str:
             f"({gains[0].samples} samples per task and evaluation)\n" if gains else "")
 
 
+@dataclass(frozen=True)
+class TaskSignal:
+    """What one task of one method trained on, mean over its runs: the mean task weight and
+    share of the trained batch over the training steps, the share of the task's generated
+    groups with zero gradient (every completion scored alike), and the groups of the task
+    trained in all (share × groups per step, summed over the steps)."""
+
+    method: str
+    task: str
+    runs: int
+    weight: float | None  # None: the run logged no weights
+    batch_share: float
+    zero_gradient_rate: float
+    groups_trained: float
+
+
+def _train_mean(history: RunHistory, key: str) -> float | None:
+    values = history.series(key, "train").finite().values
+    return float(values.mean()) if len(values) else None
+
+
+def training_signal(histories: Mapping[str, RunHistory],
+                    group_of: Mapping[str, str]) -> list[TaskSignal]:
+    """Per method and task, :class:`TaskSignal` from the runs' train records."""
+    per_run: dict[tuple[str, str], list[tuple[float | None, float, float, float]]] = {}
+    for label, history in histories.items():
+        groups = history.series("sampling/batch_groups", "train")
+        for task in history.tasks_with("batch_share", "train"):
+            share = history.task_series(task, "batch_share", "train")
+            counts = dict(zip(groups.steps.tolist(), groups.values.tolist(), strict=True))
+            trained = sum(v * counts.get(step, math.nan)
+                          for step, v in zip(share.steps.tolist(), share.values.tolist(),
+                                             strict=True) if math.isfinite(v))
+            per_run.setdefault((group_of[label], task), []).append((
+                _train_mean(history, f"tasks/{task}/weight"),
+                _train_mean(history, f"tasks/{task}/batch_share") or 0.0,
+                _train_mean(history, f"tasks/{task}/zero_gradient_rate") or 0.0,
+                trained))
+    signals = []
+    for (method, task), rows in per_run.items():
+        weights = [w for w, *_ in rows if w is not None]
+        signals.append(TaskSignal(
+            method, task, len(rows),
+            sum(weights) / len(weights) if weights else None,
+            *(sum(row[i] for row in rows) / len(rows) for i in (1, 2, 3))))
+    return signals
+
+
+def render_training_signal(signals: Sequence[TaskSignal]) -> str:
+    """Markdown: per method and task, the weight, batch share, zero-gradient rate and groups
+    trained (means over the method's runs)."""
+    rows = [[g.method, g.task, f"{g.runs}", "—" if g.weight is None else f"{g.weight:.2f}",
+             f"{g.batch_share:.2f}", f"{g.zero_gradient_rate:.2f}", f"{g.groups_trained:.0f}"]
+            for g in signals]
+    table = markdown_table(["method", "task", "runs", "mean weight", "mean batch share",
+                            "zero-gradient rate", "groups trained"], rows)
+    return (table + "\n\n- means over the training steps, then over the method's runs; "
+            "zero-gradient rate: share of the task's generated groups whose completions all "
+            "scored alike; groups trained: batch share × groups per step, summed over the "
+            "steps\n")
+
+
 # ----------------------------------------------------------------------------- results
 
 
@@ -1072,6 +1134,7 @@ class Comparison:
     summaries: tuple[RunSummary, ...]  # per run, with paired Δm%
     combined: ComparisonTable  # every finished run (for the figures)
     start_gains: tuple[StartGain, ...] = ()  # per method and task: step 0 against final
+    signal: tuple[TaskSignal, ...] = ()  # per method and task: what it trained on
 
 
 def compare_grid(plan: GridPlan, thresholds: Sequence[float]) -> Comparison | None:
@@ -1098,7 +1161,8 @@ def compare_grid(plan: GridPlan, thresholds: Sequence[float]) -> Comparison | No
     combined = compare_runs(list(histories.values()), thresholds=thresholds, split="eval",
                             labels=list(histories))
     gains = start_gains(histories, aggregate.group_of, eval_samples_per_task(plan))
-    return Comparison(per_seed, aggregate, summaries, combined, tuple(gains))
+    signal = training_signal(histories, aggregate.group_of)
+    return Comparison(per_seed, aggregate, summaries, combined, tuple(gains), tuple(signal))
 
 
 def paper_table(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary]) -> str:
@@ -1231,6 +1295,7 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
         payload.update(noise=[{**dataclasses.asdict(c), "outside_noise": c.outside_noise}
                               for c in noise],
                        evaluation_standard_error=standard_error, eval_samples_per_task=samples)
+        payload["training_signal"] = [dataclasses.asdict(g) for g in comparison.signal]
         payload["start_gains"] = [{**dataclasses.asdict(g), "gain": g.gain,
                                    "standard_error": g.standard_error, "z": g.z}
                                   for g in comparison.start_gains]
@@ -1276,6 +1341,8 @@ def _result_sections(comparison: Comparison, checks: Sequence[Check], out: Path,
              "### Final accuracy per task (%)", "", per_task_table(aggregate), "",
              *(["### Gain over the start (step 0)", "",
                 render_start_gains(comparison.start_gains)] if comparison.start_gains else []),
+             *(["### Training signal per task", "",
+                render_training_signal(comparison.signal)] if comparison.signal else []),
              "## Verdict", "",
              render_verdict(checks) if checks else "No MT-GRPO method was run.\n",
              *(["## Signal and noise", "", noise] if noise else []),

@@ -404,6 +404,44 @@ def test_start_gains_pair_step_zero_with_the_final_evaluation() -> None:
     assert bench.render_start_gains([]) == ""
 
 
+def _train_history(label: str, steps: list[dict[str, Any]]) -> RunHistory:
+    return RunHistory([{"step": i, "split": "train", **record}
+                       for i, record in enumerate(steps, start=1)], name=label)
+
+
+def test_training_signal_sums_the_groups_each_task_trained_on() -> None:
+    def step(groups, share_a, weight_a, zero_a, zero_b):
+        return {"sampling/batch_groups": groups,
+                "tasks/a/batch_share": share_a, "tasks/b/batch_share": 1 - share_a,
+                "tasks/a/weight": weight_a, "tasks/b/weight": 1 - weight_a,
+                "tasks/a/zero_gradient_rate": zero_a, "tasks/b/zero_gradient_rate": zero_b}
+
+    histories = {
+        # a: 6 × 0.5 + 4 × 0.25 = 4 groups, b: 3 + 3 = 6
+        "m-seed1": _train_history("m-seed1", [step(6, 0.5, 0.6, 0.2, 0.4),
+                                              step(4, 0.25, 0.8, 0.4, 0.0)]),
+        # a: 8 × 0.5 = 4 groups, b: 4
+        "m-seed2": _train_history("m-seed2", [step(8, 0.5, 0.5, 0.0, 1.0)]),
+    }
+    signal = {g.task: g for g in bench.training_signal(histories, dict.fromkeys(histories, "m"))}
+    a, b = signal["a"], signal["b"]
+    assert (a.method, a.runs, b.runs) == ("m", 2, 2)
+    # run means, then the mean over runs: a's weight (0.7 + 0.5) / 2, share (0.375 + 0.5) / 2
+    assert a.weight == pytest.approx(0.6)
+    assert a.batch_share == pytest.approx(0.4375)
+    assert b.batch_share == pytest.approx(0.5625)
+    assert a.zero_gradient_rate == pytest.approx(0.15)
+    assert b.zero_gradient_rate == pytest.approx(0.6)
+    assert (a.groups_trained, b.groups_trained) == (pytest.approx(4.0), pytest.approx(5.0))
+    text = bench.render_training_signal([a, b])
+    assert "| m | a | 2 | 0.60 | 0.44 | 0.15 | 4 |" in text
+    # a run that logged no weights (uniform weighting logs them too; an old log may not)
+    bare = _train_history("u-seed1", [{"sampling/batch_groups": 4, "tasks/a/batch_share": 1.0}])
+    [only] = bench.training_signal({"u-seed1": bare}, {"u-seed1": "u"})
+    assert (only.weight, only.batch_share, only.groups_trained) == (None, 1.0, 4.0)
+    assert "| u | a | 1 | — | 1.00 | 0.00 | 4 |" in bench.render_training_signal([only])
+
+
 def test_verdict_is_undecided_without_baselines_and_no_without_runs() -> None:
     runs = [summary("mtgrpo_l1-seed1", 0.4, 0.5, {0.3: 10})]
     checks = _checks(runs, methods=("mtgrpo_l1", "mtgrpo_l2"))
@@ -452,6 +490,9 @@ def test_smoke_grid_trains_once_resumes_and_skips_finished_runs(tmp_path, tiny_m
     assert written["verdict"]
     assert {(g["method"], g["task"]) for g in written["start_gains"]} == {
         (method, task) for method in ("grpo", "mtgrpo_l0.25") for task in TASKS}
+    assert {(g["method"], g["task"]) for g in written["training_signal"]} == {
+        (method, task) for method in ("grpo", "mtgrpo_l0.25") for task in TASKS}
+    assert "### Training signal per task" in text
 
     second = bench.run_grid(bench.parse_options(argv))
     assert (second.executed, second.skipped) == ([], ["grpo-seed1", "mtgrpo_l0.25-seed1"])
