@@ -73,7 +73,8 @@ Grid mechanics:
   ``--only <label>``, its output in ``<out>/logs/<label>.log``), with ``--threads`` torch
   threads each; the warm start, which runs alone first, uses ``threads × jobs``. Runs start
   seed by seed (every method's seed 1, then seed 2, ...), with one job as with several, so that
-  an interrupted grid has whole seeds to compare.
+  an interrupted grid has whole seeds to compare. On a GPU every process uses the same device
+  (set ``CUDA_VISIBLE_DEVICES`` per grid to spread grids over devices).
 
 Output in ``<out>``: ``results.md`` (command, settings, the method table, the paper-style
 table, per-task accuracy, the verdict, figures, per-seed tables), ``results.json`` (the same
@@ -101,12 +102,13 @@ import math
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -684,30 +686,48 @@ def worker_argv(options: GridOptions, label: str) -> list[str]:
 def _train_in_workers(pending: Sequence[PlannedRun], options: GridOptions,
                       result: GridResult) -> None:
     logs = {run.label: options.out / LOGS_DIR / f"{run.label}.log" for run in pending}
+    # a log is appended to by every invocation: this one's output starts at its current end
+    starts = {label: log.stat().st_size if log.is_file() else 0 for label, log in logs.items()}
     statuses = run_parallel({run.label: worker_argv(options, run.label) for run in pending},
                             logs, options.jobs)
     for run in pending:
-        status = statuses[run.label]
+        status, log = statuses[run.label], logs[run.label]
         if status == 0:
             result.executed.append(run.label)
         else:
-            result.failed[run.label] = (f"exit status {status}: {_last_line(logs[run.label])} "
-                                        f"(log: {logs[run.label]})")
+            result.failed[run.label] = (f"{_exit_text(status)}: "
+                                        f"{_last_line(log, starts[run.label])} (log: {log})")
 
 
-def _last_line(path: Path) -> str:
-    lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+def _exit_text(status: int) -> str:
+    """``exit status 1``, or the signal that stopped the process (``killed by SIGKILL``)."""
+    if status >= 0:
+        return f"exit status {status}"
+    try:
+        return f"killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"killed by signal {-status}"
+
+
+def _last_line(path: Path, start: int = 0) -> str:
+    """The last line ``path`` gained after byte ``start``."""
+    with path.open("rb") as handle:
+        handle.seek(start)
+        lines = handle.read().decode("utf-8", errors="replace").strip().splitlines()
     return lines[-1] if lines else "(no output)"
 
 
 def run_parallel(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path], jobs: int,
                  *, poll_seconds: float = 1.0) -> dict[str, int]:
     """Run ``commands`` (label -> argv) in their order, at most ``jobs`` at a time, each one's
-    stdout and stderr appended to ``logs[label]``; label -> exit status. Interrupted, it
-    stops the commands still running (a stopped run resumes from its last checkpoint)."""
+    stdout and stderr appended to ``logs[label]``; label -> exit status (negative: the signal
+    that stopped it). Interrupted (Ctrl-C, or SIGTERM from a scheduler), it stops the commands
+    still running, killing any that has not ended 30 s later (a stopped run resumes from its
+    last checkpoint)."""
     waiting = list(commands)
     running: dict[str, subprocess.Popen[bytes]] = {}
     statuses: dict[str, int] = {}
+    previous = _raise_on_sigterm()
     try:
         while waiting or running:
             while waiting and len(running) < jobs:
@@ -726,11 +746,36 @@ def run_parallel(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path]
                     logger.info("%s: %s", label, "finished" if status == 0
                                 else f"failed with exit status {status} (log {logs[label]})")
     finally:
-        for process in running.values():
-            process.terminate()
-        for process in running.values():
-            process.wait()
+        _stop(running.values())
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return statuses
+
+
+def _raise_on_sigterm() -> Any:
+    """Make SIGTERM raise ``SystemExit`` here (so the ``finally`` above stops the workers);
+    the previous handler, or None where none can be set (not the main thread)."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # signal handlers can be set in the main thread only
+        return None
+
+
+def _stop(processes: Iterable[subprocess.Popen[bytes]], grace_seconds: float = 30.0) -> None:
+    """Terminate ``processes``, then kill those still running after ``grace_seconds``."""
+    processes = [p for p in processes if p.poll() is None]
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + grace_seconds
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def describe_plan(plan: GridPlan) -> str:
@@ -1015,17 +1060,29 @@ class StartGain:
         return sum(self.final) / len(self.final) - sum(self.start) / len(self.start)
 
     @property
+    def seed_gains(self) -> tuple[float, ...]:
+        """``[S]`` final minus start, per seed (the spread between seeds, which the standard
+        error of the evaluation does not include)."""
+        return tuple(f - s for s, f in zip(self.start, self.final, strict=True))
+
+    @property
     def standard_error(self) -> float:
+        """NaN when the samples per evaluation are unknown (``samples < 1``)."""
+        if self.samples < 1:
+            return math.nan
         variance = sum(p * (1 - p) for p in (*self.start, *self.final)) / self.samples
         return math.sqrt(variance) / len(self.start)
 
     @property
     def z(self) -> float:
-        """The gain in standard errors (inf for a gain from a noiseless 0 % or 100 %)."""
+        """The gain in standard errors (inf for a gain from a noiseless 0 % or 100 %; NaN
+        when the standard error is unknown)."""
         se = self.standard_error
-        if se > 0:
-            return self.gain / se
-        return math.copysign(math.inf, self.gain) if self.gain else 0.0
+        if math.isnan(se):
+            return math.nan
+        if se == 0:
+            return math.copysign(math.inf, self.gain) if self.gain else 0.0
+        return self.gain / se
 
 
 def start_gains(histories: Mapping[str, RunHistory], group_of: Mapping[str, str],
@@ -1050,14 +1107,17 @@ def render_start_gains(gains: Sequence[StartGain]) -> str:
     standard error, and whether it exceeds two standard errors."""
     rows = [[g.method, g.task, f"{len(g.start)}", _pts(sum(g.start) / len(g.start)),
              _pts(sum(g.final) / len(g.final)), f"{g.gain * 100:+.1f}",
+             ", ".join(f"{v * 100:+.1f}" for v in g.seed_gains),
              f"{g.standard_error * 100:.1f}", f"{g.z:+.1f}", "yes" if g.z > 2 else "no"]
             for g in gains]
     table = markdown_table(["method", "task", "seeds", "start (step 0)", "final", "gain (points)",
-                            "SE (points)", "gain / SE", "> 2 SE"], rows)
+                            "per seed", "SE (points)", "gain / SE", "> 2 SE"], rows)
     return (table + "\n\n- start: the first evaluation (step 0) of each run, the shared start "
             "model sampled with the run's seed; gain: mean over seeds of final minus start; SE: "
             "binomial standard error of that difference, both ends counted "
-            f"({gains[0].samples} samples per task and evaluation)\n" if gains else "")
+            f"({gains[0].samples} samples per task and evaluation): the evaluation's noise, "
+            "not the spread between seeds (per seed); > 2 SE: a gain (one-sided), a loss "
+            "reads no\n" if gains else "")
 
 
 @dataclass(frozen=True)
@@ -1070,50 +1130,52 @@ class TaskSignal:
     method: str
     task: str
     runs: int
-    weight: float | None  # None: the run logged no weights
-    batch_share: float
-    zero_gradient_rate: float
-    groups_trained: float
+    weight: float | None  # None: no run of the method logged it
+    batch_share: float | None
+    zero_gradient_rate: float | None
+    groups_trained: float | None
 
 
-def _train_mean(history: RunHistory, key: str) -> float | None:
-    values = history.series(key, "train").finite().values
-    return float(values.mean()) if len(values) else None
+def _groups_trained(history: RunHistory, task: str) -> float | None:
+    """Σ over the steps of the task's batch share × the groups trained that step (steps where
+    either is missing are left out; None when none has both)."""
+    groups = history.series("sampling/batch_groups", "train").finite()
+    counts = dict(zip(groups.steps.tolist(), groups.values.tolist(), strict=True))
+    share = history.task_series(task, "batch_share", "train").finite()
+    products = [v * counts[step] for step, v in zip(share.steps.tolist(), share.values.tolist(),
+                                                    strict=True) if step in counts]
+    return sum(products) if products else None
+
+
+def _mean_of_known(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def training_signal(histories: Mapping[str, RunHistory],
                     group_of: Mapping[str, str]) -> list[TaskSignal]:
-    """Per method and task, :class:`TaskSignal` from the runs' train records."""
-    per_run: dict[tuple[str, str], list[tuple[float | None, float, float, float]]] = {}
+    """Per method and task, :class:`TaskSignal` from the runs' train records; a number a run
+    did not log is left out of its method's mean (None when no run logged it)."""
+    per_run: dict[tuple[str, str], list[tuple[float | None, ...]]] = {}
     for label, history in histories.items():
-        groups = history.series("sampling/batch_groups", "train")
         for task in history.tasks_with("batch_share", "train"):
-            share = history.task_series(task, "batch_share", "train")
-            counts = dict(zip(groups.steps.tolist(), groups.values.tolist(), strict=True))
-            trained = sum(v * counts.get(step, math.nan)
-                          for step, v in zip(share.steps.tolist(), share.values.tolist(),
-                                             strict=True) if math.isfinite(v))
             per_run.setdefault((group_of[label], task), []).append((
-                _train_mean(history, f"tasks/{task}/weight"),
-                _train_mean(history, f"tasks/{task}/batch_share") or 0.0,
-                _train_mean(history, f"tasks/{task}/zero_gradient_rate") or 0.0,
-                trained))
-    signals = []
-    for (method, task), rows in per_run.items():
-        weights = [w for w, *_ in rows if w is not None]
-        signals.append(TaskSignal(
-            method, task, len(rows),
-            sum(weights) / len(weights) if weights else None,
-            *(sum(row[i] for row in rows) / len(rows) for i in (1, 2, 3))))
-    return signals
+                *(history.task_series(task, metric, "train").mean()
+                  for metric in ("weight", "batch_share", "zero_gradient_rate")),
+                _groups_trained(history, task)))
+    return [TaskSignal(method, task, len(rows),
+                       *(_mean_of_known([row[i] for row in rows]) for i in range(4)))
+            for (method, task), rows in per_run.items()]
 
 
 def render_training_signal(signals: Sequence[TaskSignal]) -> str:
     """Markdown: per method and task, the weight, batch share, zero-gradient rate and groups
     trained (means over the method's runs)."""
-    rows = [[g.method, g.task, f"{g.runs}", "—" if g.weight is None else f"{g.weight:.2f}",
-             f"{g.batch_share:.2f}", f"{g.zero_gradient_rate:.2f}", f"{g.groups_trained:.0f}"]
-            for g in signals]
+    def cell(value: float | None, digits: int) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    rows = [[g.method, g.task, f"{g.runs}", cell(g.weight, 2), cell(g.batch_share, 2),
+             cell(g.zero_gradient_rate, 2), cell(g.groups_trained, 0)] for g in signals]
     table = markdown_table(["method", "task", "runs", "mean weight", "mean batch share",
                             "zero-gradient rate", "groups trained"], rows)
     return (table + "\n\n- means over the training steps, then over the method's runs; "
@@ -1225,14 +1287,16 @@ _FIGURE_CAPTIONS = {
 }
 
 
-def environment(threads: int) -> str:
-    """Machine, library versions and thread settings, for reading the time per step."""
+def environment(threads: int, jobs: int = 1) -> str:
+    """Machine, library versions, thread settings and runs at a time (``--jobs``: they share
+    the cores and the memory bandwidth), for reading the time per step."""
     import torch
 
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"CPU ({os.cpu_count()} cores visible)")
     return (f"{device}; torch {torch.__version__}, Python {platform.python_version()}; "
-            f"torch threads {threads}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}")
+            f"torch threads {threads}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}"
+            f"; runs at a time {jobs}")
 
 
 def _display(path: Path) -> str:
@@ -1280,7 +1344,7 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
     command = "python benchmarks/mtgrpo_vs_baselines.py " + shlex.join(options.argv)
     parts = [f"# MT-GRPO vs GRPO / DAPO / SEC ({plan.base_path.stem})", "",
              f"Command: `{command}`", "", *(f"- {line}" for line in settings(plan)),
-             f"- machine: {environment(options.threads)}", "", "## Methods", "",
+             f"- machine: {environment(options.threads, options.jobs)}", "", "## Methods", "",
              method_rows(plan), "", *_status_lines(plan, result, comparison)]
     payload: dict[str, Any] = {"command": command, "failed": result.failed}
     if comparison is not None:
@@ -1297,7 +1361,8 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
                        evaluation_standard_error=standard_error, eval_samples_per_task=samples)
         payload["training_signal"] = [dataclasses.asdict(g) for g in comparison.signal]
         payload["start_gains"] = [{**dataclasses.asdict(g), "gain": g.gain,
-                                   "standard_error": g.standard_error, "z": g.z}
+                                   "standard_error": _finite_or_none(g.standard_error),
+                                   "z": _finite_or_none(g.z)}
                                   for g in comparison.start_gains]
         payload.update(aggregate=json.loads(comparison.aggregate.to_json()),
                        per_seed={str(k): json.loads(t.to_json())
@@ -1306,6 +1371,11 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
     (out / "results.md").write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return out / "results.md"
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no NaN or infinity: those are written as null."""
+    return value if math.isfinite(value) else None
 
 
 def _status_lines(plan: GridPlan, result: GridResult,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
+import subprocess
 import sys
 from dataclasses import replace as dataclasses_replace
 from pathlib import Path
@@ -368,6 +370,10 @@ def test_start_gain_counts_the_noise_of_both_ends() -> None:
     level = bench.StartGain("m", "t", start=(0.0,), final=(0.0,), samples=100)
     assert (level.gain, level.standard_error, level.z) == (0.0, 0.0, 0.0)
     assert bench.StartGain("m", "t", (0.0,), (1.0,), 100).z == math.inf
+    unknown = bench.StartGain("m", "t", (0.1,), (0.3,), samples=0)  # eval size not known
+    assert math.isnan(unknown.standard_error)
+    assert math.isnan(unknown.z)
+    assert bench._finite_or_none(unknown.z) is None
 
 
 def _eval_history(label: str, steps_and_accuracy: dict[int, dict[str, float]]) -> RunHistory:
@@ -394,12 +400,12 @@ def test_start_gains_pair_step_zero_with_the_final_evaluation() -> None:
     assert a.gain == pytest.approx(0.2)
     # (0.25 + 0.21 + 0.21 + 0.25) / 400 / 4 = 0.000575: SE 2.4 points, gain 8.3 SE
     text = bench.render_start_gains(list(gains.values()))
-    assert "| grpo | a | 2 | 40.0% | 60.0% | +20.0 | 2.4 | +8.3 | yes |" in text
+    assert "| grpo | a | 2 | 40.0% | 60.0% | +20.0 | +20.0, +20.0 | 2.4 | +8.3 | yes |" in text
     # b: +5 points; variance (0.09 + 0.09 + 0.09 + 0.16) / 400 / 4: SE 1.6 points, 3.0 SE
     b = gains["grpo", "b"]
     assert b.gain == pytest.approx(0.05)
     assert b.standard_error == pytest.approx(math.sqrt(0.43 / 1600))
-    assert "| grpo | b | 2 | 10.0% | 15.0% | +5.0 | 1.6 | +3.0 | yes |" in text
+    assert "| grpo | b | 2 | 10.0% | 15.0% | +5.0 | +0.0, +10.0 | 1.6 | +3.0 | yes |" in text
     assert "400 samples per task and evaluation" in text
     assert bench.render_start_gains([]) == ""
 
@@ -439,7 +445,13 @@ def test_training_signal_sums_the_groups_each_task_trained_on() -> None:
     bare = _train_history("u-seed1", [{"sampling/batch_groups": 4, "tasks/a/batch_share": 1.0}])
     [only] = bench.training_signal({"u-seed1": bare}, {"u-seed1": "u"})
     assert (only.weight, only.batch_share, only.groups_trained) == (None, 1.0, 4.0)
-    assert "| u | a | 1 | — | 1.00 | 0.00 | 4 |" in bench.render_training_signal([only])
+    assert only.zero_gradient_rate is None
+    assert "| u | a | 1 | — | 1.00 | — | 4 |" in bench.render_training_signal([only])
+    # a step without its group count is left out of the groups trained, not NaN
+    gap = _train_history("g-seed1", [{"sampling/batch_groups": 4, "tasks/a/batch_share": 0.5},
+                                     {"tasks/a/batch_share": 0.5}])
+    [partial] = bench.training_signal({"g-seed1": gap}, {"g-seed1": "g"})
+    assert partial.groups_trained == 2.0
 
 
 def test_verdict_is_undecided_without_baselines_and_no_without_runs() -> None:
@@ -554,26 +566,54 @@ def test_worker_argv_reproduces_the_grid_for_one_run(tmp_path) -> None:
         [(r.label, r.config) for r in parent_plan.runs]
 
 
+# Each command marks that it started, waits (up to 60 s) until two have started, records when
+# it ran and exits with the status it was given: the first two can only go on together.
+_WORKER = """
+import pathlib, sys, time
+folder, label, status = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+start = time.time()
+(folder / f"{label}.started").touch()
+deadline = time.time() + 60
+while len(list(folder.glob("*.started"))) < 2 and time.time() < deadline:
+    time.sleep(0.01)
+paired = len(list(folder.glob("*.started"))) >= 2
+(folder / f"{label}.time").write_text(f"{start} {time.time()} {paired}")
+print("done", label)
+sys.exit(status)
+"""
+
+
 def test_run_parallel_keeps_at_most_jobs_running_and_reports_each_status(tmp_path) -> None:
-    # each command records when it ran; one fails with its own status and message
-    script = ("import sys, time, pathlib; start = time.time(); time.sleep(0.4); "
-              "pathlib.Path(sys.argv[1]).write_text(f'{start} {time.time()}'); "
-              "print('done', sys.argv[1]); sys.exit(int(sys.argv[2]))")
     labels = ["a", "b", "c", "d", "e"]
     codes = {"a": 0, "b": 0, "c": 3, "d": 0, "e": 0}
-    commands = {label: [sys.executable, "-c", script, str(tmp_path / f"{label}.time"),
-                        str(codes[label])] for label in labels}
+    commands = {label: [sys.executable, "-c", _WORKER, str(tmp_path), label, str(codes[label])]
+                for label in labels}
     logs = {label: tmp_path / "logs" / f"{label}.log" for label in labels}
     logs["a"].parent.mkdir()
     logs["a"].write_text("earlier output\n")  # appended to, not replaced
     statuses = bench.run_parallel(commands, logs, jobs=2, poll_seconds=0.02)
     assert statuses == codes
-    spans = [tuple(map(float, (tmp_path / f"{label}.time").read_text().split()))
-             for label in labels]
-    overlap = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
-    assert overlap == 2  # two at a time, never three
-    assert logs["a"].read_text().startswith("earlier output\ndone")
-    assert "done" in logs["c"].read_text()
+    records = [(tmp_path / f"{label}.time").read_text().split() for label in labels]
+    assert records[0][2] == records[1][2] == "True"  # a and b ran side by side
+    # never three at a time: a command starts only after another has ended
+    spans = [(float(start), float(end)) for start, end, _ in records]
+    assert max(sum(start <= t < end for start, end in spans) for t, _ in spans) <= 2
+    assert logs["a"].read_text().startswith("earlier output\ndone a")
+    assert "done c" in logs["c"].read_text()
+
+
+def test_stopping_workers_kills_one_that_ignores_sigterm(tmp_path) -> None:
+    stubborn = subprocess.Popen([sys.executable, "-c",
+                                 "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert stubborn.stdout.readline() == b"ready\n"  # its handler is in place
+    bench._stop([stubborn, polite], grace_seconds=0.5)
+    assert stubborn.returncode == -signal.SIGKILL
+    assert polite.returncode == -signal.SIGTERM
+    assert bench._exit_text(stubborn.returncode) == "killed by SIGKILL"
+    assert bench._exit_text(3) == "exit status 3"
 
 
 def test_only_names_a_run_of_the_grid(tmp_path, capsys) -> None:
@@ -608,20 +648,24 @@ def test_a_worker_that_fails_is_recorded_with_its_last_log_line(tmp_path, monkey
         assert jobs == 2
         for label, argv in commands.items():
             assert argv[argv.index("--only") + 1] == label
-        for label, log in logs.items():
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text("loading\nRuntimeError: out of memory\n" if label == "grpo-seed1"
-                           else "done\n")
-        return {label: 1 if label == "grpo-seed1" else 0 for label in commands}
+        with logs["grpo-seed1"].open("a") as log:
+            log.write("loading\nRuntimeError: out of memory\n")
+        return {"grpo-seed1": 1, "dapo-seed1": -signal.SIGKILL}  # dapo: killed, no output
 
     monkeypatch.setattr(bench, "prepare_start", lambda plan: None)
     monkeypatch.setattr(bench, "run_parallel", fake_parallel)
     out = tmp_path / "grid"
+    logs = out / "logs"
+    logs.mkdir(parents=True)  # an earlier invocation's output, which is not this one's error
+    for label in ("grpo-seed1", "dapo-seed1"):
+        (logs / f"{label}.log").write_text("ValueError: an earlier failure\n")
     result = bench.run_grid(bench.parse_options(
         ["--config", str(write_config(tmp_path, "unused-model")), "--out", str(out),
          "--methods", "grpo,dapo", "--seeds", "1", "--jobs", "2"]))
-    assert result.executed == ["dapo-seed1"]
-    assert result.failed == {"grpo-seed1": "exit status 1: RuntimeError: out of memory "
-                                           f"(log: {out / 'logs' / 'grpo-seed1.log'})"}
+    assert result.executed == []
+    assert result.failed == {
+        "grpo-seed1": "exit status 1: RuntimeError: out of memory "
+                      f"(log: {logs / 'grpo-seed1.log'})",
+        "dapo-seed1": f"killed by SIGKILL: (no output) (log: {logs / 'dapo-seed1.log'})"}
     assert "Failed: `grpo-seed1` (exit status 1: RuntimeError: out of memory" in \
         (out / "results.md").read_text()

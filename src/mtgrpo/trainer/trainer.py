@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtgrpo._files import write_atomically
+from mtgrpo._files import write_atomically, write_text_atomically
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
 from mtgrpo.metrics import logprob_mismatch, scalar_rewards
@@ -308,6 +308,7 @@ class GRPOTrainer:
         # keeps one mixed-precision setting per process, which another trainer (a benchmark's
         # TRL) would change under us
         self._cpu_bf16 = False
+        self.bf16, self.bf16_reason = False, "decided once the model is loaded"
         gpu_bf16 = False
         if not self._on_cpu:
             self.bf16, self.bf16_reason = resolve_bf16(args.bf16, "cuda")
@@ -495,6 +496,7 @@ class GRPOTrainer:
         local = self._engine_and_trainer_logps(groups, completion_mask, old_logps)
         pairs = self._gather_objects([local]) if self.world > 1 else [local]
         if any(pair is None for pair in pairs):
+            self._warn_no_engine_logprobs()
             return {}
         return logprob_mismatch(np.concatenate([p[0] for p in pairs]),
                                 np.concatenate([p[1] for p in pairs]))
@@ -505,6 +507,8 @@ class GRPOTrainer:
         if not self.args.generation_logprobs or self._warned_no_engine_logprobs:
             return
         self._warned_no_engine_logprobs = True
+        if not self.is_main_process:
+            return
         logger.warning(
             "generation_logprobs is true, but the generation backend (%s) returned no "
             "log-probabilities for some trained completions, so generation/logprob_mismatch_* "
@@ -677,10 +681,7 @@ class GRPOTrainer:
                                   keep_old_logps=self.sampling_params.return_logprobs)
         metrics.update(out.metrics)
         if out.old_logps is not None:
-            mismatch = self._generation_mismatch(groups, batch.completion_mask, out.old_logps)
-            if not mismatch:
-                self._warn_no_engine_logprobs()
-            metrics.update(mismatch)
+            metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
         if self.args.include_num_input_tokens_seen == "all":
             seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
             self.state.num_input_tokens_seen += seen
@@ -1022,7 +1023,9 @@ class GRPOTrainer:
         import yaml
 
         config = self.run_config if self.run_config is not None else self.args.to_dict()
-        (self.output_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        # atomically: another process (a grid planning its runs) may read it meanwhile
+        write_text_atomically(self.output_dir / "config.yaml",
+                              yaml.safe_dump(config, sort_keys=False))
 
     def _write(self, metrics: Mapping[str, Any], split: str) -> None:
         """One record of metrics.jsonl and the trackers (main process, during train())."""
