@@ -231,9 +231,8 @@ def test_bf16_model_scores_in_float32() -> None:
     # one bf16 ulp away (8 significant bits: 2**(e - 8) for |z_j| = m * 2**e, m in [0.5, 1)).
     # The log-prob z_t/T - logsumexp(z/T) then moves by at most (ulp(z_t) + sum_j p_j ulp(z_j))
     # / T, on top of the float32 log-softmax's 32 ulps as in the float32 model.
-    forward = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_attention_mask(mask)
-    )
+    positions = position_ids_from_attention_mask(mask)
+    forward = model(input_ids=input_ids, attention_mask=mask, position_ids=positions)
     logits = forward.logits[:, -COMPLETION_LEN - 1 : -1].detach().float()
     _, exponent = torch.frexp(logits.abs())
     ulp = torch.ldexp(torch.ones_like(logits), exponent - 8)
