@@ -746,6 +746,9 @@ def run_parallel(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path]
                     logger.info("%s: %s", label, "finished" if status == 0
                                 else f"failed with exit status {status} (log {logs[label]})")
     finally:
+        if running:
+            logger.info("stopping %s; the same command resumes each from its last checkpoint",
+                        ", ".join(running))
         _stop(running.values())
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -5,11 +5,15 @@ summaries, and a smoke grid on the tiny model that resumes and skips finished ru
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 from typing import Any
@@ -614,6 +618,31 @@ def test_stopping_workers_kills_one_that_ignores_sigterm(tmp_path) -> None:
     assert polite.returncode == -signal.SIGTERM
     assert bench._exit_text(stubborn.returncode) == "killed by SIGKILL"
     assert bench._exit_text(3) == "exit status 3"
+
+
+def test_a_terminated_grid_stops_its_workers_and_says_how_to_resume(tmp_path, caplog) -> None:
+    ready = tmp_path / "ready"
+    worker = [sys.executable, "-c", "import os, pathlib, sys, time; "
+              "pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(60)", str(ready)]
+
+    def terminate_when_the_worker_runs() -> None:
+        deadline = time.monotonic() + 60
+        while not ready.exists() or not ready.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler stopping the grid
+
+    threading.Thread(target=terminate_when_the_worker_runs, daemon=True).start()
+    caplog.set_level(logging.INFO, logger=bench.logger.name)
+    with pytest.raises(SystemExit) as stopped:
+        bench.run_parallel({"grpo-seed3": worker}, {"grpo-seed3": tmp_path / "w.log"}, jobs=1,
+                           poll_seconds=0.02)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # stopped and reaped, not left sleeping
+        os.kill(int(ready.read_text()), 0)
+    assert "stopping grpo-seed3; the same command resumes each from its last checkpoint" in \
+        caplog.text
 
 
 def test_only_names_a_run_of_the_grid(tmp_path, capsys) -> None:
