@@ -744,7 +744,7 @@ def run_parallel(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path]
                     statuses[label] = status
                     del running[label]
                     logger.info("%s: %s", label, "finished" if status == 0
-                                else f"failed with exit status {status} (log {logs[label]})")
+                                else f"failed, {_exit_text(status)} (log {logs[label]})")
     finally:
         if running:
             logger.info("stopping %s; the same command resumes each from its last checkpoint",

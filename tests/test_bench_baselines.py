@@ -587,7 +587,9 @@ sys.exit(status)
 """
 
 
-def test_run_parallel_keeps_at_most_jobs_running_and_reports_each_status(tmp_path) -> None:
+def test_run_parallel_keeps_at_most_jobs_running_and_reports_each_status(tmp_path,
+                                                                         caplog) -> None:
+    caplog.set_level(logging.INFO, logger=bench.logger.name)
     labels = ["a", "b", "c", "d", "e"]
     codes = {"a": 0, "b": 0, "c": 3, "d": 0, "e": 0}
     commands = {label: [sys.executable, "-c", _WORKER, str(tmp_path), label, str(codes[label])]
@@ -604,6 +606,7 @@ def test_run_parallel_keeps_at_most_jobs_running_and_reports_each_status(tmp_pat
     assert max(sum(start <= t < end for start, end in spans) for t, _ in spans) <= 2
     assert logs["a"].read_text().startswith("earlier output\ndone a")
     assert "done c" in logs["c"].read_text()
+    assert f"c: failed, exit status 3 (log {logs['c']})" in caplog.text
 
 
 def test_stopping_workers_kills_one_that_ignores_sigterm(tmp_path) -> None:
