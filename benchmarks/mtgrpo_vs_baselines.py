@@ -107,6 +107,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -833,12 +834,17 @@ def _range(spread: Spread) -> str:
     return f"[{_pts(spread.min)}–{_pts(spread.max)}]"
 
 
-def _worst_vs(mt: Spread, other: Spread, name: str, *, tolerance: float) -> tuple[bool, str]:
+def _worst_vs(mt: Spread, other: Spread, name: str, *, tolerance: float,
+              noise: NoiseCheck | None = None) -> tuple[bool, str]:
     diff = mt.mean - other.mean
     apart = mt.min > other.max or mt.max < other.min
     overlap = "do not overlap" if apart else "overlap"
     text = (f"{_pts(mt.mean)} {_range(mt)} against {name}'s {_pts(other.mean)} "
             f"{_range(other)}: {diff * 100:+.1f} points; the seed ranges {overlap}")
+    if noise is not None:
+        where = "outside" if noise.outside_noise else "within"
+        text += (f"; {where} the seed noise (one-sided, above {name}: Welch p = "
+                 f"{noise.welch_p:.2f}, permutation p = {noise.permutation_p:.2f})")
     return diff > 0 if tolerance == 0 else diff >= -tolerance - _ROUNDING, text
 
 
@@ -881,11 +887,16 @@ def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
     the worst-task thresholds sooner? One :class:`Check` per question and MT-GRPO method.
 
     Accuracies compare means over seeds; "match" allows ``tolerance`` (a fraction) below;
-    steps use :func:`steps_by_majority` on the eval steps of each seed.
+    steps use :func:`steps_by_majority` on the eval steps of each seed. Where both methods
+    have two or more finished seeds, a worst-task answer's evidence also says whether the gap
+    stands outside the seed noise (:func:`noise_checks`: both one-sided tests at 5 %), since
+    an answer by the means alone can rest on a gap smaller than the noise.
     """
     by_name = {m.method: m for m in aggregate.methods}
     group_of = aggregate.group_of
     members = runs_by_method(summaries, group_of)
+    tests = {(c.method, c.other): c
+             for c in noise_checks(summaries, group_of, mtgrpo_methods, (grpo, dapo))}
     averages = {m.method: m.final_average.mean for m in aggregate.methods if m.final_average}
     checks = []
     for name in mtgrpo_methods:
@@ -901,7 +912,8 @@ def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
             if base is None or base.final_worst is None:
                 checks.append(Check(name, question, None, f"no finished {other} run"))
                 continue
-            answer, text = _worst_vs(mt.final_worst, base.final_worst, other, tolerance=tol)
+            answer, text = _worst_vs(mt.final_worst, base.final_worst, other, tolerance=tol,
+                                     noise=tests.get((name, other)))
             checks.append(Check(name, question, answer, text))
         checks.append(_average_check(name, averages, tolerance))
         baselines = [b for b in (grpo, dapo) if b in members]
@@ -988,7 +1000,12 @@ def welch_p_value(values: Sequence[float], other: Sequence[float]) -> float:
     if len(set(values)) <= 1 and len(set(other)) <= 1:
         gap = (values[0] if values else 0.0) - (other[0] if other else 0.0)
         return 0.0 if gap > _ROUNDING else 1.0
-    return float(stats.ttest_ind(values, other, equal_var=False, alternative="greater").pvalue)
+    with warnings.catch_warnings():
+        # one constant group (two seeds that scored alike) has variance 0, which Welch's
+        # statistic takes as it is; scipy still warns of "catastrophic cancellation" for it
+        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        return float(stats.ttest_ind(values, other, equal_var=False,
+                                     alternative="greater").pvalue)
 
 
 def noise_checks(summaries: Sequence[RunSummary], group_of: Mapping[str, str],

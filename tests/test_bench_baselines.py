@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,12 @@ def test_verdict_when_mtgrpo_wins_everywhere() -> None:
     ]
     checks = _checks(runs)
     assert checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"].answer is True
-    assert "the seed ranges do not overlap" in checks[
-        "mtgrpo_l1", "Final worst-task accuracy above GRPO's"].evidence
+    above_grpo = checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"].evidence
+    assert "the seed ranges do not overlap" in above_grpo
+    # apart by means and ranges, but two seeds against two cannot reject: the best split of
+    # the pooled four is one of C(4, 2) = 6, so the exact permutation p is 1/6
+    assert "within the seed noise (one-sided, above grpo: Welch p = " in above_grpo
+    assert above_grpo.endswith("permutation p = 0.17)")
     assert checks["mtgrpo_l1", "Final worst-task accuracy at least DAPO's"].answer is True
     # average 0.60 against the best 0.62: exactly 2 points below counts as within
     assert checks["mtgrpo_l1", "Final average accuracy within 2 points of the best method"
@@ -303,6 +308,27 @@ def test_verdict_says_no_when_mtgrpo_falls_short() -> None:
                   ].answer is False
     text = bench.render_verdict(list(checks.values()))
     assert "- Final worst-task accuracy above GRPO's? **No.** 40.0%" in text
+    assert "seed noise" not in text  # one seed per method: no test across seeds
+
+
+def test_verdict_says_whether_a_worst_task_gap_stands_outside_the_seed_noise() -> None:
+    # four seeds each: MT-GRPO's worst task above GRPO's in every seed (permutation p =
+    # 1 / C(8, 4) = 1/70), level with DAPO's (interleaved seeds)
+    mt = [0.20, 0.21, 0.22, 0.23]
+    runs = [summary(f"mtgrpo_l1-seed{i}", w, 0.5, {}) for i, w in enumerate(mt, 1)]
+    runs += [summary(f"grpo-seed{i}", w, 0.5, {}) for i, w in enumerate(
+        [0.10, 0.11, 0.12, 0.13], 1)]
+    runs += [summary(f"dapo-seed{i}", w, 0.5, {}) for i, w in enumerate(
+        [0.195, 0.215, 0.225, 0.235], 1)]
+    checks = _checks(runs)
+    grpo = checks["mtgrpo_l1", "Final worst-task accuracy above GRPO's"]
+    assert grpo.answer is True
+    assert "outside the seed noise" in grpo.evidence
+    assert "permutation p = 0.01)" in grpo.evidence  # 1/70 = 0.014
+    dapo = checks["mtgrpo_l1", "Final worst-task accuracy at least DAPO's"]
+    # 21.5 % against 21.75 %: matched within 2 points by the means, and no evidence of more
+    assert dapo.answer is True
+    assert "within the seed noise (one-sided, above dapo" in dapo.evidence
 
 
 def test_permutation_p_value_counts_the_splits_at_least_as_extreme() -> None:
@@ -331,6 +357,11 @@ def test_welch_p_value_is_the_one_sided_welch_test() -> None:
                                                               rel=1e-9)
     assert bench.welch_p_value([0.2, 0.2], [0.1, 0.1]) == 0.0  # constant, strictly above
     assert bench.welch_p_value([0.1, 0.1], [0.1, 0.1]) == 1.0
+    # one constant group: t = (0.51 - 0.52) / sqrt(0.0002 / 2) = -1 on 1 degree of freedom, a
+    # Cauchy variable: P(T > -1) = 1/2 + atan(1) / pi = 0.75, without scipy's warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bench.welch_p_value([0.50, 0.52], [0.52, 0.52]) == pytest.approx(0.75, rel=1e-9)
 
 
 def test_noise_checks_separate_a_clear_lead_from_overlapping_seeds() -> None:
