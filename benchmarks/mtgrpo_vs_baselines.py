@@ -882,7 +882,8 @@ def runs_by_method(summaries: Sequence[RunSummary],
 
 def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
             mtgrpo_methods: Sequence[str], *, grpo: str = "grpo", dapo: str = "dapo",
-            tolerance: float = TOLERANCE) -> list[Check]:
+            tolerance: float = TOLERANCE,
+            noise: Sequence[NoiseCheck] | None = None) -> list[Check]:
     """Did MT-GRPO beat GRPO, match or beat DAPO, keep its average near the best, and reach
     the worst-task thresholds sooner? One :class:`Check` per question and MT-GRPO method.
 
@@ -890,13 +891,15 @@ def verdict(aggregate: SeedAggregateTable, summaries: Sequence[RunSummary],
     steps use :func:`steps_by_majority` on the eval steps of each seed. Where both methods
     have two or more finished seeds, a worst-task answer's evidence also says whether the gap
     stands outside the seed noise (:func:`noise_checks`: both one-sided tests at 5 %), since
-    an answer by the means alone can rest on a gap smaller than the noise.
+    an answer by the means alone can rest on a gap smaller than the noise; ``noise`` passes
+    tests already run (the report's "Signal and noise" section) instead of running them again.
     """
     by_name = {m.method: m for m in aggregate.methods}
     group_of = aggregate.group_of
     members = runs_by_method(summaries, group_of)
-    tests = {(c.method, c.other): c
-             for c in noise_checks(summaries, group_of, mtgrpo_methods, (grpo, dapo))}
+    if noise is None:
+        noise = noise_checks(summaries, group_of, mtgrpo_methods, (grpo, dapo))
+    tests = {(c.method, c.other): c for c in noise}
     averages = {m.method: m.final_average.mean for m in aggregate.methods if m.final_average}
     checks = []
     for name in mtgrpo_methods:
@@ -1370,8 +1373,8 @@ def write_results(plan: GridPlan, options: GridOptions, result: GridResult) -> P
     if comparison is not None:
         mtgrpo_methods = list(dict.fromkeys(r.method.name for r in plan.runs
                                             if r.method.is_mtgrpo))
-        checks = verdict(comparison.aggregate, comparison.summaries, mtgrpo_methods)
         noise = noise_checks(comparison.summaries, comparison.aggregate.group_of, mtgrpo_methods)
+        checks = verdict(comparison.aggregate, comparison.summaries, mtgrpo_methods, noise=noise)
         samples = eval_samples_per_task(plan)
         standard_error = evaluation_standard_error(comparison.summaries, samples)
         parts += _result_sections(comparison, checks, out,
