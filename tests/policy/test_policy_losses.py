@@ -17,6 +17,7 @@ from mtgrpo.policy import (
     plan_micro_batches,
     policy_loss,
 )
+from mtgrpo.policy.losses import LossOptions, loss_value_needs_logps
 from tolerance import assert_close_f32
 
 # Per-token losses L = -min(rho A, clip(rho, 0.8, 1.28) A) + 0.1 KL, KL = e^d - d - 1:
@@ -333,3 +334,42 @@ def test_normalizer_validation_and_combine_errors() -> None:
     out = policy_loss(torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"must cover rows 0\.\.2 exactly once"):
         combine_loss_outputs([out], [[0, 1]], num_rows=3)
+
+
+# At ratio 1 (old = logp detached) the value of every clipped and SAPO loss is a function of
+# the advantages and the mask alone: with A = (1, -2) and rows of 3 and 2 tokens the clipped
+# surrogate is -A per token, so "dapo" = (3 * -1 + 2 * 2) / 5 = 0.2 whatever logp is.
+@pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES.names()))
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("options", [
+    {}, {"importance_sampling_level": "sequence"}, {"delta": 1.5},
+    {"off_policy_threshold": 0.1},
+], ids=["token", "sequence", "delta", "off_policy"])
+def test_loss_value_at_ratio_one_needs_logps_only_where_declared(loss_type, beta, options):
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    advantages = torch.tensor([1.0, -2.0])
+    ref = -torch.rand(2, 3) * 3
+    normalizer = LossNormalizer.for_batch(mask.bool(), max_completion_length=4)
+
+    def value(logps):
+        return float(policy_loss(logps, advantages, mask, ref_logps=ref, loss_type=loss_type,
+                                 beta=beta, normalizer=normalizer,
+                                 options=LossOptions(**options)).loss)
+
+    at_zero, at_random = value(torch.zeros(2, 3)), value(-torch.rand(2, 3) * 5 - 0.1)
+    if loss_value_needs_logps(loss_type, beta):
+        assert at_zero != at_random  # the shortcut would change the number
+    else:
+        assert at_zero == at_random  # exactly: the evaluation loss may skip the forward
+    if loss_type == "dapo" and beta == 0.0:
+        assert at_zero == pytest.approx(0.2, rel=1e-6)
+
+
+def test_loss_value_needs_logps_for_kl_cispo_and_vespo_only():
+    assert not loss_value_needs_logps("dapo")
+    assert not loss_value_needs_logps("token_mean")  # an alias resolves to its loss
+    assert not loss_value_needs_logps("sapo")
+    assert loss_value_needs_logps("dapo", beta=0.04)
+    assert loss_value_needs_logps("cispo")
+    assert loss_value_needs_logps("vespo")

@@ -14,6 +14,7 @@ import trainer_helpers as common
 from transformers import TrainerCallback, TrainerState
 
 from mtgrpo import GRPOTrainer
+from mtgrpo.policy import PolicyBatch
 from mtgrpo.reporting import read_metrics
 
 
@@ -344,3 +345,53 @@ def test_push_to_hub_uploads_the_model_at_every_save_and_the_end(tiny_model_dir,
     checkpoint = fake_hub.commits[1]["files"]
     assert "last-checkpoint/trainable.safetensors" in checkpoint
     assert "last-checkpoint/optimizer.pt" in checkpoint
+
+
+def _eval_batch() -> PolicyBatch:
+    """Two completions of one prompt, 3 and 2 tokens long, advantages 1 and -2: at ratio 1 the
+    clipped surrogate is -A per token, so the token-mean ("dapo") loss is
+    (3 * -1 + 2 * 2) / 5 = 0.2."""
+    return PolicyBatch(
+        prompt_ids=torch.tensor([[5, 6, 7], [5, 6, 7]]), prompt_mask=torch.ones(2, 3),
+        completion_ids=torch.tensor([[8, 9, 10], [11, 12, 0]]),
+        completion_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        advantages=torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "sapo"])
+def test_evaluation_loss_runs_no_forward_where_its_value_needs_no_logps(
+        tiny_model_dir, tmp_path, monkeypatch, loss_type):
+    import mtgrpo.trainer.update as update_module
+
+    updater = _trainer(tiny_model_dir, tmp_path, loss_type=loss_type).updater
+    forwards, scored = [], updater._logps
+    monkeypatch.setattr(updater, "_logps",
+                        lambda *a, **k: forwards.append(1) or scored(*a, **k))
+    without = updater.evaluation_loss(_eval_batch())
+    assert forwards == []
+    if loss_type == "dapo":
+        assert without == pytest.approx(0.2, rel=1e-6)
+    monkeypatch.setattr(update_module, "loss_value_needs_logps", lambda *a, **k: True)
+    with_forward = updater.evaluation_loss(_eval_batch())
+    assert forwards
+    assert with_forward == without
+
+
+@pytest.mark.parametrize("overrides", [{"loss_type": "cispo"}, {"beta": 0.04}])
+def test_evaluation_loss_scores_the_completions_where_its_value_needs_them(
+        tiny_model_dir, tmp_path, monkeypatch, overrides):
+    updater = _trainer(tiny_model_dir, tmp_path, **overrides).updater
+    forwards, scored = [], updater._logps
+    monkeypatch.setattr(updater, "_logps",
+                        lambda *a, **k: forwards.append(1) or scored(*a, **k))
+    value = updater.evaluation_loss(_eval_batch())
+    if "beta" in overrides:
+        # the reference and the policy scored; before any update they are the same model, so
+        # the KL term is 0 and the value is the clipped surrogate's 0.2
+        assert len(forwards) == 2
+        assert value == pytest.approx(0.2, rel=1e-5)
+    else:
+        # CISPO's -w A logp: the log-probabilities of the tiny model, not a constant
+        assert forwards
+        assert math.isfinite(value)
+        assert value != pytest.approx(0.2, rel=1e-3)
