@@ -10,9 +10,9 @@ them, and reports TRL's ``eval_loss``: the GRPO loss of those completions at the
 With ``beta = 0`` and a loss without a ``logp`` factor (TRL's default ``dapo`` among them,
 :func:`mtgrpo.policy.losses.loss_value_needs_logps`) that value is a function of the advantages
 and the mask alone, and the trainer computes it without a forward pass. This script runs the
-evaluation of ``--config``'s held-out set twice with the same seed: first with the forward pass
-forced (how every evaluation ran before), then as shipped (both sampling from the same seed, so
-the same completions), and prints the time of each, the
+evaluation of ``--config``'s held-out set twice with the same seed: with the forward pass forced
+(how every evaluation ran before) and as shipped (both sampling from the same seed, so the same
+completions; the order alternates from one pair to the next), and prints the time of each, the
 ratio, and both losses (equal: ratio 1 exactly on both routes). ``--model`` replaces the run
 file's model (the warm start's ``sft/model`` of a finished run, so that nothing is trained
 here); ``--threads`` sets torch's CPU threads, ``--seed`` the sampling seed, ``--repeats`` runs
@@ -101,10 +101,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         trainer, suite = build_trainer(options.config, options.model, Path(tmp))
         try:
-            for seed in range(options.seed, options.seed + options.repeats):
-                with forward_forced():
-                    with_forward, before = timed_evaluation(trainer, seed)
-                without, after = timed_evaluation(trainer, seed)
+            for i, seed in enumerate(range(options.seed, options.seed + options.repeats)):
+                # alternate which route runs first, so that a first call's warm-up does not
+                # land on the same side every time
+                if i % 2 == 0:
+                    with forward_forced():
+                        with_forward, before = timed_evaluation(trainer, seed)
+                    without, after = timed_evaluation(trainer, seed)
+                else:
+                    without, after = timed_evaluation(trainer, seed)
+                    with forward_forced():
+                        with_forward, before = timed_evaluation(trainer, seed)
                 pairs.append({
                     "seed": seed, "seconds_with_forward": with_forward,
                     "seconds_without": without, "eval_loss_with_forward": before["eval_loss"],

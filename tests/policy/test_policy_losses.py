@@ -342,9 +342,11 @@ def test_normalizer_validation_and_combine_errors() -> None:
 @pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES.names()))
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("options", [
-    {}, {"importance_sampling_level": "sequence"}, {"delta": 1.5},
-    {"off_policy_threshold": 0.1},
-], ids=["token", "sequence", "delta", "off_policy"])
+    {}, {"importance_sampling_level": "sequence"}, {"delta": 1.5}, {"delta": 0.5},
+    {"off_policy_threshold": 0.1}, {"off_policy_threshold": -0.1},
+    {"use_bias_correction_kl": True}, {"sapo_temperature_pos": 2.0, "entropy_coef": 0.3},
+], ids=["token", "sequence", "delta", "delta_below_1", "off_policy", "off_policy_negative",
+        "bias_corrected_kl", "sapo_temperature_entropy"])
 def test_loss_value_at_ratio_one_needs_logps_only_where_declared(loss_type, beta, options):
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -362,8 +364,10 @@ def test_loss_value_at_ratio_one_needs_logps_only_where_declared(loss_type, beta
         assert at_zero != at_random  # the shortcut would change the number
     else:
         assert at_zero == at_random  # exactly: the evaluation loss may skip the forward
-    if loss_type == "dapo" and beta == 0.0:
+    if loss_type == "dapo" and beta == 0.0 and options in ({}, {"delta": 1.5}):
         assert at_zero == pytest.approx(0.2, rel=1e-6)
+    if loss_type == "dapo" and beta == 0.0 and options == {"off_policy_threshold": -0.1}:
+        assert at_zero == pytest.approx(-0.6, rel=1e-6)  # the A < 0 row dropped: -3 / 5
 
 
 def test_loss_value_needs_logps_for_kl_cispo_and_vespo_only():

@@ -276,22 +276,25 @@ def _vespo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
 
 
 _SURROGATE_OF = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
-# Surrogates whose per-token loss has a factor ``logp`` (its value, not only its gradient).
-_LOGP_FACTOR_SURROGATES = frozenset({"cispo", "vespo"})
+# Surrogates whose value at ratio 1 is a function of the advantages alone (a new surrogate is
+# presumed to need the log-probabilities until it is added here, with the test's check).
+_LOGP_FREE_SURROGATES = frozenset({"clip", "sapo"})
 
 
 def loss_value_needs_logps(loss_type: str, beta: float = 0.0) -> bool:
     """Whether the *value* of :func:`policy_loss` on the policy's own samples (``old_logps``
     = ``logps`` detached, ratio exactly 1, no entropy bonus) depends on the log-probabilities.
 
-    At ratio 1 the clipped surrogate is ``-A`` and SAPO's gate ``-sigmoid(0) (4 / tau) A``
-    whatever ``logp`` is (``logp - logp.detach()`` is exactly 0), and the off-policy mask keeps
-    every row; the value then needs only the advantages and the mask, so an evaluation loss
-    can be computed without a forward pass. It does need them with a KL term (``beta != 0``:
-    ``ref - logp``) and for CISPO and VESPO, whose per-token loss is ``-w A logp``.
+    At ratio 1 the clipped surrogate is ``-A`` (``min(1, delta) A`` with two-sided clipping)
+    and SAPO's gate ``-sigmoid(0) (4 / tau) A`` whatever ``logp`` is (``logp - logp.detach()``
+    is exactly 0 for a finite ``logp``), and the off-policy mask sees a divergence of 0; the
+    value then needs only the advantages and the mask, so an evaluation loss can be computed
+    without a forward pass (which would also have turned a non-finite ``logp`` into a NaN
+    loss). It does need them with a KL term (``beta != 0``: ``ref - logp``) and for CISPO and
+    VESPO, whose per-token loss is ``-w A logp``.
     """
     surrogate = _SURROGATE_OF.get(LOSS_TYPES.canonical(loss_type), "clip")
-    return beta != 0.0 or surrogate in _LOGP_FACTOR_SURROGATES
+    return beta != 0.0 or surrogate not in _LOGP_FREE_SURROGATES
 
 
 def policy_loss(
