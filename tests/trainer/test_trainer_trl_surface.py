@@ -395,3 +395,18 @@ def test_evaluation_loss_scores_the_completions_where_its_value_needs_them(
         assert forwards
         assert math.isfinite(value)
         assert value != pytest.approx(0.2, rel=1e-3)
+
+
+def test_evaluation_time_covers_the_loss(tiny_model_dir, tmp_path, monkeypatch):
+    import time
+
+    trainer = _trainer(tiny_model_dir, tmp_path)
+    scored = trainer.updater.evaluation_loss
+
+    def slow_loss(batch):
+        time.sleep(0.5)
+        return scored(batch)
+
+    monkeypatch.setattr(trainer.updater, "evaluation_loss", slow_loss)
+    metrics = trainer.evaluate(single_task_rows(2))
+    assert metrics["eval_time/eval"] >= 0.5  # generation, scoring and the loss, not the first two

@@ -847,9 +847,11 @@ class GRPOTrainer:
 
     def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:
         """Per-task accuracy (``num_generations_eval`` samples per prompt) and TRL's ``loss``:
-        the GRPO loss of the evaluation completions at the current policy."""
+        the GRPO loss of the evaluation completions at the current policy. ``time/eval``: the
+        seconds of the whole evaluation, the loss included."""
         from mtgrpo.evaluation import evaluate_prompts
 
+        begin = time.perf_counter()
         args, g = self.args, self.args.num_generations_eval
         self.unwrapped.eval()
         try:
@@ -870,6 +872,7 @@ class GRPOTrainer:
                 metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))
         finally:
             self.unwrapped.train()
+        metrics["time/eval"] = time.perf_counter() - begin
         return metrics
 
     def _eval_prompt_sets(self, eval_dataset: Any) -> dict[str | None, PromptSet]:
