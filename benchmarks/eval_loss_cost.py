@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,12 @@ def forward_forced() -> Any:
         update.loss_value_needs_logps = original
 
 
-def build_trainer(config: str, model: str | None, out: Path) -> tuple[Any, Any]:
+def trainer_for(config: str, model: str | None, out: Path) -> tuple[Any, Any]:
     """The trainer of run file ``config`` (a recipe name or a path) on ``model``, with its
     held-out set, writing to ``out``; and the task suite to close afterwards."""
     from mtgrpo.config import load_run_config
     from mtgrpo.recipes import recipe_path
-    from mtgrpo.trainer import GRPOTrainer
-    from mtgrpo.trainer.run import _eval_rows, _merge_rewards, _model_kwargs, prepare_model
+    from mtgrpo.trainer.run import build_trainer, prepare_model, run_inputs
 
     run = load_run_config(recipe_path(config))
     if run.tasks is None:
@@ -59,15 +58,10 @@ def build_trainer(config: str, model: str | None, out: Path) -> tuple[Any, Any]:
                          "task suite's held-out set")
     if model is not None:
         run.model.name_or_path, run.model.tiny = model, False
-    args = run.training
-    args.output_dir, args.report_to = str(out), []
+    run.training.output_dir, run.training.report_to = str(out), []
     suite = run.tasks.build_suite()
-    name = prepare_model(run, suite)
-    args.model_init_kwargs = _model_kwargs(run)
-    trainer = GRPOTrainer(name, _merge_rewards(suite.reward_routing, run.rewards), args=args,
-                          train_dataset=suite.train.start(),
-                          eval_dataset=_eval_rows(run, suite), peft_config=run.peft)
-    return trainer, suite
+    rewards, train = run_inputs(run, suite)
+    return build_trainer(run, prepare_model(run, suite), rewards, train, suite), suite
 
 
 def timed_evaluation(trainer: Any, seed: int = 0) -> tuple[float, dict[str, Any]]:
@@ -99,19 +93,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(options.threads)
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, suite = build_trainer(options.config, options.model, Path(tmp))
+        trainer, suite = trainer_for(options.config, options.model, Path(tmp))
         try:
             for i, seed in enumerate(range(options.seed, options.seed + options.repeats)):
                 # alternate which route runs first, so that a first call's warm-up does not
                 # land on the same side every time
-                if i % 2 == 0:
-                    with forward_forced():
-                        with_forward, before = timed_evaluation(trainer, seed)
-                    without, after = timed_evaluation(trainer, seed)
-                else:
-                    without, after = timed_evaluation(trainer, seed)
-                    with forward_forced():
-                        with_forward, before = timed_evaluation(trainer, seed)
+                timed = {}
+                for forced in ((True, False) if i % 2 == 0 else (False, True)):
+                    with forward_forced() if forced else nullcontext():
+                        timed[forced] = timed_evaluation(trainer, seed)
+                (with_forward, before), (without, after) = timed[True], timed[False]
                 pairs.append({
                     "seed": seed, "seconds_with_forward": with_forward,
                     "seconds_without": without, "eval_loss_with_forward": before["eval_loss"],

@@ -22,7 +22,7 @@ from mtgrpo.tasks import TasksConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_suite", "prepare_model", "run_training"]
+__all__ = ["build_suite", "build_trainer", "prepare_model", "run_inputs", "run_training"]
 
 def build_suite(tasks: TasksConfig | Mapping[str, Any], **overrides: Any) -> Any:
     """The :class:`~mtgrpo.tasks.TaskSuite` of a ``tasks`` section (``overrides``: other values
@@ -150,40 +150,54 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     return str(result.model_dir)
 
 
-def run_training(run: RunConfig) -> dict[str, Any]:
-    """Build everything a run config describes, train, and write the report."""
-    from mtgrpo.models import release_memory
+def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
+    """``(rewards, train_dataset)`` of a run config: the task suite's routed rewards (merged
+    with the ``rewards`` section) and its training stream, started now so that problems are
+    generated while anything else (a warm start) runs; or, without a suite, the ``rewards``
+    section and ``data.train``."""
+    if suite is not None:
+        return _merge_rewards(suite.reward_routing, run.rewards), suite.train.start()
+    if run.data.train is None or run.rewards is None:
+        raise ValueError("without a tasks section the config needs data.train and rewards")
+    return run.rewards, _load(run, run.data.train, run.data.split)
+
+
+def build_trainer(run: RunConfig, model: Any, rewards: Any, train: Any,
+                  suite: Any = None) -> Any:
+    """The :class:`~mtgrpo.trainer.GRPOTrainer` a run config describes, on ``model`` (a name,
+    a path or a module), with ``rewards`` and ``train`` from :func:`run_inputs` and the
+    held-out set of ``suite`` (or of ``data.eval``)."""
     from mtgrpo.trainer import GRPOTrainer
 
     args = run.training
+    args.model_init_kwargs = _model_kwargs(run)
+    return GRPOTrainer(
+        model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
+        peft_config=run.peft, run_config=run.to_dict(),
+    )
+
+
+def run_training(run: RunConfig) -> dict[str, Any]:
+    """Build everything a run config describes, train, and write the report."""
+    from mtgrpo.models import release_memory
+
     suite = run.tasks.build_suite() if run.tasks is not None else None
     try:
         model = prepare_model(run, suite)
-        if suite is not None:
-            rewards = _merge_rewards(suite.reward_routing, run.rewards)
-            train = suite.train.start()
-        else:
-            if run.data.train is None or run.rewards is None:
-                raise ValueError("without a tasks section the config needs data.train and "
-                                 "rewards")
-            rewards, train = run.rewards, _load(run, run.data.train, run.data.split)
+        rewards, train = run_inputs(run, suite)
         if run.sft is not None:
             if suite is None:
                 raise ValueError("the sft section warm-starts on a task suite's gold answers; "
                                  "add a tasks section, or run `mtgrpo sft --data FILE` first")
             model = _warm_start(run, model, suite)
             release_memory()  # the fine-tuned model and its optimizer state are gone: hand back
-        args.model_init_kwargs = _model_kwargs(run)
-        trainer = GRPOTrainer(
-            model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
-            peft_config=run.peft, run_config=run.to_dict(),
-        )
+        trainer = build_trainer(run, model, rewards, train, suite)
         metrics = trainer.train()
     finally:
         if suite is not None:
             suite.close()
     if trainer.is_main_process:
-        _write_report(Path(args.output_dir))
+        _write_report(Path(run.training.output_dir))
     return metrics
 
 
