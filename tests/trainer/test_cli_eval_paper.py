@@ -145,7 +145,8 @@ def test_clear_errors_before_any_model_loads(tmp_path, tiny_model_dir, release, 
         (["--tasks", "countdown:easy", "--paper-test-sets", release, "--answer-format", "tags"],
          ["released prompts have their own format", "drop --prompt-format/--answer-format"]),
         (["--paper-test-sets", release], ["needs the levels to evaluate: --tasks"]),
-        (["--config", own, "--tasks", "countdown:easy"], ["give --tasks or --config, not both"]),
+        (["--config", own, "--tasks", "countdown:easy"],
+         ["countdown:easy is not a task of this config", "countdown:3x20, letter_counting:3-6"]),
     ]  # fmt: skip
     for extra, messages in cases:
         assert main(["eval", "--model", missing, *extra]) == 2, extra

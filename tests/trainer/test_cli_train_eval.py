@@ -97,9 +97,15 @@ def test_eval_on_a_run_files_tasks(tmp_path, tiny_model_dir, capsys):
     assert main([*common, "--eval-size", "1", "--out", str(tmp_path / "b")]) == 0
     results = json.loads((tmp_path / "b" / "results.json").read_text())
     assert {r["prompts"] for r in results["tasks"].values()} == {1}
+    # --tasks picks some of the config's tasks (same prompts); one it lacks is an error
+    assert main([*common, "--tasks", "countdown:easy", "--out", str(tmp_path / "c")]) == 0
+    picked = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert {t: r["prompts"] for t, r in picked["tasks"].items()} == {"countdown:easy": 2}
     capsys.readouterr()
-    assert main([*common, "--tasks", "countdown:easy"]) == 2
-    assert "not both" in capsys.readouterr().err
+    assert main([*common, "--tasks", "zebra_puzzles:easy", "--out", str(tmp_path / "d")]) == 2
+    assert ("zebra_puzzles:easy is not a task of this config; its tasks are countdown:easy, "
+            "arc_1d:easy") in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 def test_help_of_every_command(capsys):

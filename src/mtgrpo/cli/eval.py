@@ -6,9 +6,20 @@ baseline results file. Prompts come from a task suite (``--tasks``: a suite name
 ``mtgrpo3`` or task ids ``countdown:easy,arc_1d:easy``; ``--eval-size`` prompts per task,
 the suite's held-out split), from a run file's or recipe's ``tasks`` section (``--config
 smollm2-mtgrpo3-easy``: its tasks, formats, seed and held-out split, the same prompts the
-trainer evaluates on), from the papers' released test sets (``--paper-test-sets DIR``), or
-from a file with a task column (``--data FILE --rewards NAME,...``).
+trainer evaluates on; ``--tasks`` picks some of them), from the papers' released test sets
+(``--paper-test-sets DIR``), or from a file with a task column (``--data FILE --rewards
+NAME,...``).
 Writes ``results.json`` to ``--out`` and prints a table.
+
+A held-out split larger than the config's ``eval_size`` (or drawn with another ``--seed``)
+would hold problems the run trained on: in a small problem space such as two-digit addition,
+about one in five past the first 100. With ``--config`` each of them is replaced by an
+unseen problem (the run's training split and warm start are generated, or read from the cache,
+to find them; the config's own split needs nothing), and ``results.json`` records how many
+(``replaced_problems``), e.g.::
+
+    mtgrpo eval --model CHECKPOINT --config smollm2-cpu --tasks countdown:3x20 \\
+        --eval-size 800 --num-samples 1
 
 The papers' test sets hold 200 problems for each of 12 levels (``countdown:easy`` …
 ``arc_1d:very_hard``); ``--tasks`` names the levels. With ``--config`` a trained run's
@@ -39,13 +50,15 @@ PAPER_PROMPTS = ("config", "released")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name, directory, adapter or .gguf")
     parser.add_argument("--tasks", help="suite name or comma-separated task ids (with "
-                        "--paper-test-sets: the papers' levels, e.g. countdown:easy)")
+                        "--config: some of its tasks; with --paper-test-sets: the papers' "
+                        "levels, e.g. countdown:easy)")
     parser.add_argument("--config", help="a run file or built-in recipe (e.g. "
                         "smollm2-mtgrpo3-easy): evaluate on its tasks section, with its prompt "
                         "and answer formats, seed, eval size and completion length")
     parser.add_argument("--eval-size", type=int, help="prompts per task (default: 200, or the "
-                        "config's eval_size; papers' test sets: all 200, or the config's "
-                        "paper_test_per_task)")
+                        "config's eval_size; more than that, or another --seed, replaces every "
+                        "problem the config trains on; papers' test sets: all 200, or the "
+                        "config's paper_test_per_task)")
     parser.add_argument("--seed", type=int, help="suite seed (held-out split; default: 0, or "
                         "the config's)")
     parser.add_argument("--paper-test-sets", help="directory of the papers' released test sets: "
@@ -94,12 +107,13 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
     if args.paper_test_sets:
         return _paper_inputs(args, extra)
     if args.config:
-        if args.tasks:
-            raise ValueError("give --tasks or --config, not both (with --paper-test-sets, "
-                             "--tasks names the papers' levels to evaluate a run's model on)")
-        suite = _run_tasks(args).build_suite(train_size=1, **{key: value for key, value in (
-            ("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
-            ("answer_format", args.answer_format), ("seed", args.seed)) if value is not None})
+        from mtgrpo.trainer.run import held_out_suite
+
+        suite = held_out_suite(
+            _run_config(args), _task_list(args.tasks) if args.tasks else None,
+            **{key: value for key, value in (
+                ("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
+                ("answer_format", args.answer_format), ("seed", args.seed)) if value is not None})
     elif args.tasks:
         from mtgrpo.tasks import TaskSuite
 
@@ -122,9 +136,9 @@ def _task_list(tasks: str) -> list[str]:
     return list(SUITES.get(tasks)) if tasks in SUITES else [t.strip() for t in tasks.split(",")]
 
 
-def _run_tasks(args: argparse.Namespace):
-    """The ``tasks`` section of ``--config``; its ``max_completion_length`` becomes the default
-    of ``--max-new-tokens``."""
+def _run_config(args: argparse.Namespace):
+    """The run config of ``--config`` (it must have a ``tasks`` section); its
+    ``max_completion_length`` becomes the default of ``--max-new-tokens``."""
     from mtgrpo.config import load_run_config
     from mtgrpo.recipes import recipe_path
 
@@ -133,14 +147,14 @@ def _run_tasks(args: argparse.Namespace):
         raise ValueError(f"{args.config} has no tasks section; use --tasks or --data")
     if args.max_new_tokens is None:
         args.max_new_tokens = run.training.max_completion_length
-    return run.tasks
+    return run
 
 
 def _paper_inputs(args: argparse.Namespace, extra: list[str] | None) -> _Inputs:
     """The papers' released test sets, asked verbatim or in the config's formats."""
     from mtgrpo.tasks import PAPER_TASK_IDS, load_paper_test_sets, resolve_task, reward_routing
 
-    tasks_config = _run_tasks(args) if args.config else None
+    tasks_config = _run_config(args).tasks if args.config else None
     if not args.tasks and tasks_config is None:
         raise ValueError("--paper-test-sets needs the levels to evaluate: --tasks (e.g. "
                          f"countdown:easy; valid: {', '.join(PAPER_TASK_IDS)}) or --config RUN "
@@ -234,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mtgrpo eval: {exc}", file=sys.stderr)
         return 2
     result.extra.update(inputs.record)
+    if inputs.suite is not None and inputs.suite.exclude_eval_rows:
+        result.extra["replaced_problems"] = _replaced(inputs.suite, args.config)
     if baseline is not None:
         accuracy = {t: r.accuracy for t, r in result.tasks.items()}
         change = delta_m(accuracy, {t: r.accuracy for t, r in baseline.tasks.items()})
@@ -245,6 +261,18 @@ def run(args: argparse.Namespace) -> int:
     _print(result)
     print(f"results: {path}")
     return 0
+
+
+def _replaced(suite: Any, config: str) -> dict[str, int]:
+    """How many held-out problems of each task replaced another (one the run trains on, or,
+    rarely, one whose generation failed), printed."""
+    from mtgrpo.trainer.run import replaced_items
+
+    counts = replaced_items(suite.eval.rows())
+    for task, count in counts.items():
+        print(f"{task}: {count} of {suite.sizes['eval']} held-out problems replace problems "
+              f"{config} trains on")
+    return counts
 
 
 def _print(result) -> None:

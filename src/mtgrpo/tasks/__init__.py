@@ -54,6 +54,7 @@ from mtgrpo.tasks.suite import (
     TaskSuite,
     make_suite,
     measure_generation,
+    problem_keys,
     split_seed,
 )
 
@@ -95,6 +96,7 @@ __all__ = [
     "nearest_paper_level",
     "paper_task_id",
     "paper_task_of",
+    "problem_keys",
     "resolve_task",
     "reward_routing",
     "solve_countdown",

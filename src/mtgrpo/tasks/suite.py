@@ -23,7 +23,9 @@ generic reasoning-gym datasets) are also de-duplicated by content: a training it
 whose problem occurs in the evaluation split of the same task, or in rows passed as
 ``exclude`` (e.g. the papers' test sets), is replaced. Building the training split of
 such a task therefore generates its evaluation split first (countdown: well under a
-second for 200 items).
+second for 200 items). An evaluation item whose problem occurs in rows passed as
+``exclude_eval`` (the problems a model trained on, when its checkpoint is measured on a
+larger or reseeded held-out split than its run's) is replaced likewise.
 
 Replacement rule (deterministic). Position ``p`` of a split of size ``n`` is filled
 from source index ``p``; if that item is rejected (generation raised, exceeded
@@ -93,6 +95,7 @@ __all__ = [
     "TaskSuite",
     "make_suite",
     "measure_generation",
+    "problem_keys",
     "split_seed",
 ]
 
@@ -515,7 +518,9 @@ class SuiteSplit:
         self._stop.set()
 
 
-def _exclusion_keys(spec: TaskSpec, rows: Iterable[Mapping[str, Any]]) -> set[str]:
+def problem_keys(spec: TaskSpec, rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The content keys of the rows of ``spec``'s family (empty for a family without one):
+    two problems with the same key are the same problem, whatever task or split holds them."""
     key = spec.family.content_key
     keys: set[str] = set()
     if key is None:
@@ -550,6 +555,7 @@ class TaskSuite:
         system_prompt: str | None = None,
         reward_scheme: RewardScheme | None = None,
         exclude: Iterable[Mapping[str, Any]] = (),
+        exclude_eval: Iterable[Mapping[str, Any]] = (),
         cache_dir: str | None = None,
         use_cache: bool = True,
         workers: int | None = None,
@@ -570,6 +576,7 @@ class TaskSuite:
         self.render = RenderOptions(prompt_format, answer_format, think_prefix, system_prompt)
         self.reward_scheme = reward_scheme or RewardScheme()
         self.exclude_rows = list(exclude)
+        self.exclude_eval_rows = list(exclude_eval)
         self.cache_dir = cache_dir
         self.use_cache = use_cache
         self.max_retries = max_retries
@@ -608,7 +615,9 @@ class TaskSuite:
         if split == "train" and key is not None:
             eval_items = self.split("eval").task(spec.task_id).all_items()
             exclude = {key(item["metadata"]) for item in eval_items}
-            exclude |= _exclusion_keys(spec, self.exclude_rows)
+            exclude |= problem_keys(spec, self.exclude_rows)
+        elif split == "eval":
+            exclude = problem_keys(spec, self.exclude_eval_rows)
         excluded = frozenset(exclude)
         digest = (
             hashlib.sha256("\n".join(sorted(excluded)).encode()).hexdigest() if excluded else ""

@@ -22,7 +22,16 @@ from mtgrpo.tasks import TasksConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_suite", "build_trainer", "prepare_model", "run_inputs", "run_training"]
+__all__ = [
+    "build_suite",
+    "build_trainer",
+    "held_out_suite",
+    "prepare_model",
+    "replaced_items",
+    "run_inputs",
+    "run_training",
+    "trained_problems",
+]
 
 def build_suite(tasks: TasksConfig | Mapping[str, Any], **overrides: Any) -> Any:
     """The :class:`~mtgrpo.tasks.TaskSuite` of a ``tasks`` section (``overrides``: other values
@@ -113,16 +122,86 @@ def _model_kwargs(run: RunConfig) -> dict[str, Any]:
     return init
 
 
-def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int) -> list[dict]:
+def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int,
+                     tasks: Any = None) -> list[dict]:
     """Problems for the warm start: generated with another seed than GRPO's training problems
     (so GRPO trains on problems the warm start never answered) and excluding every problem of
-    the evaluation split."""
+    the evaluation split (``tasks``: those of some of the suite's tasks only, the same rows)."""
     from mtgrpo.tasks import TaskSuite
 
     options = {**run.tasks.suite_options(), "seed": run.tasks.seed + offset,
                "train_size": per_task}
-    with TaskSuite(suite.tasks, exclude=suite.eval.rows(), **options) as warm:
+    with TaskSuite(tasks or suite.tasks, exclude=suite.eval.rows(), **options) as warm:
         return warm.train.rows()
+
+
+# Replacements allowed per held-out position when seen problems are excluded: a small problem
+# space (two-digit addition) repeats ~19 % of 2,000 training problems in 800 others, so the
+# suite's default of 3 would fail about one position in 800; 10 fails one in ~10⁸.
+_HELD_OUT_RETRIES = 10
+
+
+def trained_problems(run: RunConfig, tasks: Any = None) -> list[dict]:
+    """Every problem a run config trains on: the rows of its training split and of its warm
+    start (the ``sft`` section), for the tasks of content-keyed families (countdown and the
+    generic reasoning-gym datasets; others cannot be matched by content) among ``tasks``
+    (task ids; default: all of the ``tasks`` section's)."""
+    from mtgrpo.tasks import TaskSuite
+
+    if run.tasks is None:
+        raise ValueError("the config has no tasks section: its training problems are its data")
+    with TaskSuite(run.tasks.task_list, **run.tasks.suite_options()) as trained:
+        wanted = trained.task_ids if tasks is None else list(tasks)
+        keyed = [spec for spec in trained.tasks
+                 if spec.task_id in wanted and spec.family.content_key is not None]
+        rows = [row for spec in keyed for row in trained.train.task(spec.task_id).rows()]
+        if run.sft is not None and keyed:
+            rows += _warm_start_rows(run, trained, run.sft.num_examples, run.sft.seed_offset,
+                                     keyed)
+    return rows
+
+
+def held_out_suite(run: RunConfig, tasks: Any = None, **overrides: Any) -> Any:
+    """The task suite to evaluate a model that ``run`` trained: its ``tasks`` section (``tasks``:
+    some of its task ids; ``overrides``: other suite options, such as a larger ``eval_size``,
+    another ``seed`` or other formats) whose evaluation split holds no problem the run trained
+    on. The run's own held-out split (its seed, at most its ``eval_size`` items) is disjoint
+    from its training and warm-start problems by construction; any other held-out split is
+    drawn with each of those problems replaced (content-keyed families; see
+    :func:`trained_problems`), which in a small problem space is ~10-20 % of the items past the
+    run's own. ``suite.eval`` rows whose ``source_index`` differs from their position are the
+    replaced ones (:func:`replaced_items`)."""
+    from mtgrpo.tasks import TaskSuite, resolve_task
+
+    if run.tasks is None:
+        raise ValueError("the config has no tasks section to evaluate on; use --tasks or --data")
+    config = run.tasks
+    own = {spec.task_id: spec for spec in map(resolve_task, config.task_list)}
+    wanted = list(own) if tasks is None else list(dict.fromkeys(tasks))
+    unknown = [task for task in wanted if task not in own]
+    if unknown or not wanted:
+        raise ValueError(f"{', '.join(unknown) or 'no task'} is not a task of this config; its "
+                         f"tasks are {', '.join(own)} (name some of them, comma-separated)")
+    options = {**config.suite_options(), "train_size": 1, **overrides}
+    specs = [own[task] for task in wanted]
+    if options["seed"] == config.seed and options["eval_size"] <= config.eval_size:
+        return TaskSuite(specs, **options)
+    options["max_retries"] = max(options["max_retries"], _HELD_OUT_RETRIES)
+    return TaskSuite(specs, exclude_eval=trained_problems(run, wanted), **options)
+
+
+def replaced_items(rows: Any) -> dict[str, int]:
+    """``{task: rows drawn from another source index than their position}`` of a held-out
+    split: problems that replaced a seen, failed or timed-out one."""
+    import json
+
+    counts: dict[str, int] = {}
+    for row in rows:
+        metadata = row["metadata"]
+        metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+        position = int(row["id"].rsplit("/", 1)[1])
+        counts[row["task"]] = counts.get(row["task"], 0) + (metadata["source_index"] != position)
+    return counts
 
 
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
