@@ -61,8 +61,10 @@ def test_trained_problems_are_the_training_split_and_the_warm_start(tmp_path):
 
 def test_the_runs_own_split_is_returned_as_it_was_trained(tmp_path):
     run = _run(tmp_path)
-    with run.tasks.build_suite() as trained, held_out_suite(run) as own:
+    told = []
+    with run.tasks.build_suite() as trained, held_out_suite(run, progress=told.append) as own:
         assert own.exclude_eval_rows == []  # nothing to find: disjoint by construction
+        assert told == []
         assert own.eval.rows() == trained.eval.rows()
     with held_out_suite(run, eval_size=EVAL_SIZE - 4) as smaller:
         assert smaller.exclude_eval_rows == []
@@ -75,8 +77,12 @@ def test_a_larger_split_replaces_exactly_the_trained_problems(tmp_path):
         first = own.eval.rows()
     with run.tasks.build_suite(train_size=1, eval_size=60) as plain:  # what eval-size 60 drew
         unfiltered = plain.eval.rows()
-    with held_out_suite(run, eval_size=60) as larger:
+    told = []
+    with held_out_suite(run, eval_size=60, progress=told.append) as larger:
         rows = larger.eval.rows()
+    assert told == ["a held-out split of 60 problems per task, seed 0 (the run's own: 10, seed "
+                    "0): leaving out the problems the run trains on (40 per task and 20 of the "
+                    "warm start; from the task cache, or generated now)"]
     replaced = replaced_items(rows)
     for task in ("countdown:small", "addition:1d", "letter_counting"):
         mine = [row for row in rows if row["task"] == task]
@@ -144,7 +150,9 @@ def test_mtgrpo_eval_config_with_a_larger_split(tmp_path, tiny_model_dir, capsys
     assert main(["eval", "--model", str(tiny_model_dir), "--config", str(path), "--tasks",
                  "addition:1d", "--eval-size", "40", "--num-samples", "1",
                  "--out", str(out)]) == 0  # fmt: skip
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "leaving out the problems the run trains on (40 per task;" in captured.err
     result = json.loads((out / "results.json").read_text())
     with held_out_suite(_run(tmp_path, sft=False), ["addition:1d"], eval_size=40) as suite:
         expected = replaced_items(suite.eval.rows())

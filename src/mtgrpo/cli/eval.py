@@ -111,6 +111,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
 
         suite = held_out_suite(
             _run_config(args), _task_list(args.tasks) if args.tasks else None,
+            progress=lambda message: print(f"mtgrpo eval: {message}", file=sys.stderr),
             **{key: value for key, value in (
                 ("eval_size", args.eval_size), ("prompt_format", args.prompt_format),
                 ("answer_format", args.answer_format), ("seed", args.seed)) if value is not None})

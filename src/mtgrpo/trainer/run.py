@@ -161,7 +161,8 @@ def trained_problems(run: RunConfig, tasks: Any = None) -> list[dict]:
     return rows
 
 
-def held_out_suite(run: RunConfig, tasks: Any = None, **overrides: Any) -> Any:
+def held_out_suite(run: RunConfig, tasks: Any = None, progress: Any = logger.info,
+                   **overrides: Any) -> Any:
     """The task suite to evaluate a model that ``run`` trained: its ``tasks`` section (``tasks``:
     some of its task ids; ``overrides``: other suite options, such as a larger ``eval_size``,
     another ``seed`` or other formats) whose evaluation split holds no problem the run trained
@@ -170,7 +171,8 @@ def held_out_suite(run: RunConfig, tasks: Any = None, **overrides: Any) -> Any:
     drawn with each of those problems replaced (content-keyed families; see
     :func:`trained_problems`), which in a small problem space is ~10-20 % of the items past the
     run's own. ``suite.eval`` rows whose ``source_index`` differs from their position are the
-    replaced ones (:func:`replaced_items`)."""
+    replaced ones (:func:`replaced_items`). ``progress`` is told when the run's problems are
+    gathered (generating a large training split that is not cached takes minutes)."""
     from mtgrpo.tasks import TaskSuite, resolve_task
 
     if run.tasks is None:
@@ -187,6 +189,11 @@ def held_out_suite(run: RunConfig, tasks: Any = None, **overrides: Any) -> Any:
     if options["seed"] == config.seed and options["eval_size"] <= config.eval_size:
         return TaskSuite(specs, **options)
     options["max_retries"] = max(options["max_retries"], _HELD_OUT_RETRIES)
+    warm = f" and {run.sft.num_examples} of the warm start" if run.sft is not None else ""
+    progress(f"a held-out split of {options['eval_size']} problems per task, seed "
+             f"{options['seed']} (the run's own: {config.eval_size}, seed {config.seed}): "
+             f"leaving out the problems the run trains on ({config.train_size} per task{warm}; "
+             "from the task cache, or generated now)")
     return TaskSuite(specs, exclude_eval=trained_problems(run, wanted), **options)
 
 
