@@ -1,0 +1,273 @@
+"""The final checkpoints of a comparison grid, scored again on a larger held-out split.
+
+    python benchmarks/final_checkpoints.py --grid GRID --config smollm2-cpu \
+        --tasks countdown:3x20,addition:2d --eval-size 800 --jobs 2 --threads 1
+
+A grid of ``benchmarks/mtgrpo_vs_baselines.py`` evaluates its runs every ``eval_steps`` on the
+config's own held-out split, which is small on a CPU (smollm2-cpu: 100 prompts × 2 samples
+per task, a standard error of 2.7 points at 18 %), so methods whose seeds land a few points
+apart cannot be told apart by it. This script scores the final checkpoint of every finished
+run (``GRID/<method>-seed<k>/checkpoint-<max_steps>/model``) and the grid's shared warm start
+(``GRID/warm_start/sft/model``, when there is one) on ``--eval-size`` held-out prompts of each
+task in ``--tasks``, with ``--num-samples`` samples each at the config's evaluation
+temperature, by running
+
+    mtgrpo eval --model CHECKPOINT --config CONFIG --tasks TASK --eval-size N --num-samples S
+
+whose held-out split holds none of the problems the runs trained on (their training split and
+the warm start's; ``mtgrpo.trainer.run.held_out_suite``). ``--config`` is the grid's base config
+(the runs' own tasks section). A finished evaluation (``OUT/<task>/<label>/results.json``) is
+kept, so the script resumes where it stopped.
+
+Then, per task: every run's accuracy and its binomial standard error, each method's mean over
+seeds, the gain over the warm start with the standard error of that gain (the evaluation noise
+of the seed mean and of the warm start's score) and whether it exceeds twice it; and, on the
+worst of these tasks per run, one-sided Welch and exact permutation tests of each MT-GRPO
+method above GRPO and above DAPO (the tests of ``mtgrpo_vs_baselines.py``). Writes
+``OUT/results.md`` and ``OUT/results.json`` (default ``OUT``: ``GRID/final_checkpoints``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+LABEL = re.compile(r"^(?P<method>.+)-seed(?P<seed>\d+)$")
+WARM_START = "warm_start"
+BASELINES = ("grpo", "dapo")
+
+
+def _grid_module() -> ModuleType:
+    """``mtgrpo_vs_baselines.py`` beside this file (its noise tests)."""
+    path = Path(__file__).with_name("mtgrpo_vs_baselines.py")
+    if path.stem in sys.modules:
+        return sys.modules[path.stem]
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    label: str  # "<method>-seed<k>" or "warm_start"
+    method: str
+    seed: int | None
+    model: Path
+
+
+def find_checkpoints(grid: Path, max_steps: int) -> list[Checkpoint]:
+    """The grid's finished runs (a ``checkpoint-<max_steps>/model``), sorted by method and
+    seed, and its warm start's model when there is one (first)."""
+    found = []
+    warm = grid / WARM_START / "sft" / "model"
+    if warm.is_dir():
+        found.append(Checkpoint(WARM_START, WARM_START, None, warm))
+    runs = []
+    for run in sorted(grid.iterdir()):
+        match = LABEL.match(run.name)
+        model = run / f"checkpoint-{max_steps}" / "model"
+        if match and model.is_dir():
+            runs.append(Checkpoint(run.name, match["method"], int(match["seed"]), model))
+    if not runs:
+        raise ValueError(f"no finished run in {grid}: expected <method>-seed<k>/checkpoint-"
+                         f"{max_steps}/model (max_steps {max_steps} of the config); finish the "
+                         "grid's runs first, or pass the grid's own --config")
+    return found + sorted(runs, key=lambda c: (c.method, c.seed))
+
+
+def _task_dir(task: str) -> str:
+    return task.replace(":", "_")
+
+
+def evaluate(checkpoint: Checkpoint, task: str, args: argparse.Namespace) -> Path:
+    """``OUT/<task>/<label>/results.json`` of one checkpoint on one task (run if missing)."""
+    out = args.out / _task_dir(task) / checkpoint.label
+    results = out / "results.json"
+    if results.is_file():
+        return results
+    command = [sys.executable, "-c", "import sys; from mtgrpo.cli import main; "
+               "sys.exit(main(sys.argv[1:]))", "eval", "--model", str(checkpoint.model),
+               "--config", args.config, "--tasks", task, "--eval-size", str(args.eval_size),
+               "--num-samples", str(args.num_samples), "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "eval.log", "w") as log:
+        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0 or not results.is_file():
+        raise RuntimeError(f"mtgrpo eval of {checkpoint.label} on {task} failed (exit {code}); "
+                           f"its output is in {out / 'eval.log'}")
+    return results
+
+
+def _standard_error(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
+def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequence[Checkpoint],
+              tasks: Sequence[str]) -> dict[str, Any]:
+    """Per task and method: accuracies, means, gains over the warm start with their standard
+    errors; per MT-GRPO method and baseline: the noise tests on the worst of ``tasks``.
+
+    ``scores[task][label]`` is ``{"accuracy": fraction, "samples": scored completions}``.
+    """
+    grid = _grid_module()
+    runs = [c for c in checkpoints if c.seed is not None]
+    methods = list(dict.fromkeys(c.method for c in runs))
+    summary: dict[str, Any] = {"tasks": {}, "worst": {}, "tests": []}
+    for task in tasks:
+        per_method = {}
+        warm = scores[task].get(WARM_START)
+        for method in methods:
+            mine = [(c.seed, scores[task][c.label]) for c in runs if c.method == method]
+            accuracy = [s["accuracy"] for _, s in mine]
+            mean = sum(accuracy) / len(accuracy)
+            noise = math.sqrt(sum(_standard_error(s["accuracy"], s["samples"]) ** 2
+                                  for _, s in mine)) / len(mine)  # fmt: skip
+            entry = {"seeds": [seed for seed, _ in mine], "accuracy": accuracy, "mean": mean,
+                     "sd": _sd(accuracy), "mean_standard_error": noise}
+            if warm is not None:
+                gain_error = math.hypot(noise, _standard_error(warm["accuracy"], warm["samples"]))
+                entry |= {"gain": mean - warm["accuracy"], "gain_standard_error": gain_error,
+                          "gain_above_2se": mean - warm["accuracy"] > 2 * gain_error}
+            per_method[method] = entry
+        summary["tasks"][task] = {"warm_start": warm, "methods": per_method,
+                                  "samples": {label: s["samples"]
+                                              for label, s in scores[task].items()}}
+    worst = {c.label: min(scores[task][c.label]["accuracy"] for task in tasks) for c in runs}
+    by_method = {m: [worst[c.label] for c in runs if c.method == m] for m in methods}
+    summary["worst"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in by_method.items()}
+    for method in (m for m in methods if m.startswith("mtgrpo")):
+        for other in (b for b in BASELINES if b in by_method):
+            mine, theirs = by_method[method], by_method[other]
+            if len(mine) < 2 or len(theirs) < 2:
+                continue
+            summary["tests"].append({
+                "method": method, "other": other, "mean": sum(mine) / len(mine),
+                "other_mean": sum(theirs) / len(theirs),
+                "welch_p": grid.welch_p_value(mine, theirs),
+                "permutation_p": grid.permutation_p_value(mine, theirs)})
+    return summary
+
+
+def _sd(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _ratio(gain: float, error: float) -> str:
+    """``gain / error`` to one decimal; "—" where both are 0 (every score 0 or 1)."""
+    if error > 0:
+        return f"{gain / error:+.1f}"
+    return "—" if gain == 0 else ("+inf" if gain > 0 else "-inf")
+
+
+def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
+    """Markdown of :func:`summarize`."""
+    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+    lines = ["# Final checkpoints on a larger held-out split", "",
+             f"Command: `python benchmarks/final_checkpoints.py --grid {args.grid} --config "
+             f"{args.config} --tasks {','.join(args.tasks)} --eval-size {args.eval_size} "
+             f"--num-samples {args.num_samples}`", "",
+             f"Each checkpoint: {args.eval_size} held-out prompts per task × {args.num_samples} "
+             "sample(s), none of them a problem the runs trained on (training split or warm "
+             "start). Accuracies in %; SE: binomial standard error of the evaluation.", ""]
+    for task, entry in summary["tasks"].items():
+        warm = entry["warm_start"]
+        lines += [f"## {task}", ""]
+        if warm is not None:
+            lines += [f"Warm start: {pct(warm['accuracy'])} % "
+                      f"(SE {pct(_standard_error(warm['accuracy'], warm['samples']))}).", ""]
+        lines += ["| method | per seed | mean ± sd | SE of the mean (eval) | gain over the warm "
+                  "start | gain / SE | > 2 SE |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for method, m in entry["methods"].items():
+            seeds = ", ".join(f"{pct(a)} (s{s})" for s, a in zip(m["seeds"], m["accuracy"],
+                                                                    strict=True))
+            gain = ("| — | — | — |" if "gain" not in m else
+                    f"| {100 * m['gain']:+.1f} ± {pct(m['gain_standard_error'])} | "
+                    f"{_ratio(m['gain'], m['gain_standard_error'])} | "
+                    f"{'yes' if m['gain_above_2se'] else 'no'} |")
+            lines.append(f"| {method} | {seeds} | {pct(m['mean'])} ± {pct(m['sd'])} | "
+                         f"{pct(m['mean_standard_error'])} {gain}")
+        lines.append("")
+    means = [f"{method} {pct(w['mean'])} ({', '.join(pct(v) for v in w['values'])})"
+             for method, w in summary["worst"].items()]
+    lines += ["## Worst task", "", "Per run, the lowest accuracy of the tasks above; means over "
+              f"seeds: {', '.join(means)}.", ""]
+    for t in summary["tests"]:
+        lines.append(f"- {t['method']} above {t['other']}: {pct(t['mean'])} against "
+                     f"{pct(t['other_mean'])}; one-sided Welch p = {t['welch_p']:.3f}, exact "
+                     f"permutation p = {t['permutation_p']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", type=Path, required=True,
+                        help="the grid directory of mtgrpo_vs_baselines.py (its --out)")
+    parser.add_argument("--config", required=True,
+                        help="the grid's base config (recipe name or run file)")
+    parser.add_argument("--tasks", required=True, help="comma-separated task ids of the config")
+    parser.add_argument("--eval-size", type=int, default=800, help="held-out prompts per task")
+    parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    parser.add_argument("--jobs", type=int, default=1, help="evaluations at a time")
+    parser.add_argument("--threads", type=int, default=1, help="OMP threads per evaluation")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: GRID/final_checkpoints)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    from mtgrpo.config import load_run_config
+    from mtgrpo.recipes import recipe_path
+    from mtgrpo.trainer.run import held_out_suite
+
+    args = build_parser().parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    args.out = args.out or args.grid / "final_checkpoints"
+    for name in ("eval_size", "num_samples", "jobs", "threads"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got "
+                             f"{getattr(args, name)}")
+    run = load_run_config(recipe_path(args.config), [])
+    held_out_suite(run, args.tasks).close()  # unknown tasks fail here, before any evaluation
+    checkpoints = find_checkpoints(args.grid, run.training.max_steps)
+    jobs = [(c, task) for task in args.tasks for c in checkpoints]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        paths = list(pool.map(lambda job: evaluate(job[0], job[1], args), jobs))
+    scores: dict[str, dict[str, dict[str, Any]]] = {task: {} for task in args.tasks}
+    replaced: dict[str, dict[str, int]] = {task: {} for task in args.tasks}
+    for (checkpoint, task), path in zip(jobs, paths, strict=True):
+        result = json.loads(path.read_text())
+        own = result["tasks"][task]
+        scores[task][checkpoint.label] = {"accuracy": own["accuracy"],
+                                          "samples": own["prompts"] * args.num_samples}
+        replaced[task][checkpoint.label] = result.get("replaced_problems", {}).get(task, 0)
+    summary = summarize(scores, checkpoints, args.tasks) | {"replaced_problems": replaced}
+    (args.out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = render(summary, args)
+    (args.out / "results.md").write_text(text)
+    print(text)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""``benchmarks/final_checkpoints.py``: a grid's final checkpoints on a larger held-out split,
+the summary checked against hand-derived values and the whole script on the tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import pytest
+import yaml
+
+from script_loader import load_script
+
+bench = load_script("benchmarks/final_checkpoints.py")
+
+
+def assert_close(actual: float, expected: float) -> None:
+    """Float64 sums of a few terms: within 8 float64 ulps of max(1, |expected|)."""
+    assert abs(actual - expected) <= 8 * sys.float_info.epsilon * max(1.0, abs(expected)), (
+        actual, expected)
+
+
+def _checkpoints(*labels):
+    out = [bench.Checkpoint("warm_start", "warm_start", None, None)]
+    for label in labels:
+        method, seed = label.rsplit("-seed", 1)
+        out.append(bench.Checkpoint(label, method, int(seed), None))
+    return out
+
+
+def test_summary_by_hand():
+    scores = {
+        "a": {"warm_start": 0.5, "grpo-seed1": 0.6, "grpo-seed2": 0.7,
+              "mtgrpo_l0.5-seed1": 0.5, "mtgrpo_l0.5-seed2": 0.55},
+        "b": {"warm_start": 0.2, "grpo-seed1": 0.1, "grpo-seed2": 0.3,
+              "mtgrpo_l0.5-seed1": 0.4, "mtgrpo_l0.5-seed2": 0.35},
+    }  # fmt: skip
+    scored = {task: {label: {"accuracy": acc, "samples": 100} for label, acc in runs.items()}
+              for task, runs in scores.items()}  # fmt: skip
+    checkpoints = _checkpoints("grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1",
+                               "mtgrpo_l0.5-seed2")
+    summary = bench.summarize(scored, checkpoints, ["a", "b"])
+    grpo = summary["tasks"]["a"]["methods"]["grpo"]
+    assert grpo["seeds"] == [1, 2]
+    assert_close(grpo["mean"], 0.65)
+    assert_close(grpo["sd"], math.sqrt(2 * 0.05**2))
+    # evaluation noise of the seed mean: sqrt(.6·.4/100 + .7·.3/100) / 2
+    assert_close(grpo["mean_standard_error"], math.sqrt(0.0045) / 2)
+    # the gain's: that and the warm start's sqrt(.5·.5/100) = .05 in quadrature
+    assert_close(grpo["gain"], 0.15)
+    assert_close(grpo["gain_standard_error"], math.sqrt(0.0045 / 4 + 0.0025))
+    assert grpo["gain_above_2se"]  # 0.15 / 0.0602 = 2.49
+    mt_b = summary["tasks"]["b"]["methods"]["mtgrpo_l0.5"]
+    assert_close(mt_b["gain"], 0.175)
+    assert_close(mt_b["gain_standard_error"],
+                 math.sqrt((0.4 * 0.6 + 0.35 * 0.65) / 100 / 4 + 0.2 * 0.8 / 100))
+    assert mt_b["gain_above_2se"]  # 0.175 against 2 × 0.0526
+    mt_a = summary["tasks"]["a"]["methods"]["mtgrpo_l0.5"]
+    assert not mt_a["gain_above_2se"]  # +2.5 points, SE ~6
+    # worst task per run: grpo 0.1 and 0.3 (b), MT-GRPO 0.4 (b) and 0.35 (b)
+    assert summary["worst"]["grpo"]["values"] == [0.1, 0.3]
+    assert summary["worst"]["mtgrpo_l0.5"]["values"] == [0.4, 0.35]
+    (test,) = summary["tests"]  # no DAPO runs: one test
+    assert (test["method"], test["other"]) == ("mtgrpo_l0.5", "grpo")
+    # exact permutation: of the 6 ways to pick 2 of {.4, .35, .1, .3}, only the observed one
+    # has a difference of means >= 0.375 - 0.2
+    assert_close(test["permutation_p"], 1 / 6)
+    assert 0 < test["welch_p"] < 0.5
+    markdown = bench.render(summary, argparse.Namespace(
+        grid="G", config="C", tasks=["a", "b"], eval_size=100, num_samples=1))
+    assert "| grpo | 60.0 (s1), 70.0 (s2) | 65.0 ± 7.1 |" in markdown
+    assert "permutation p = 0.167" in markdown
+
+
+def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys):
+    config = {"model": {"name_or_path": str(tiny_model_dir)}, "max_steps": 2,
+              "tasks": {"tasks": [{"family": "basic_arithmetic", "name": "add",
+                                   "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                              "max_digits": 1, "operators": ["+"],
+                                              "allow_parentheses": False,
+                                              "allow_negation": False}}],
+                        "train_size": 60, "eval_size": 4, "workers": 0,
+                        "cache_dir": str(tmp_path / "cache")},
+              "sft": {"num_examples": 10}, "max_completion_length": 4}  # fmt: skip
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(config))
+    grid = tmp_path / "grid"
+    for label in ("grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1", "mtgrpo_l0.5-seed2"):
+        (grid / label / "checkpoint-2").mkdir(parents=True)
+        (grid / label / "checkpoint-2" / "model").symlink_to(tiny_model_dir)
+    (grid / "grpo-seed3" / "checkpoint-1").mkdir(parents=True)  # unfinished: left out
+    (grid / "warm_start" / "sft").mkdir(parents=True)
+    (grid / "warm_start" / "sft" / "model").symlink_to(tiny_model_dir)
+    argv = ["--grid", str(grid), "--config", str(run_file), "--tasks", "add",
+            "--eval-size", "20", "--jobs", "2"]
+    summary = bench.main(argv)
+    out = grid / "final_checkpoints"
+    labels = sorted(p.name for p in (out / "add").iterdir())
+    assert labels == ["grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1", "mtgrpo_l0.5-seed2",
+                      "warm_start"]
+    for label in labels:
+        result = json.loads((out / "add" / label / "results.json").read_text())
+        assert result["tasks"]["add"]["prompts"] == 20
+        # one-digit sums repeat: past the run's own 4 prompts, trained problems were replaced
+        assert result["replaced_problems"]["add"] > 0
+        assert summary["replaced_problems"]["add"][label] == result["replaced_problems"]["add"]
+        accuracy = result["tasks"]["add"]["accuracy"]
+        if label == "warm_start":
+            assert summary["tasks"]["add"]["warm_start"]["accuracy"] == accuracy
+        else:
+            method, seed = label.rsplit("-seed", 1)
+            entry = summary["tasks"]["add"]["methods"][method]
+            assert entry["accuracy"][entry["seeds"].index(int(seed))] == accuracy
+    assert json.loads((out / "results.json").read_text())["worst"] == summary["worst"]
+    assert "# Final checkpoints on a larger held-out split" in (out / "results.md").read_text()
+    # resumable: a finished evaluation is kept, not run again
+    stamp = (out / "add" / "grpo-seed1" / "results.json").stat().st_mtime_ns
+    bench.main(argv)
+    assert (out / "add" / "grpo-seed1" / "results.json").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+
+
+def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):
+    (tmp_path / "grid").mkdir()
+    with pytest.raises(ValueError, match="not a task of this config"):
+        bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
+                    "--tasks", "countdown:easy"])
+    with pytest.raises(ValueError, match=r"no finished run in .*checkpoint-75/model"):
+        bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
+                    "--tasks", "countdown:3x20"])
+    with pytest.raises(SystemExit, match="--eval-size must be >= 1"):
+        bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
+                    "--tasks", "countdown:3x20", "--eval-size", "0"])
+    assert not (tmp_path / "grid" / "final_checkpoints").exists()
