@@ -188,7 +188,10 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
              f"--num-samples {args.num_samples}`", "",
              f"Each checkpoint: {args.eval_size} held-out prompts per task × {args.num_samples} "
              "sample(s), none of them a problem the runs trained on (training split or warm "
-             "start). Accuracies in %; SE: binomial standard error of the evaluation.", ""]
+             "start; checked for families with a content key, such as countdown and the "
+             "reasoning-gym datasets). Accuracies in %; SE: binomial standard error of the "
+             "evaluation (of the prompts × samples scored, so it understates the noise when a "
+             "prompt has several samples).", ""]
     for task, entry in summary["tasks"].items():
         warm = entry["warm_start"]
         lines += [f"## {task}", ""]
@@ -258,8 +261,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for (checkpoint, task), path in zip(jobs, paths, strict=True):
         result = json.loads(path.read_text())
         own = result["tasks"][task]
+        if (own["prompts"], own["samples"]) != (args.eval_size, args.num_samples):
+            raise ValueError(f"{path} scored {own['prompts']} prompts × {own['samples']} "
+                             f"samples, not {args.eval_size} × {args.num_samples}: give the "
+                             "same --eval-size and --num-samples, or another --out")
         scores[task][checkpoint.label] = {"accuracy": own["accuracy"],
-                                          "samples": own["prompts"] * args.num_samples}
+                                          "samples": own["prompts"] * own["samples"]}
         replaced[task][checkpoint.label] = result.get("replaced_problems", {}).get(task, 0)
     summary = summarize(scores, checkpoints, args.tasks) | {"replaced_problems": replaced}
     (args.out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -119,6 +119,9 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
     stamp = (out / "add" / "grpo-seed1" / "results.json").stat().st_mtime_ns
     bench.main(argv)
     assert (out / "add" / "grpo-seed1" / "results.json").stat().st_mtime_ns == stamp
+    # ... but never mixed with a request for another size
+    with pytest.raises(ValueError, match=r"scored 20 prompts × 1 samples, not 30 × 1"):
+        bench.main([*argv[:-4], "--eval-size", "30", "--jobs", "2"])
     capsys.readouterr()
 
 

@@ -158,6 +158,30 @@ def test_mtgrpo_eval_config_with_a_larger_split(tmp_path, tiny_model_dir, capsys
         expected = replaced_items(suite.eval.rows())
     assert result["replaced_problems"] == expected
     assert expected["addition:1d"] > 0
-    assert f"addition:1d: {expected['addition:1d']} of 40 held-out problems replace" in printed
+    assert f"addition:1d: {expected['addition:1d']} of 40 held-out problems replaced" in printed
     assert list(result["tasks"]) == ["addition:1d"]
     assert result["tasks"]["addition:1d"]["prompts"] == 40
+
+
+def test_sibling_tasks_of_one_family_are_left_out_too(tmp_path):
+    """Problems are matched by family: a task's larger split (alone, or the run's own split of
+    a run with two tasks of one family) holds no problem of its sibling's training split."""
+    plus = {**ADDITION, "name": "plus"}
+    both = {**ADDITION, "name": "both", "config": {**ADDITION["config"],
+                                                   "operators": ["+", "-"]}}
+    config = {"model": "unused", "tasks": {"tasks": [plus, both], "train_size": 40,
+                                           "eval_size": EVAL_SIZE, "workers": 0,
+                                           "cache_dir": str(tmp_path / "cache")}}
+    run = run_config_from_dict(config)
+    spec = resolve_task(plus)
+    seen = problem_keys(spec, trained_problems(run))  # both tasks' training problems
+    for kwargs in ({"eval_size": 30}, {}):
+        with held_out_suite(run, ["plus"], **kwargs) as suite:
+            rows = suite.eval.rows()
+        assert not problem_keys(spec, rows) & seen, kwargs
+    with run.tasks.build_suite() as trained:  # the overlap this guards against exists
+        plus_eval = [row for row in trained.eval.rows() if row["task"] == "plus"]
+        sibling = [row for row in trained.train.rows() if row["task"] == "both"]
+    with run.tasks.build_suite(train_size=1, eval_size=30) as larger:
+        plus_larger = [row for row in larger.eval.rows() if row["task"] == "plus"]
+    assert problem_keys(spec, plus_eval + plus_larger) & problem_keys(spec, sibling)

@@ -270,9 +270,14 @@ def _replaced(suite: Any, config: str) -> dict[str, int]:
     from mtgrpo.trainer.run import replaced_items
 
     counts = replaced_items(suite.eval.rows())
+    keyed = {spec.task_id for spec in suite.tasks if spec.family.content_key is not None}
     for task, count in counts.items():
-        print(f"{task}: {count} of {suite.sizes['eval']} held-out problems replace problems "
-              f"{config} trains on")
+        if task in keyed:
+            print(f"{task}: {count} of {suite.sizes['eval']} held-out problems replaced (problems "
+                  f"{config} trains on)")
+        else:
+            print(f"{task}: not checked against the problems {config} trains on (its family "
+                  "has no content key to match them by)")
     return counts
 
 

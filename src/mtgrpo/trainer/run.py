@@ -144,16 +144,18 @@ _HELD_OUT_RETRIES = 10
 def trained_problems(run: RunConfig, tasks: Any = None) -> list[dict]:
     """Every problem a run config trains on: the rows of its training split and of its warm
     start (the ``sft`` section), for the tasks of content-keyed families (countdown and the
-    generic reasoning-gym datasets; others cannot be matched by content) among ``tasks``
-    (task ids; default: all of the ``tasks`` section's)."""
+    generic reasoning-gym datasets; others cannot be matched by content) of the families of
+    ``tasks`` (task ids; default: all of the ``tasks`` section's)."""
     from mtgrpo.tasks import TaskSuite
 
     if run.tasks is None:
         raise ValueError("the config has no tasks section: its training problems are its data")
     with TaskSuite(run.tasks.task_list, **run.tasks.suite_options()) as trained:
         wanted = trained.task_ids if tasks is None else list(tasks)
+        # problems are matched by family, so a wanted task's siblings of the same family count
+        families = {spec.family.name for spec in trained.tasks if spec.task_id in wanted}
         keyed = [spec for spec in trained.tasks
-                 if spec.task_id in wanted and spec.family.content_key is not None]
+                 if spec.family.name in families and spec.family.content_key is not None]
         rows = [row for spec in keyed for row in trained.train.task(spec.task_id).rows()]
         if run.sft is not None and keyed:
             rows += _warm_start_rows(run, trained, run.sft.num_examples, run.sft.seed_offset,
@@ -167,7 +169,9 @@ def held_out_suite(run: RunConfig, tasks: Any = None, progress: Any = logger.inf
     some of its task ids; ``overrides``: other suite options, such as a larger ``eval_size``,
     another ``seed`` or other formats) whose evaluation split holds no problem the run trained
     on. The run's own held-out split (its seed, at most its ``eval_size`` items) is disjoint
-    from its training and warm-start problems by construction; any other held-out split is
+    from its training and warm-start problems by construction when no two of its tasks share a
+    family, and is then returned as it is; any other held-out split (or that of a run with
+    two tasks of one family, whose training splits only leave out their own task's) is
     drawn with each of those problems replaced (content-keyed families; see
     :func:`trained_problems`), which in a small problem space is ~10-20 % of the items past the
     run's own. ``suite.eval`` rows whose ``source_index`` differs from their position are the
@@ -186,7 +190,11 @@ def held_out_suite(run: RunConfig, tasks: Any = None, progress: Any = logger.inf
                          f"tasks are {', '.join(own)} (name some of them, comma-separated)")
     options = {**config.suite_options(), "train_size": 1, **overrides}
     specs = [own[task] for task in wanted]
-    if options["seed"] == config.seed and options["eval_size"] <= config.eval_size:
+    families = [spec.family.name for spec in own.values()]
+    # a training split leaves out its own task's evaluation problems, not a sibling task's of
+    # the same family: only without siblings is the run's own split clean by construction
+    if (options["seed"] == config.seed and options["eval_size"] <= config.eval_size
+            and len(set(families)) == len(families)):
         return TaskSuite(specs, **options)
     options["max_retries"] = max(options["max_retries"], _HELD_OUT_RETRIES)
     warm = f" and {run.sft.num_examples} of the warm start" if run.sft is not None else ""
