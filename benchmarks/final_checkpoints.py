@@ -44,6 +44,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from mtgrpo.reporting.compare import Spread, markdown_table
+
 LABEL = re.compile(r"^(?P<method>.+)-seed(?P<seed>\d+)$")
 WARM_START = "warm_start"
 BASELINES = ("grpo", "dapo")
@@ -136,11 +138,12 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
         for method in methods:
             mine = [(c.seed, scores[task][c.label]) for c in runs if c.method == method]
             accuracy = [s["accuracy"] for _, s in mine]
-            mean = sum(accuracy) / len(accuracy)
+            spread = Spread.of(accuracy)
+            mean = spread.mean
             noise = math.sqrt(sum(_standard_error(s["accuracy"], s["samples"]) ** 2
                                   for _, s in mine)) / len(mine)  # fmt: skip
             entry = {"seeds": [seed for seed, _ in mine], "accuracy": accuracy, "mean": mean,
-                     "sd": _sd(accuracy), "mean_standard_error": noise}
+                     "sd": spread.std or 0.0, "mean_standard_error": noise}
             if warm is not None:
                 gain_error = math.hypot(noise, _standard_error(warm["accuracy"], warm["samples"]))
                 entry |= {"gain": mean - warm["accuracy"], "gain_standard_error": gain_error,
@@ -163,13 +166,6 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
                 "welch_p": grid.welch_p_value(mine, theirs),
                 "permutation_p": grid.permutation_p_value(mine, theirs)})
     return summary
-
-
-def _sd(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _ratio(gain: float, error: float) -> str:
@@ -198,19 +194,18 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
         if warm is not None:
             lines += [f"Warm start: {pct(warm['accuracy'])} % "
                       f"(SE {pct(_standard_error(warm['accuracy'], warm['samples']))}).", ""]
-        lines += ["| method | per seed | mean ± sd | SE of the mean (eval) | gain over the warm "
-                  "start | gain / SE | > 2 SE |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        rows = []
         for method, m in entry["methods"].items():
             seeds = ", ".join(f"{pct(a)} (s{s})" for s, a in zip(m["seeds"], m["accuracy"],
                                                                     strict=True))
-            gain = ("| — | — | — |" if "gain" not in m else
-                    f"| {100 * m['gain']:+.1f} ± {pct(m['gain_standard_error'])} | "
-                    f"{_ratio(m['gain'], m['gain_standard_error'])} | "
-                    f"{'yes' if m['gain_above_2se'] else 'no'} |")
-            lines.append(f"| {method} | {seeds} | {pct(m['mean'])} ± {pct(m['sd'])} | "
-                         f"{pct(m['mean_standard_error'])} {gain}")
-        lines.append("")
+            gain = (["—", "—", "—"] if "gain" not in m else
+                    [f"{100 * m['gain']:+.1f} ± {pct(m['gain_standard_error'])}",
+                     _ratio(m["gain"], m["gain_standard_error"]),
+                     "yes" if m["gain_above_2se"] else "no"])
+            rows.append([method, seeds, f"{pct(m['mean'])} ± {pct(m['sd'])}",
+                         pct(m["mean_standard_error"]), *gain])
+        lines += [markdown_table(["method", "per seed", "mean ± sd", "SE of the mean (eval)",
+                                  "gain over the warm start", "gain / SE", "> 2 SE"], rows), ""]
     means = [f"{method} {pct(w['mean'])} ({', '.join(pct(v) for v in w['values'])})"
              for method, w in summary["worst"].items()]
     lines += ["## Worst task", "", "Per run, the lowest accuracy of the tasks above; means over "
