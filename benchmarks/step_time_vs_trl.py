@@ -203,6 +203,7 @@ class BenchConfig:
     ours_backend: str = "auto"
     trl_defaults: bool = False
     ours_fp32: bool = False
+    ours_padded: bool = False
     trl_bf16: bool = False
     learning_rate: float = 1e-6
     seed: int = 0
@@ -494,11 +495,13 @@ def _resolve_backend(name: str) -> str:
 
 
 def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
-               config: BenchConfig, output_dir: Path, *, bf16: bool | None = None) -> Any:
+               config: BenchConfig, output_dir: Path, *, bf16: bool | None = None,
+               padding_free: bool = True) -> Any:
     """Our ``GRPOTrainer`` on the workload, at our defaults for everything else.
 
     ``bf16``: None is our default (auto: bfloat16 where the hardware has it; bf16 weights
-    always run in bf16); False forces float32 (the ``--ours-fp32`` row).
+    always run in bf16); False forces float32 (the ``--ours-fp32`` row). ``padding_free``:
+    False runs the padded, length-bucketed update (the ``--ours-padded`` row).
     """
     from mtgrpo import GRPOConfig, GRPOTrainer
 
@@ -512,6 +515,7 @@ def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
         max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group",
         bf16=True if w.bf16 else bf16, generation_backend=config.ours_backend,
+        padding_free=padding_free,
     )
     peft = None if not w.lora else dict(LORA)
     return GRPOTrainer(model, parity_reward, args=args, train_dataset=rows,
@@ -837,6 +841,12 @@ def _alternate(config: BenchConfig, base: torch.nn.Module, tokenizer: Any,
         runners.append(OursRunner(fp32, TrainerResult(f"mtgrpo ({backend}, bf16 off)",
                                                       _ours_label(fp32)),
                                   probe, device, config.steps))
+    if config.ours_padded:
+        padded = build_ours(copy.deepcopy(base), tokenizer, rows, config, tmp / "ours-padded",
+                            padding_free=False)
+        runners.append(OursRunner(padded, TrainerResult(f"mtgrpo ({backend}, padded update)",
+                                                        _ours_label(padded)),
+                                  probe, device, config.steps))
 
     def run_ours(block: int) -> None:
         for runner in runners:
@@ -1026,6 +1036,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ours-fp32", action="store_true",
                         help="also run our trainer with bf16 off (float32 throughout), "
                         "alternating with the others, when our default turned bf16 on")
+    parser.add_argument("--ours-padded", action="store_true",
+                        help="also run our trainer with padding_free off (padded, "
+                        "length-bucketed micro-batches), alternating with the others")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
@@ -1047,7 +1060,7 @@ def config_from_args(argv: Sequence[str]) -> tuple[BenchConfig, Path | None]:
     return BenchConfig(
         workload=replace(workload, **overrides), steps=options.steps, block=options.block,
         ours_backend=options.ours_backend, trl_defaults=options.trl_defaults,
-        ours_fp32=options.ours_fp32, trl_bf16=options.trl_bf16,
+        ours_fp32=options.ours_fp32, ours_padded=options.ours_padded, trl_bf16=options.trl_bf16,
         learning_rate=options.learning_rate, seed=options.seed, threads=options.threads,
         command=shlex.join(["python", "benchmarks/step_time_vs_trl.py", *argv]),
     ), options.out

@@ -192,25 +192,39 @@ def tiny_report():
     # bf16 auto forced on for our default row (a bf16 CPU, and no minimum width for this
     # 64-wide model), so that --ours-fp32 adds its row on any CPU
     config, _ = bench.config_from_args([*TINY_ARGS, "--trl-defaults", "--trl-bf16",
-                                        "--ours-fp32"])
+                                        "--ours-fp32", "--ours-padded"])
     import mtgrpo.models.precision as precision
 
-    original = precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH
+    original = precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH, bench.build_ours
     precision.cpu_bf16_feature = lambda: "avx512_bf16"
     precision.CPU_BF16_MIN_WIDTH = 0
+    updates = []  # each of our trainers' update as its run record states it
+
+    def build_ours(*args, **kwargs):
+        trainer = original[2](*args, **kwargs)
+        updates.append(trainer.run_record()["policy/padding_free"])
+        return trainer
+
+    bench.build_ours = build_ours
     try:
-        return bench.run_benchmark(config)
+        report = bench.run_benchmark(config)
     finally:
-        precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH = original
+        precision.cpu_bf16_feature, precision.CPU_BF16_MIN_WIDTH, bench.build_ours = original
+    report.padding_free = updates
+    return report
 
 
 def test_every_trainer_runs_and_reports_every_step(tiny_report):
-    ours, ours_fp32, trl, trl_bf16, trl_defaults = tiny_report.results
+    ours, ours_fp32, ours_padded, trl, trl_bf16, trl_defaults = tiny_report.results
     assert ours.trainer == "mtgrpo (static)"
     assert ours.settings == ("fp32 weights, bf16 autocast, bfloat16 generation, "
                              "no grad ckpt")
     assert ours_fp32.trainer == "mtgrpo (static, bf16 off)"
     assert ours_fp32.settings == "fp32 weights, no autocast, no grad ckpt"
+    assert ours_padded.trainer == "mtgrpo (static, padded update)"
+    assert ours_padded.settings == ours.settings
+    # ours, ours-fp32 padding-free; the --ours-padded row's trainer really runs padded
+    assert tiny_report.padding_free == [True, True, False]
     assert trl.trainer.endswith("(fp32)")
     assert trl_bf16.trainer.endswith("(bf16)")
     assert trl_bf16.settings == "fp32 weights, bf16 autocast, no grad ckpt"
@@ -224,27 +238,28 @@ def test_every_trainer_runs_and_reports_every_step(tiny_report):
             assert sample.loop_seconds >= sample.seconds
             assert 1 <= sample.mean_completion_length <= 4
         assert result.resident_mib > 0
-    # Blocks of one step, ours first: ours 1, ours-fp32 1, TRL 1, ours 2, ...; then TRL bf16
-    # and TRL defaults, each alone.
-    order = [ours.samples[0], ours_fp32.samples[0], trl.samples[0], ours.samples[1],
-             ours_fp32.samples[1], trl.samples[1], *trl_bf16.samples, *trl_defaults.samples]
+    # Blocks of one step, ours first: ours 1, ours-fp32 1, ours-padded 1, TRL 1, ours 2, ...;
+    # then TRL bf16 and TRL defaults, each alone.
+    order = [ours.samples[0], ours_fp32.samples[0], ours_padded.samples[0], trl.samples[0],
+             ours.samples[1], ours_fp32.samples[1], ours_padded.samples[1], trl.samples[1],
+             *trl_bf16.samples, *trl_defaults.samples]
     assert [s.begin for s in order] == sorted(s.begin for s in order)
 
 
 def test_report_table_has_one_row_per_trainer_and_the_ratio(tiny_report):
     text = bench.markdown_report(tiny_report)
     rows = [line for line in text.splitlines() if line.startswith("| cpu-tiny |")]
-    assert len(rows) == 5
-    ours, trl = tiny_report.results[0], tiny_report.results[2]
-    assert float(rows[2].split("|")[5]) == pytest.approx(trl.minimum(), abs=6e-4)
-    *_, wall_ratio, cpu_ratio, _ = rows[2].split("|")
+    assert len(rows) == 6
+    ours, trl = tiny_report.results[0], tiny_report.results[3]
+    assert float(rows[3].split("|")[5]) == pytest.approx(trl.minimum(), abs=6e-4)
+    *_, wall_ratio, cpu_ratio, _ = rows[3].split("|")
     assert float(wall_ratio) == pytest.approx(trl.median("seconds") / ours.median("seconds"),
                                               abs=0.006)
     assert float(cpu_ratio) == pytest.approx(
         trl.median("cpu_seconds") / ours.median("cpu_seconds"), abs=0.006)
     assert rows[0].split("|")[-3:-1] == [" - ", " - "]
     best = bench.best_trl(tiny_report.results)
-    assert best is min(tiny_report.results[2:], key=lambda r: r.median("seconds"))
+    assert best is min(tiny_report.results[3:], key=lambda r: r.median("seconds"))
     ratio = best.median("seconds") / ours.median("seconds")
     assert f"TRL's fastest setting measured: {best.trainer}" in text
     assert f"**TRL / ours: {ratio:.2f}x**" in text
