@@ -12,6 +12,8 @@
 #   step        benchmarks/step_time_vs_trl.py --workload gpu-qwen0.5b --trl-defaults
 #               (TRL 1.16 at its best setting and at its defaults, side by side in one run)
 #   generation  benchmarks/generation_speed.py --device cuda (hf, static, static-eager)
+#   profile     benchmarks/profile_step.py --workload gpu-qwen0.5b (one profiled step of ours,
+#               ours with the padded update and TRL: operators, launches, syncs per phase)
 # and writes each part's output, with the machine and the versions, to gpu-check-<part>.md in
 # $OUT when set (the device tool brings that folder back) or else in benchmarks/results/.
 # Each part fits the device tool's 10-minute command limit on an H100; run them as separate
@@ -23,12 +25,13 @@ parts=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry=1 ;;
-        tests|step|generation) parts+=("$arg") ;;
-        all) parts+=(tests step generation) ;;
-        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|all]" >&2; exit 2 ;;
+        tests|step|generation|profile) parts+=("$arg") ;;
+        all) parts+=(tests step generation profile) ;;
+        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|profile|all]" >&2
+           exit 2 ;;
     esac
 done
-[ ${#parts[@]} -eq 0 ] && parts=(tests step generation)
+[ ${#parts[@]} -eq 0 ] && parts=(tests step generation profile)
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 
@@ -38,6 +41,9 @@ if [ $dry -eq 1 ]; then
                --max-new-tokens 4 --prompt-tokens 8 --micro-batch 2 --hidden-size 64
                --num-layers 2 --num-heads 4 --num-kv-heads 2 --intermediate-size 128)
     generation_args=(--device cpu --models tiny --rows 4 --new-tokens 4 --repeats 1)
+    profile_args=(--workload cpu-tiny --num-prompts 2 --group-size 2 --max-new-tokens 4
+                  --prompt-tokens 8 --micro-batch 2 --hidden-size 64 --num-layers 2
+                  --num-heads 4 --num-kv-heads 2 --intermediate-size 128 --warmup 1 --rows 10)
 else
     python="${MTGRPO_PYTHON:-python3}"
     if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -56,6 +62,7 @@ else
     step_args=(--workload gpu-qwen0.5b --trl-defaults)
     generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
                      --prompt-tokens 48 --repeats 5)
+    profile_args=(--workload gpu-qwen0.5b)
 fi
 export PYTHONUNBUFFERED=1
 
@@ -88,6 +95,7 @@ for part in "${parts[@]}"; do
             tests) "$python" -m pytest -q -p no:cacheprovider tests/rollout/test_static_gpu.py ;;
             step) "$python" benchmarks/step_time_vs_trl.py "${step_args[@]}" ;;
             generation) "$python" benchmarks/generation_speed.py "${generation_args[@]}" ;;
+            profile) "$python" benchmarks/profile_step.py "${profile_args[@]}" ;;
         esac
         rc=$?
         echo '```'

@@ -231,9 +231,10 @@ class GRPOConfig(TRLCompatibleFields):
     # ------------------------------------------------------------------ optimisation
     learning_rate: float = _help("Peak learning rate.", default=1e-6)
     optim: str = _help(
-        "Optimizer, by transformers' name (adamw_torch, adamw_torch_fused, adafactor, sgd, "
-        "adamw_8bit, ...); adamw_torch and adamw_torch_fused use the Trainer's parameter "
-        "groups (no weight decay on biases and norms).", default="adamw_torch")
+        "Optimizer, by transformers' name (adamw_torch_fused, adamw_torch, adafactor, sgd, "
+        "adamw_8bit, ...); adamw_torch_fused (TRL's default on torch >= 2.8: AdamW in one fused "
+        "kernel) and adamw_torch (the same update, unfused) use the Trainer's parameter groups "
+        "(no weight decay on biases and norms).", default="adamw_torch_fused")
     optim_args: str | None = _help("Extra optimizer options, 'key=value,key=value' (as "
                                    "transformers).", default=None)
     weight_decay: float = _help("AdamW weight decay (not applied to biases and norms).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -9,12 +10,14 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from mtgrpo.config import GRPOConfig
 from mtgrpo.policy import (
     build_optimizer,
     build_scheduler,
     clip_gradients,
     no_decay_parameter_names,
 )
+from tolerance import assert_close_f32
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -70,6 +73,69 @@ def test_weight_decay_is_applied_by_adamw() -> None:
     torch.testing.assert_close(layer[0].weight, before["0.weight"] * (1 - 0.1 * 0.5))
     torch.testing.assert_close(layer[0].bias, before["0.bias"])
     torch.testing.assert_close(layer[1].weight, before["1.weight"])
+
+
+def _adamw_steps(optim: str, steps: int = 3) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """``steps`` AdamW steps (weight decay on) of the tiny Llama under fixed gradients."""
+    model = tiny_llama()
+    optimizer = build_optimizer(model, lr=1e-2, weight_decay=0.1, optim=optim)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=generator)
+        optimizer.step()
+    return model, optimizer
+
+
+def test_the_default_optimizer_is_transformers_fused_adamw() -> None:
+    # TRL's default (transformers' TrainingArguments.optim on torch >= 2.8): one fused kernel.
+    assert GRPOConfig().optim == "adamw_torch_fused"
+    optimizer = build_optimizer(tiny_llama(), lr=1e-3)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["fused"] is True
+    assert not build_optimizer(tiny_llama(), lr=1e-3, optim="adamw_torch").defaults["fused"]
+
+
+def test_fused_adamw_takes_the_unfused_update_and_state() -> None:
+    # The same update up to rounding: after 3 steps of lr 1e-2 the weights (~0.02) differ by a
+    # few roundings of the ~1e-2 step terms; a wrong beta, epsilon or decay moves them by ~1e-4.
+    fused, fused_optimizer = _adamw_steps("adamw_torch_fused")
+    plain, plain_optimizer = _adamw_steps("adamw_torch")
+    assert fused_optimizer.defaults["fused"] is True
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters(), strict=True):
+        assert_close_f32(a.detach(), b.detach(), ulps=16, msg=name)
+    # A checkpoint of the unfused optimizer resumes in the fused one (a run saved before the
+    # default changed): the next step matches the unfused optimizer's next step.
+    # (copies: loading keeps the saved tensors, which both optimizers would then update)
+    resumed = build_optimizer(plain, lr=1e-2, weight_decay=0.1)
+    resumed.load_state_dict(copy.deepcopy(plain_optimizer.state_dict()))
+    assert resumed.defaults["fused"] is True
+    expected = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    reference = tiny_llama()
+    reference.load_state_dict(plain.state_dict())
+    reference_optimizer = build_optimizer(reference, lr=1e-2, weight_decay=0.1,
+                                          optim="adamw_torch")
+    reference_optimizer.load_state_dict(copy.deepcopy(plain_optimizer.state_dict()))
+    generator = torch.Generator().manual_seed(2)
+    for p, q in zip(plain.parameters(), reference.parameters(), strict=True):
+        p.grad = torch.randn(p.shape, generator=generator)
+        q.grad = p.grad.clone()
+    resumed.step()
+    reference_optimizer.step()
+    for (name, a), b in zip(plain.named_parameters(), reference.parameters(), strict=True):
+        assert not torch.equal(a.detach(), expected[name])  # the step moved it
+        assert_close_f32(a.detach(), b.detach(), ulps=16, msg=name)
+
+
+def test_fused_adamw_falls_back_where_its_kernel_cannot_run(caplog) -> None:
+    model = nn.Linear(2, 2).to(torch.float64)
+    with torch.device("meta"):
+        meta = nn.Linear(2, 2)
+    with caplog.at_level("WARNING", logger="mtgrpo.policy.optim"):
+        optimizer = build_optimizer(meta, lr=1e-3)
+    assert not optimizer.defaults["fused"]
+    assert "device 'meta' has no fused kernel; using adamw_torch" in caplog.text
+    assert build_optimizer(model, lr=1e-3).defaults["fused"] is True  # float64 is supported
 
 
 def test_optimizer_errors() -> None:

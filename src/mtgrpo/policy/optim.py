@@ -11,6 +11,7 @@ Trainer's.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,8 @@ __all__ = [
 
 # The name patterns transformers' Trainer (5.x, `get_decay_parameter_names`) exempts from
 # weight decay, matched on the lower-cased parameter name.
+logger = logging.getLogger(__name__)
+
 _NO_DECAY_PATTERNS = tuple(
     re.compile(pattern)
     for pattern in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
@@ -68,7 +71,7 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     *,
-    optim: str = "adamw_torch",
+    optim: str = "adamw_torch_fused",
     optim_args: str | None = None,
 ) -> Optimizer:
     """The optimizer over the trainable parameters only (LoRA: the adapter weights).
@@ -76,9 +79,13 @@ def build_optimizer(
     Two parameter groups, as the HF ``Trainer``: ``weight_decay`` for weight matrices and 0
     for biases and normalisation weights (:func:`no_decay_parameter_names`). Defaults are the
     Trainer's (``adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0``).
-    ``optim`` is a transformers optimizer name (``adamw_torch`` default, ``adamw_torch_fused``,
-    ``adafactor``, ``sgd``, ...) and ``optim_args`` its ``"key=value,..."`` options; the class
-    and its keyword arguments come from ``Trainer.get_optimizer_cls_and_kwargs``.
+    ``optim`` is a transformers optimizer name (``adamw_torch_fused`` default, as transformers'
+    on torch >= 2.8: torch's ``AdamW`` with ``fused=True``, one kernel for every parameter;
+    ``adamw_torch``: the same update by the multi-tensor or per-parameter loop, ``adafactor``,
+    ``sgd``, ...) and ``optim_args`` its ``"key=value,..."`` options; the class and its keyword
+    arguments come from ``Trainer.get_optimizer_cls_and_kwargs``. The fused kernel needs every
+    trainable parameter to be a floating-point tensor on a device it supports (CPU, CUDA, XPU,
+    MPS); otherwise ``adamw_torch_fused`` falls back to ``adamw_torch`` with a warning.
     """
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
@@ -102,11 +109,32 @@ def build_optimizer(
         {"params": no_decay, "weight_decay": 0.0},
     ]
     groups = [group for group in groups if group["params"]]
+    if optim == "adamw_torch_fused" and not optim_args:
+        params = [p for group in groups for p in group["params"]]
+        unsupported = _fused_unsupported(params)
+        if unsupported is None:
+            return AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
+        logger.warning("optim adamw_torch_fused: %s; using adamw_torch (the same update, "
+                       "unfused)", unsupported)
+        optim = "adamw_torch"
     if optim == "adamw_torch" and not optim_args:
         return AdamW(groups, lr=lr, betas=betas, eps=eps)
     optimizer_cls, kwargs = _transformers_optimizer(
         check_optimizer_name(optim), optim_args, lr, betas, eps, model)
     return optimizer_cls(groups, **kwargs)
+
+
+_FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def _fused_unsupported(params: list[nn.Parameter]) -> str | None:
+    """Why torch's fused AdamW cannot take ``params`` (None: it can)."""
+    for param in params:
+        if not torch.is_floating_point(param):
+            return f"a parameter of dtype {param.dtype} is not floating point"
+        if param.device.type not in _FUSED_DEVICES:
+            return f"a parameter on device {param.device.type!r} has no fused kernel"
+    return None
 
 
 def _transformers_optimizer(optim: str, optim_args: str | None, lr: float,
