@@ -171,7 +171,8 @@ def ops_by_name(events: Sequence[Any], phase: str) -> Counter[str]:
 
 
 def phase_counts(events: Sequence[Any]) -> tuple[dict[str, PhaseCounts], PhaseCounts]:
-    """Per-phase counts from the ``record_function`` ranges, and the step's (``step``)."""
+    """Per-phase counts from the ``record_function`` ranges, and the step's (``step``); without
+    an ``update`` range (TRL) the update is the step minus ``generate+score``."""
     ranges = _ranges(events)
     whole = count_events(events, *ranges["step"][0])
     phases = {}
@@ -184,6 +185,11 @@ def phase_counts(events: Sequence[Any]) -> tuple[dict[str, PhaseCounts], PhaseCo
             counts.launches += part.launches
             counts.syncs += part.syncs
         phases[name] = counts
+    if "update" not in ranges:  # TRL: the update is the step minus generation and scoring
+        generate = phases["generate+score"]
+        phases["update"] = PhaseCounts(
+            seconds=whole.seconds - generate.seconds, ops=whole.ops - generate.ops,
+            launches=whole.launches - generate.launches, syncs=whole.syncs - generate.syncs)
     return phases, whole
 
 
@@ -208,46 +214,38 @@ def _activities(device: torch.device) -> list[ProfilerActivity]:
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
 
 
-def _peak_start(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated()
+def _result(name: str, prof: Any, seconds: float, peak_mib: float,
+            config: ProfileConfig, device: torch.device) -> Profiled:
+    """One trainer's :class:`Profiled` from its finished profiler (tables, counts, trace)."""
+    events = prof.events()
+    phases, whole = phase_counts(events)
+    averages = prof.key_averages()
 
+    def table(sort_by: str) -> str:
+        return averages.table(sort_by=sort_by, row_limit=config.rows, max_name_column_width=60)
 
-def _peak_mib(device: torch.device, start: int) -> float:
-    if device.type != "cuda":
-        return float("nan")
-    return (torch.cuda.max_memory_allocated() - start) / 2**20
+    trace = None
+    if config.trace is not None:
+        config.trace.mkdir(parents=True, exist_ok=True)
+        trace = config.trace / f"trace-{name}.json"
+        prof.export_chrome_trace(str(trace))
+    return Profiled(name, seconds, phases, whole, peak_mib,
+                    table("self_cuda_time_total") if device.type == "cuda" else "",
+                    table("self_cpu_time_total"), ops_by_name(events, "update"), trace)
 
 
 def _profiled_step(run_step: Callable[[], None], device: torch.device, config: ProfileConfig,
                    name: str) -> Profiled:
-    start = _peak_start(device)
+    probe = bench.MemoryProbe(device)
+    bench._sync(device)
+    probe.start()
     with profile(activities=_activities(device)) as prof:
         begin = time.perf_counter()
         with record_function("step"):
             run_step()
             bench._sync(device)
         seconds = time.perf_counter() - begin
-    peak = _peak_mib(device, start)
-    events = prof.events()
-    phases, whole = phase_counts(events)
-    averages = prof.key_averages()
-    device_table = ""
-    if device.type == "cuda":
-        device_table = averages.table(sort_by="self_cuda_time_total", row_limit=config.rows,
-                                      max_name_column_width=60)
-    host_table = averages.table(sort_by="self_cpu_time_total", row_limit=config.rows,
-                                max_name_column_width=60)
-    trace = None
-    if config.trace is not None:
-        config.trace.mkdir(parents=True, exist_ok=True)
-        trace = config.trace / f"trace-{name}.json"
-        prof.export_chrome_trace(str(trace))
-    return Profiled(name, seconds, phases, whole, peak, device_table, host_table,
-                    ops_by_name(events, "update"), trace)
+    return _result(name, prof, seconds, probe.stop(), config, device)
 
 
 def profile_ours(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
@@ -283,49 +281,30 @@ class _TRLProfiler(bench.TrainerCallback):
         self.config = config
         self.device = device
         self.result: Profiled | None = None
-        self._state: tuple[Any, Any, float, int] | None = None
+        self._state: tuple[Any, Any, float, Any] | None = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step != self.config.warmup:
             return
+        probe = bench.MemoryProbe(self.device)
         bench._sync(self.device)
-        start = _peak_start(self.device)
+        probe.start()
         prof = profile(activities=_activities(self.device))
         prof.__enter__()
         label = record_function("step")
         label.__enter__()
-        self._state = (prof, label, time.perf_counter(), start)
+        self._state = (prof, label, time.perf_counter(), probe)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._state is None:
             return
-        prof, label, begin, start = self._state
+        prof, label, begin, probe = self._state
         self._state = None
         bench._sync(self.device)
         label.__exit__(None, None, None)
         seconds = time.perf_counter() - begin
         prof.__exit__(None, None, None)
-        events = prof.events()
-        phases, whole = phase_counts(events)
-        # TRL's update is the step minus generation and scoring.
-        generate = phases["generate+score"]
-        phases["update"] = PhaseCounts(
-            seconds=whole.seconds - generate.seconds, ops=whole.ops - generate.ops,
-            launches=whole.launches - generate.launches, syncs=whole.syncs - generate.syncs)
-        averages = prof.key_averages()
-        rows = self.config.rows
-        device_table = (averages.table(sort_by="self_cuda_time_total", row_limit=rows,
-                                       max_name_column_width=60)
-                        if self.device.type == "cuda" else "")
-        trace = None
-        if self.config.trace is not None:
-            self.config.trace.mkdir(parents=True, exist_ok=True)
-            trace = self.config.trace / "trace-trl.json"
-            prof.export_chrome_trace(str(trace))
-        self.result = Profiled(
-            "trl", seconds, phases, whole, _peak_mib(self.device, start), device_table,
-            averages.table(sort_by="self_cpu_time_total", row_limit=rows,
-                           max_name_column_width=60), ops_by_name(events, "update"), trace)
+        self.result = _result("trl", prof, seconds, probe.stop(), self.config, self.device)
 
 
 def profile_trl(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
@@ -470,11 +449,7 @@ def main(argv: Sequence[str] | None = None) -> str:
 
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     text = markdown_report(config, run_profile(config))
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+    bench.emit(text, out)
     return text
 
 

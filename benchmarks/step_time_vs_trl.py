@@ -1073,12 +1073,17 @@ def main(argv: Sequence[str] | None = None) -> str:
     # transformers' deprecation notices for options TRL itself passes (gradient_checkpointing).
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     text = markdown_report(run_benchmark(config))
+    emit(text, out)
+    return text
+
+
+def emit(text: str, out: Path | None) -> None:
+    """Print a Markdown report and append it to ``out`` (when given)."""
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a", encoding="utf-8") as handle:
             handle.write(text + "\n")
-    return text
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ def test_phase_counts_count_outermost_ops_launches_and_syncs_per_phase():
     assert (update.ops, update.launches, update.syncs) == (4, 2, 2)
     assert (whole.ops, whole.launches, whole.syncs) == (6, 3, 3)
     assert whole.seconds == pytest.approx(100e-6)
+    # TRL has no update range: the step minus generate+score, here the same counts
+    trl_phases, _ = profiler.phase_counts([e for e in _events() if e.name != "update"])
+    derived = trl_phases["update"]
+    assert (derived.ops, derived.launches, derived.syncs) == (4, 2, 2)
+    assert derived.seconds == pytest.approx(60e-6)
 
 
 def test_ops_by_name_of_a_phase_and_of_the_step_without_its_range():
