@@ -7,7 +7,9 @@ A grid of ``benchmarks/mtgrpo_vs_baselines.py`` evaluates its runs every ``eval_
 config's own held-out split, which is small on a CPU (smollm2-cpu: 100 prompts × 2 samples
 per task, a standard error of 2.7 points at 18 %), so methods whose seeds land a few points
 apart cannot be told apart by it. This script scores the final checkpoint of every finished
-run (``GRID/<method>-seed<k>/checkpoint-<max_steps>/model``) and the grid's shared warm start
+run (``GRID/<method>-seed<k>/checkpoint-<max_steps>/model``, ``max_steps`` the run's own, from
+its ``config.yaml``, so a grid trained with ``--max-steps`` or ``--set`` is found; the base
+config's for a run without one) and the grid's shared warm start
 (``GRID/warm_start/sft/model``, when there is one) on ``--eval-size`` held-out prompts of each
 task in ``--tasks``, with ``--num-samples`` samples each at the config's evaluation
 temperature, by running
@@ -44,6 +46,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import yaml
+
 from mtgrpo.reporting.compare import Spread, markdown_table
 
 LABEL = re.compile(r"^(?P<method>.+)-seed(?P<seed>\d+)$")
@@ -73,9 +77,24 @@ class Checkpoint:
     model: Path
 
 
+def final_step(run: Path, default: int) -> int:
+    """The step a run ends at: ``max_steps`` of the config the trainer saved in the run
+    (``RUN/config.yaml``, where the grid's ``--max-steps`` and ``--set`` land), else
+    ``default`` (the base config's)."""
+    saved = run / "config.yaml"
+    if not saved.is_file():
+        return default
+    value = (yaml.safe_load(saved.read_text()) or {}).get("max_steps")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{saved}: max_steps is {value!r}, not a positive integer; the run's "
+                         "saved config is damaged (rerun the run, or move it out of the grid)")
+    return value
+
+
 def find_checkpoints(grid: Path, max_steps: int) -> list[Checkpoint]:
-    """The grid's finished runs (a ``checkpoint-<max_steps>/model``), sorted by method and
-    seed, and its warm start's model when there is one (first)."""
+    """The grid's finished runs (a ``checkpoint-<final step>/model``, the final step each run's
+    own: :func:`final_step`, ``max_steps`` the base config's), sorted by method and seed, and
+    its warm start's model when there is one (first)."""
     found = []
     warm = grid / WARM_START / "sft" / "model"
     if warm.is_dir():
@@ -83,13 +102,16 @@ def find_checkpoints(grid: Path, max_steps: int) -> list[Checkpoint]:
     runs = []
     for run in sorted(grid.iterdir()):
         match = LABEL.match(run.name)
-        model = run / f"checkpoint-{max_steps}" / "model"
-        if match and model.is_dir():
+        if not match or not run.is_dir():
+            continue
+        model = run / f"checkpoint-{final_step(run, max_steps)}" / "model"
+        if model.is_dir():
             runs.append(Checkpoint(run.name, match["method"], int(match["seed"]), model))
     if not runs:
         raise ValueError(f"no finished run in {grid}: expected <method>-seed<k>/checkpoint-"
-                         f"{max_steps}/model (max_steps {max_steps} of the config); finish the "
-                         "grid's runs first, or pass the grid's own --config")
+                         f"<max_steps>/model (max_steps from each run's config.yaml, else "
+                         f"{max_steps} of the config); finish the grid's runs first, or pass "
+                         "the grid's own --config")
     return found + sorted(runs, key=lambda c: (c.method, c.seed))
 
 

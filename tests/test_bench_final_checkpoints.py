@@ -91,6 +91,11 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
         (grid / label / "checkpoint-2").mkdir(parents=True)
         (grid / label / "checkpoint-2" / "model").symlink_to(tiny_model_dir)
     (grid / "grpo-seed3" / "checkpoint-1").mkdir(parents=True)  # unfinished: left out
+    # a run trained with the grid's --max-steps 3 ends at its own saved max_steps: found at 3
+    for label, step in (("dapo-seed1", 3), ("dapo-seed2", 2)):  # seed 2 stopped before 3
+        (grid / label / f"checkpoint-{step}").mkdir(parents=True)
+        (grid / label / f"checkpoint-{step}" / "model").symlink_to(tiny_model_dir)
+        (grid / label / "config.yaml").write_text(yaml.safe_dump({"max_steps": 3}))
     (grid / "warm_start" / "sft").mkdir(parents=True)
     (grid / "warm_start" / "sft" / "model").symlink_to(tiny_model_dir)
     argv = ["--grid", str(grid), "--config", str(run_file), "--tasks", "add",
@@ -98,8 +103,8 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
     summary = bench.main(argv)
     out = grid / "final_checkpoints"
     labels = sorted(p.name for p in (out / "add").iterdir())
-    assert labels == ["grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1", "mtgrpo_l0.5-seed2",
-                      "warm_start"]
+    assert labels == ["dapo-seed1", "grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1",
+                      "mtgrpo_l0.5-seed2", "warm_start"]
     for label in labels:
         result = json.loads((out / "add" / label / "results.json").read_text())
         assert result["tasks"]["add"]["prompts"] == 20
@@ -130,7 +135,14 @@ def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="not a task of this config"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
                     "--tasks", "countdown:easy"])
-    with pytest.raises(ValueError, match=r"no finished run in .*checkpoint-75/model"):
+    with pytest.raises(ValueError, match=r"no finished run in .*checkpoint-<max_steps>/model "
+                       r"\(max_steps from each run's config.yaml, else 75 of the config\)"):
+        bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
+                    "--tasks", "countdown:3x20"])
+    damaged = tmp_path / "grid" / "grpo-seed1"
+    damaged.mkdir()
+    (damaged / "config.yaml").write_text("max_steps: many\n")
+    with pytest.raises(ValueError, match=r"grpo-seed1/config.yaml: max_steps is 'many'"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
                     "--tasks", "countdown:3x20"])
     with pytest.raises(SystemExit, match="--eval-size must be >= 1"):
