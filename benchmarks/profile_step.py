@@ -331,19 +331,7 @@ def profile_trl(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
 
 def run_profile(config: ProfileConfig) -> list[Profiled]:
     """Build the workload once and profile each trainer's step (module docstring)."""
-    from mtgrpo.models import build_tiny_tokenizer
-
-    b = config.bench
-    if b.threads is not None:
-        torch.set_num_threads(b.threads)
-    w = b.workload
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if w.pretrained is None:
-        tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
-        base = bench.build_model(w, tokenizer, b.seed)
-    else:
-        base, tokenizer = bench.load_workload_model(w)
-    rows = bench.make_rows(tokenizer, 4 * w.num_prompts, w.prompt_tokens, b.seed)
+    base, tokenizer, rows, device = bench.build_workload(config.bench)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         for name in config.trainers:
@@ -418,20 +406,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=None,
                         help="append the Markdown report to this file")
-    for name in bench._SHAPE_OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
-                            help="override the workload's value")
+    bench.add_shape_options(parser)
     return parser
 
 
 def config_from_args(argv: Sequence[str]) -> tuple[ProfileConfig, Path | None]:
     """The validated :class:`ProfileConfig` of a command line, and its ``--out`` path."""
     options = _parser().parse_args(list(argv))
-    workload = bench.WORKLOADS.get(options.workload)
-    overrides = {n: getattr(options, n) for n in bench._SHAPE_OPTIONS
-                 if getattr(options, n) is not None}
     bench_config = bench.BenchConfig(
-        workload=replace(workload, **overrides), steps=max(options.warmup, 1) + 1,
+        workload=bench.shaped_workload(options), steps=max(options.warmup, 1) + 1,
         learning_rate=options.learning_rate, seed=options.seed, threads=options.threads)
     trainers = tuple(t.strip() for t in options.trainers.split(",") if t.strip())
     return ProfileConfig(

@@ -918,22 +918,32 @@ def _trl_version() -> str:
     return trl.__version__
 
 
-def run_benchmark(config: BenchConfig) -> BenchReport:
-    """Build the workload, run the trainers (module docstring) and return their results."""
+def build_workload(
+    config: BenchConfig,
+) -> tuple[torch.nn.Module, Any, list[dict[str, str]], torch.device]:
+    """The workload's base model, tokenizer and prompt rows (four steps' worth), built once
+    for every trainer, and the device the trainers run on; applies ``config.threads`` to torch."""
     from mtgrpo.models import build_tiny_tokenizer
 
-    _resolve_backend(config.ours_backend)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     w = config.workload
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    env = environment(device)
     if w.pretrained is None:
         tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
         base = build_model(w, tokenizer, config.seed)
     else:
         base, tokenizer = load_workload_model(w)
     rows = make_rows(tokenizer, 4 * w.num_prompts, w.prompt_tokens, config.seed)
+    return base, tokenizer, rows, device
+
+
+def run_benchmark(config: BenchConfig) -> BenchReport:
+    """Build the workload, run the trainers (module docstring) and return their results."""
+    _resolve_backend(config.ours_backend)
+    base, tokenizer, rows, device = build_workload(config)
+    w = config.workload
+    env = environment(device)
     parameters = sum(p.numel() for p in base.parameters())
     probe = MemoryProbe(device)
     env["memory"] = probe.description
@@ -1046,19 +1056,30 @@ def _parser() -> argparse.ArgumentParser:
                         "robust on a shared machine, where waiting threads spin")
     parser.add_argument("--out", type=Path, default=None,
                         help="append the Markdown report to this file")
+    add_shape_options(parser)
+    return parser
+
+
+def add_shape_options(parser: argparse.ArgumentParser) -> None:
+    """``--hidden-size``, ``--num-prompts``, ...: one option per workload shape field
+    (``_SHAPE_OPTIONS``), each overriding the named workload's value; read back by
+    :func:`shaped_workload`."""
     for name in _SHAPE_OPTIONS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                             help="override the workload's value")
-    return parser
+
+
+def shaped_workload(options: argparse.Namespace) -> Workload:
+    """The ``--workload`` named on a command line with its shape options applied."""
+    overrides = {n: getattr(options, n) for n in _SHAPE_OPTIONS if getattr(options, n) is not None}
+    return replace(WORKLOADS.get(options.workload), **overrides)
 
 
 def config_from_args(argv: Sequence[str]) -> tuple[BenchConfig, Path | None]:
     """The validated :class:`BenchConfig` of a command line, and its ``--out`` path."""
     options = _parser().parse_args(list(argv))
-    workload = WORKLOADS.get(options.workload)
-    overrides = {n: getattr(options, n) for n in _SHAPE_OPTIONS if getattr(options, n) is not None}
     return BenchConfig(
-        workload=replace(workload, **overrides), steps=options.steps, block=options.block,
+        workload=shaped_workload(options), steps=options.steps, block=options.block,
         ours_backend=options.ours_backend, trl_defaults=options.trl_defaults,
         ours_fp32=options.ours_fp32, ours_padded=options.ours_padded, trl_bf16=options.trl_bf16,
         learning_rate=options.learning_rate, seed=options.seed, threads=options.threads,
