@@ -792,3 +792,47 @@ def test_improvement_by_task_sums_the_change_per_task():
     np.testing.assert_allclose(improvement_by_task(*args), [-0.1, 0.0, np.nan], atol=1e-12)
     with pytest.raises(ValueError, match="'mean' \\(paper\\) or 'sum' \\(code\\)"):
         improvement_by_task(*args, reduction="max")
+
+
+# ---------------------------------------------------------------------------------------------
+# mt_grpo diagnostics
+
+
+def test_improvement_share_by_hand():
+    strategy = make_weighting("mt_grpo", 2, lam=0.5)
+    assert strategy.diagnostics() == {}  # nothing before the first update
+    # z = (½, ½); I = (0.1, −0.1) centres to ±0.1, size ½·0.1 + ½·0.1 = 0.1; λJ = (0.4, 0.1)
+    # centres to ±0.15, size 0.15; share 0.1 / 0.25 = 0.4
+    strategy.update(full_stats([0.8, 0.2], [0.1, -0.1]))
+    share = strategy.diagnostics()["weighting/improvement_share"]
+    assert abs(share - 0.4) <= 4 * np.finfo(np.float64).eps
+    # the second update uses the weights the first one left: a loop reference
+    z = strategy.weights
+    improvement, reward = np.array([0.02, 0.0]), 0.5 * np.array([0.6, 0.3])
+    strategy.update(full_stats([0.6, 0.3], improvement))
+
+    def size(term):
+        return sum(z[k] * abs(term[k] - sum(z[j] * term[j] for j in range(2))) for k in range(2))
+
+    expected = size(improvement) / (size(improvement) + size(reward))
+    share = strategy.diagnostics()["weighting/improvement_share"]
+    assert abs(share - expected) <= 16 * np.finfo(np.float64).eps
+    # equal rewards and equal improvements: nothing moves the weights, no share
+    strategy.update(full_stats([0.5, 0.5], [0.01, 0.01]))
+    assert math.isnan(strategy.diagnostics()["weighting/improvement_share"])
+
+
+def test_improvement_share_extremes_and_unobserved_tasks():
+    reward_only = make_weighting("mt_grpo", 3, lam=0.5)
+    reward_only.update(full_stats([0.9, 0.1, 0.5], [0.0, 0.0, 0.0]))
+    assert reward_only.diagnostics()["weighting/improvement_share"] == 0.0
+    improvement_only = make_weighting("mt_grpo", 3, lam=0.0)
+    improvement_only.update(full_stats([0.9, 0.1, 0.5], [0.03, -0.01, 0.0]))
+    assert improvement_only.diagnostics()["weighting/improvement_share"] == 1.0
+    # a task never observed (no J) takes no part: the share of the other two, renormalised z
+    partial = make_weighting("mt_grpo", 3, lam=0.5)
+    partial.update(TaskStats([0.8, 0.2, NAN], [4, 4, 0], [0.1, -0.1, NAN]))
+    share = partial.diagnostics()["weighting/improvement_share"]
+    assert abs(share - 0.4) <= 4 * np.finfo(np.float64).eps
+    # strategies without diagnostics say nothing
+    assert make_weighting("regularized", 3).diagnostics() == {}

@@ -454,6 +454,11 @@ class WeightingStrategy(ABC):
     @abstractmethod
     def _update(self, stats: TaskStats, present: np.ndarray) -> None: ...
 
+    def diagnostics(self) -> dict[str, float]:
+        """Scalars about the last update that the trainer logs beside the weights (as
+        ``weighting/<name>``); none unless a strategy has something to say (``mt_grpo``)."""
+        return {}
+
     def _state(self) -> dict[str, Any]:
         return {}
 
@@ -932,6 +937,41 @@ class MTGRPOWeighting(_SignalWeighting):
         super().__init__(num_tasks, task_names=task_names, params=params)
         p = self.params
         self._setup(p["optimizer"], p["step_size"], p["damping"], p["reward_ema"])
+        # the last update's (I [K], λJ [K], z [K]) for diagnostics(); not part of the state
+        self._terms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def diagnostics(self) -> dict[str, float]:
+        """``weighting/improvement_share``: how much of the last update's move of the weights
+        came from the improvement ``I_k`` rather than from ``λ J_k``.
+
+        Each term is centred on its ``z``-weighted mean, as it enters ``g_k = z_k (s_k −
+        Σ_j z_j s_j)``, and sized by ``Σ_k z_k |term_k − Σ_j z_j term_j|`` over the observed
+        tasks; the share is ``size(I) / (size(I) + size(λJ))`` (NaN when both are 0). Near 0
+        the weights follow the rewards alone, like ``regularized``: ``I_k`` measured with
+        ``improvement_reduction: mean`` after one small LoRA step can be ~50× smaller than
+        ``λ J_k`` at the paper's ``λ``, which were set for the released code's summed
+        ``I_k`` (``improvement_reduction: sum`` with ``improvement_clip``); lower ``λ`` or
+        use that scale to let the improvement matter. No value before the first update.
+        """
+        if self._terms is None:
+            return {}
+        improvement, reward, weights = self._terms
+        seen = np.isfinite(reward)  # [K] tasks with a J; an unmeasured I is 0 (no change)
+        mass = np.where(seen, weights, 0.0)  # [K]
+        if mass.sum() == 0.0:
+            return {"weighting/improvement_share": math.nan}
+        mass = mass / mass.sum()
+
+        def size(term: np.ndarray) -> float:
+            term = np.where(seen, term, 0.0)
+            spread = float(mass @ np.abs(term - mass @ term))
+            # equal values centre to a rounding residue of the weighted mean, not a move
+            floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
+            return spread if spread > floor else 0.0
+
+        moved = size(improvement) + size(reward)
+        share = size(improvement) / moved if moved > 0.0 else math.nan
+        return {"weighting/improvement_share": share}
 
     def _missing_field_message(self, field: str) -> str:
         return (
@@ -948,7 +988,9 @@ class MTGRPOWeighting(_SignalWeighting):
         clip = self.params["improvement_clip"]
         if clip is not None:
             improvement = np.clip(improvement, -clip, clip)
-        return improvement + self.params["lam"] * self._memory.value
+        reward = self.params["lam"] * self._memory.value  # [K] λJ, NaN where never observed
+        self._terms = (improvement, reward, self._weights.copy())
+        return improvement + reward
 
 
 # ---------------------------------------------------------------------------------------------

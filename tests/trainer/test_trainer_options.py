@@ -107,6 +107,12 @@ def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, w
         assert weights == pytest.approx([0.7, 0.3])
     if weighting == "mt_grpo":
         assert "tasks/alpha/improvement" in records[0]
+        # the logged share is the one the strategy computed from that step's terms
+        share = records[-1]["weighting/improvement_share"]
+        assert share == trainer.weighting.diagnostics()["weighting/improvement_share"]
+        assert 0.0 <= share <= 1.0
+    else:
+        assert not any(key.startswith("weighting/") for key in records[0])
     final = trainer.weighting.weights
     assert final.sum() == pytest.approx(1.0)
     if weighting in ("worst_case", "mt_grpo", "sec"):

@@ -720,6 +720,9 @@ class GRPOTrainer:
             row_tasks, np.concatenate([g.correct for g in generated]), len(self.task_names),
             abs_advantages=np.abs(advantages), improvement=improvement,
         ))
+        diagnostics = getattr(self.weighting, "diagnostics", None)  # a registered duck type
+        if diagnostics is not None:  # may have none
+            metrics.update(diagnostics())  # e.g. MT-GRPO's improvement share
         weighting_seconds = time.perf_counter() - weighting_begin
         self.step += 1
         self._push_weights()
