@@ -92,6 +92,8 @@ __all__ = [
     "WorstCaseWeighting",
     "check_weighting_params",
     "improvement_by_task",
+    "improvement_share",
+    "improvement_sizes",
     "make_weighting",
     "simplex_gradient",
     "softmax",
@@ -299,6 +301,41 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
         return logits
     assert not np.isnan(logits).any(), "logit update produced NaN"
     return np.clip(logits, -_LIMIT, _LIMIT)
+
+
+def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
+                      weights: np.ndarray) -> tuple[float, float]:
+    """How far each term of MT-GRPO's signal ``s = I + λJ`` moves the weights, as it enters
+    ``g_k = z_k (s_k − Σ_j z_j s_j)``: ``Σ_k z_k |t_k − Σ_j z_j t_j|`` for ``t = I [K]`` and
+    ``t = reward = λJ [K]``.
+
+    Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; an unmeasured
+    ``I`` counts as 0, no change). A size within rounding of the term's magnitude (equal
+    values, which centre to a residue of the weighted mean) is 0. ``(0, 0)`` when no observed
+    task has weight.
+    """
+    improvement = np.asarray(improvement, dtype=np.float64)  # [K]
+    reward = np.asarray(reward, dtype=np.float64)  # [K]
+    seen = np.isfinite(reward)
+    mass = np.where(seen, np.asarray(weights, dtype=np.float64), 0.0)  # [K]
+    if mass.sum() == 0.0:
+        return 0.0, 0.0
+    mass = mass / mass.sum()
+    sizes = []
+    for term in (improvement, reward):
+        term = np.where(seen & np.isfinite(term), term, 0.0)
+        spread = float(mass @ np.abs(term - mass @ term))
+        floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
+        sizes.append(spread if spread > floor else 0.0)
+    return sizes[0], sizes[1]
+
+
+def improvement_share(improvement: np.ndarray, reward: np.ndarray, weights: np.ndarray) -> float:
+    """The part of an MT-GRPO weight move that comes from the improvement ``I [K]`` rather
+    than from ``reward = λJ [K]``: ``size(I) / (size(I) + size(λJ))`` of
+    :func:`improvement_sizes`; NaN when neither moves the weights."""
+    size_i, size_j = improvement_sizes(improvement, reward, weights)
+    return size_i / (size_i + size_j) if size_i + size_j > 0.0 else math.nan
 
 
 def _fill_unseen(signal: np.ndarray, seen: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -944,34 +981,27 @@ class MTGRPOWeighting(_SignalWeighting):
         """``weighting/improvement_share``: how much of the last update's move of the weights
         came from the improvement ``I_k`` rather than from ``λ J_k``.
 
-        Each term is centred on its ``z``-weighted mean, as it enters ``g_k = z_k (s_k −
-        Σ_j z_j s_j)``, and sized by ``Σ_k z_k |term_k − Σ_j z_j term_j|`` over the observed
-        tasks; the share is ``size(I) / (size(I) + size(λJ))`` (NaN when both are 0). Near 0
+        :func:`improvement_share` of the update's ``I``, ``λ J`` and the weights it started
+        from (NaN when neither term moved them). Near 0
         the weights follow the rewards alone, like ``regularized``: ``I_k`` measured with
-        ``improvement_reduction: mean`` after one small LoRA step can be ~50× smaller than
+        ``improvement_reduction: mean`` after one small LoRA step can be ~60× smaller than
         ``λ J_k`` at the paper's ``λ``, which were set for the released code's summed
         ``I_k`` (``improvement_reduction: sum`` with ``improvement_clip``); lower ``λ`` or
         use that scale to let the improvement matter. No value before the first update.
         """
         if self._terms is None:
             return {}
+        return {"weighting/improvement_share": improvement_share(*self._terms)}
+
+    @property
+    def last_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The last update's ``(I [K], λJ [K], z [K])``: the improvement as used (clipped,
+        0 where unmeasured), ``λ`` times the reward memory (NaN: never observed) and the
+        weights the update started from (copies); ``None`` before the first update."""
+        if self._terms is None:
+            return None
         improvement, reward, weights = self._terms
-        seen = np.isfinite(reward)  # [K] tasks with a J; an unmeasured I is 0 (no change)
-        mass = np.where(seen, weights, 0.0)  # [K]
-        if mass.sum() == 0.0:
-            return {"weighting/improvement_share": math.nan}
-        mass = mass / mass.sum()
-
-        def size(term: np.ndarray) -> float:
-            term = np.where(seen, term, 0.0)
-            spread = float(mass @ np.abs(term - mass @ term))
-            # equal values centre to a rounding residue of the weighted mean, not a move
-            floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
-            return spread if spread > floor else 0.0
-
-        moved = size(improvement) + size(reward)
-        share = size(improvement) / moved if moved > 0.0 else math.nan
-        return {"weighting/improvement_share": share}
+        return improvement.copy(), reward.copy(), weights.copy()
 
     def _missing_field_message(self, field: str) -> str:
         return (

@@ -13,6 +13,7 @@ import trainer_helpers as common
 from mtgrpo import GRPOTrainer
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.reporting import read_metrics
+from script_loader import load_script
 from tolerance import assert_close_f32
 
 
@@ -111,6 +112,10 @@ def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, w
         share = records[-1]["weighting/improvement_share"]
         assert share == trainer.weighting.diagnostics()["weighting/improvement_share"]
         assert 0.0 <= share <= 1.0
+        # benchmarks/improvement_share.py replays the run from its log to the same weights
+        replay = load_script("benchmarks/improvement_share.py").replay(tmp_path)
+        assert replay.max_weight_error == 0.0
+        assert replay.shares.tolist() == [r["weighting/improvement_share"] for r in records]
     else:
         assert not any(key.startswith("weighting/") for key in records[0])
     final = trainer.weighting.weights

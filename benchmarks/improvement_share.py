@@ -1,0 +1,165 @@
+"""What moved MT-GRPO's task weights in finished runs: the improvement ``I_k`` or ``λ J_k``.
+
+    python benchmarks/improvement_share.py RUN [RUN ...] [--out FILE]
+
+MT-GRPO's weight update moves the logits by ``g_k = z_k (s_k − Σ_j z_j s_j)`` with
+``s_k = I_k + λ J_k``. When ``I_k`` (the change of task k's GRPO objective across the policy
+update) is small beside ``λ J_k``, the weights follow the rewards alone and MT-GRPO acts as a
+reward-only update (``regularized`` without damping). Runs now log that share each step
+(``weighting/improvement_share``); this script recovers it for any ``mt_grpo`` run, older ones
+included, by replaying the run's weighting from its own log: a fresh strategy with the run's
+parameters (``RUN/config.yaml``) is fed each step's logged task accuracy ``J``, improvement
+``I`` and presence, in order (the last record of a step, as a resumed run re-logs the steps
+after its checkpoint), and asked for :func:`mtgrpo.weighting.improvement_share` after each
+update. The replayed weights must reproduce the logged ones (the weights each step used); the
+largest difference is reported and a mismatch beyond float rounding is an error, so a share
+is only ever reported for the weights the run really had.
+
+Per run: the mean, median and largest share over the steps, the mean ``|centred I|`` and
+``|centred λJ|`` sizes, and per task the weight at a quarter, half and the end of the run and
+its mean over the steps. Prints a Markdown table; ``--out`` appends it to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mtgrpo.reporting.metrics import read_metrics
+from mtgrpo.weighting import TaskStats, improvement_sizes, make_weighting
+
+# logged weights are float64 values written by json (repr round-trips): the replay is the same
+# arithmetic, so only a handful of float64 roundings may separate them
+_WEIGHT_TOLERANCE = 64 * np.finfo(np.float64).eps
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One run's replayed weighting."""
+
+    run: Path
+    params: dict[str, Any]
+    tasks: list[str]
+    steps: np.ndarray  # [T] training step of each update
+    weights: np.ndarray  # [T, K] the weights each step used (logged)
+    shares: np.ndarray  # [T] improvement share of each update (NaN: nothing moved)
+    improvement_size: np.ndarray  # [T] Σ z |centred I|
+    reward_size: np.ndarray  # [T] Σ z |centred λJ|
+    max_weight_error: float  # largest |replayed − logged| weight
+
+
+def _run_config(run: Path) -> dict[str, Any]:
+    saved = run / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"{run}: no config.yaml; pass a run directory of mtgrpo train "
+                                "(it saves the resolved config there)")
+    config = yaml.safe_load(saved.read_text()) or {}
+    if config.get("task_weighting") not in ("mt_grpo", "mtgrpo", "iwu"):
+        raise ValueError(f"{run}: task_weighting is {config.get('task_weighting')!r}, not "
+                         "mt_grpo; only MT-GRPO's weights have an improvement term")
+    return config
+
+
+def _train_records(run: Path) -> list[dict[str, Any]]:
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in read_metrics(run, split="train"):
+        by_step[int(record["step"])] = record  # a resumed run's re-logged step replaces it
+    if not by_step:
+        raise ValueError(f"{run}: no training step in metrics.jsonl yet")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _tasks(record: dict[str, Any]) -> list[str]:
+    """Task names in the trainer's order (the order their keys were logged in)."""
+    return [key[len("tasks/"):-len("/weight")] for key in record
+            if key.startswith("tasks/") and key.endswith("/weight")]
+
+
+def replay(run: Path) -> Replay:
+    """Replay ``run``'s MT-GRPO weighting from its log (module docstring)."""
+    config = _run_config(run)
+    records = _train_records(run)
+    tasks = _tasks(records[0])
+    params = dict(config.get("task_weighting_params") or {})
+    strategy = make_weighting("mt_grpo", len(tasks), task_names=tasks, **params)
+    group = int(config.get("num_generations") or 1)
+    steps, weights, shares, sizes = [], [], [], []
+    error = 0.0
+    for record in records:
+        logged = np.array([record[f"tasks/{t}/weight"] for t in tasks], dtype=np.float64)  # [K]
+        error = max(error, float(np.abs(strategy.weights - logged).max()))
+        if error > _WEIGHT_TOLERANCE:
+            raise ValueError(
+                f"{run}: the replay's weights {strategy.weights.tolist()} differ from the "
+                f"logged {logged.tolist()} at step {record['step']} (by {error:.3g}); the log "
+                "or config.yaml is not this run's (or the run resumed from a state the log "
+                "does not hold), so no share is reported")
+        groups = np.array([record.get(f"tasks/{t}/groups_generated", 0) for t in tasks])
+        stats = TaskStats(
+            accuracy=[record.get(f"tasks/{t}/accuracy", math.nan) for t in tasks],
+            count=groups * group,
+            improvement=[record.get(f"tasks/{t}/improvement", math.nan) for t in tasks],
+        )
+        strategy.update(stats)
+        terms = strategy.last_terms
+        steps.append(int(record["step"]))
+        weights.append(logged)
+        shares.append(strategy.diagnostics().get("weighting/improvement_share", math.nan))
+        sizes.append(improvement_sizes(*terms) if terms is not None else (math.nan, math.nan))
+    size = np.array(sizes, dtype=np.float64)  # [T, 2]
+    return Replay(run, params, tasks, np.array(steps), np.array(weights), np.array(shares),
+                  size[:, 0], size[:, 1], error)
+
+
+def markdown(replays: Sequence[Replay], command: str) -> str:
+    """The per-run table and a weights table per run."""
+    lines = ["### What moved MT-GRPO's weights: the improvement share", "",
+             f"Command: `{command}`", "",
+             "| run | λ | steps | share of I: mean / median / max | mean Σz\\|centred I\\| | "
+             "mean Σz\\|centred λJ\\| | replay vs log (max \\|Δz\\|) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in replays:
+        shares = r.shares[np.isfinite(r.shares)]
+        shown = (f"{shares.mean():.3f} / {np.median(shares):.3f} / {shares.max():.3f}"
+                 if shares.size else "-")
+        lines.append(f"| {r.run.name} | {r.params.get('lam', 0.25)} | {len(r.steps)} | {shown} "
+                     f"| {r.improvement_size.mean():.4f} | {r.reward_size.mean():.4f} "
+                     f"| {r.max_weight_error:.1e} |")
+    lines += ["", "Weights `z` (the ones each step used) at a quarter, half and the last step, and "
+              "their mean over the steps:", "",
+              "| run | task | z at ¼ / ½ / end | mean z |", "| --- | --- | ---: | ---: |"]
+    for r in replays:
+        n = len(r.steps)
+        at = [max(n // 4 - 1, 0), max(n // 2 - 1, 0), n - 1]
+        for k, task in enumerate(r.tasks):
+            marks = " / ".join(f"{r.weights[i, k]:.2f}" for i in at)
+            lines.append(f"| {r.run.name} | {task} | {marks} | {r.weights[:, k].mean():.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="mt_grpo run directories")
+    parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
+    options = parser.parse_args(argv)
+    replays = [replay(run) for run in options.runs]  # every run checked before any output
+    text = markdown(replays, shlex.join(["python", "benchmarks/improvement_share.py", *argv]))
+    print(text)
+    if options.out is not None:
+        with open(options.out, "a") as handle:
+            handle.write(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    main()
