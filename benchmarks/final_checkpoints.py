@@ -75,6 +75,7 @@ class Checkpoint:
     method: str
     seed: int | None
     model: Path
+    step: int | None = None  # the run's final step (None: the warm start)
 
 
 def final_step(run: Path, default: int) -> int:
@@ -85,9 +86,12 @@ def final_step(run: Path, default: int) -> int:
     if not saved.is_file():
         return default
     value = (yaml.safe_load(saved.read_text()) or {}).get("max_steps")
+    if value is None or value == -1:  # not saved, or -1: the run counted epochs, not steps
+        return default
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{saved}: max_steps is {value!r}, not a positive integer; the run's "
-                         "saved config is damaged (rerun the run, or move it out of the grid)")
+        raise ValueError(f"{saved}: max_steps is {value!r}, not a positive integer (or -1); "
+                         "the run's saved config is damaged (rerun the run, or move it out of "
+                         "the grid)")
     return value
 
 
@@ -104,9 +108,10 @@ def find_checkpoints(grid: Path, max_steps: int) -> list[Checkpoint]:
         match = LABEL.match(run.name)
         if not match or not run.is_dir():
             continue
-        model = run / f"checkpoint-{final_step(run, max_steps)}" / "model"
+        step = final_step(run, max_steps)
+        model = run / f"checkpoint-{step}" / "model"
         if model.is_dir():
-            runs.append(Checkpoint(run.name, match["method"], int(match["seed"]), model))
+            runs.append(Checkpoint(run.name, match["method"], int(match["seed"]), model, step))
     if not runs:
         raise ValueError(f"no finished run in {grid}: expected <method>-seed<k>/checkpoint-"
                          f"<max_steps>/model (max_steps from each run's config.yaml, else "
@@ -153,7 +158,8 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
     grid = _grid_module()
     runs = [c for c in checkpoints if c.seed is not None]
     methods = list(dict.fromkeys(c.method for c in runs))
-    summary: dict[str, Any] = {"tasks": {}, "worst": {}, "tests": []}
+    summary: dict[str, Any] = {"tasks": {}, "worst": {}, "tests": [],
+                               "final_steps": {c.label: c.step for c in runs}}
     for task in tasks:
         per_method = {}
         warm = scores[task].get(WARM_START)
@@ -210,6 +216,13 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
              "reasoning-gym datasets). Accuracies in %; SE: binomial standard error of the "
              "evaluation (of the prompts × samples scored, so it understates the noise when a "
              "prompt has several samples).", ""]
+    steps = summary["final_steps"]
+    if len(set(steps.values())) == 1:
+        lines += [f"Every run's checkpoint is its final one, step {next(iter(steps.values()))}.",
+                  ""]
+    else:  # a grid trained with --max-steps or --set for some runs: say which is which
+        lines += ["**The runs end at different steps**: " + ", ".join(
+            f"{label} {step}" for label, step in steps.items()) + ".", ""]
     for task, entry in summary["tasks"].items():
         warm = entry["warm_start"]
         lines += [f"## {task}", ""]

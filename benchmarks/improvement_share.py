@@ -1,23 +1,26 @@
-"""What moved MT-GRPO's task weights in finished runs: the improvement ``I_k`` or ``λ J_k``.
+"""What drove MT-GRPO's task weights in finished runs: the improvement ``I_k`` or ``λ J_k``.
 
     python benchmarks/improvement_share.py RUN [RUN ...] [--out FILE]
 
-MT-GRPO's weight update moves the logits by ``g_k = z_k (s_k − Σ_j z_j s_j)`` with
+MT-GRPO's weight update moves the logits along ``g_k = z_k (s_k − Σ_j z_j s_j)`` with
 ``s_k = I_k + λ J_k``. When ``I_k`` (the change of task k's GRPO objective across the policy
 update) is small beside ``λ J_k``, the weights follow the rewards alone and MT-GRPO acts as a
-reward-only update (``regularized`` without damping). Runs now log that share each step
-(``weighting/improvement_share``); this script recovers it for any ``mt_grpo`` run, older ones
-included, by replaying the run's weighting from its own log: a fresh strategy with the run's
-parameters (``RUN/config.yaml``) is fed each step's logged task accuracy ``J``, improvement
-``I`` and presence, in order (the last record of a step, as a resumed run re-logs the steps
-after its checkpoint), and asked for :func:`mtgrpo.weighting.improvement_share` after each
-update. The replayed weights must reproduce the logged ones (the weights each step used); the
-largest difference is reported and a mismatch beyond float rounding is an error, so a share
-is only ever reported for the weights the run really had.
+reward-only update (``regularized`` without damping). Runs now log ``I``'s share of ``g``
+each step (``weighting/improvement_share``: L1 sizes of the two parts of ``g``, before the
+optimizer); this script recovers it for any ``mt_grpo`` run, older ones included, by
+replaying the run's weighting from its own log: a fresh strategy with the run's parameters
+(``RUN/config.yaml``) is fed each step's logged task accuracy ``J``, improvement ``I`` and
+presence, in order (the last record of a step; every step must be logged, as with
+``logging_steps: 1``), and asked for :func:`mtgrpo.weighting.improvement_share` after each
+update (a step whose update was skipped has no ``I`` and no share). The replayed weights must
+reproduce the logged ones (the weights each step used): the largest difference is reported
+and a mismatch beyond float rounding is an error, so a share is only ever reported for the
+weights the run really had.
 
-Per run: the mean, median and largest share over the steps, the mean ``|centred I|`` and
-``|centred λJ|`` sizes, and per task the weight at a quarter, half and the end of the run and
-its mean over the steps. Prints a Markdown table; ``--out`` appends it to a file.
+Per run: the mean, median and largest share over the steps that have one, the mean sizes
+``Σ z |centred I|`` and ``Σ z |centred λJ|``, and per task the weight at a quarter, half and
+the end of the run and its mean over the steps. Prints a Markdown table; ``--out`` appends it
+to a file.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class Replay:
     """One run's replayed weighting."""
 
     run: Path
-    params: dict[str, Any]
+    params: dict[str, Any]  # the strategy's, defaults filled in
     tasks: list[str]
     steps: np.ndarray  # [T] training step of each update
     weights: np.ndarray  # [T, K] the weights each step used (logged)
@@ -70,12 +73,21 @@ def _run_config(run: Path) -> dict[str, Any]:
 
 
 def _train_records(run: Path) -> list[dict[str, Any]]:
+    """The step records (those with the task weights; not a ``log()`` call's) by step, the
+    last of a step kept; every step from 1 must be there, as the replay needs each update."""
     by_step: dict[int, dict[str, Any]] = {}
     for record in read_metrics(run, split="train"):
-        by_step[int(record["step"])] = record  # a resumed run's re-logged step replaces it
+        if any(key.startswith("tasks/") and key.endswith("/weight") for key in record):
+            by_step[int(record["step"])] = record  # a step logged again replaces it
     if not by_step:
         raise ValueError(f"{run}: no training step in metrics.jsonl yet")
-    return [by_step[step] for step in sorted(by_step)]
+    steps = sorted(by_step)
+    missing = sorted(set(range(1, steps[-1] + 1)) - set(steps))
+    if missing:
+        raise ValueError(f"{run}: steps {missing[:5]}{' ...' if len(missing) > 5 else ''} are "
+                         f"not in metrics.jsonl ({len(steps)} of {steps[-1]} logged); the replay "
+                         "needs every update: train with logging_steps 1")
+    return [by_step[step] for step in steps]
 
 
 def _tasks(record: dict[str, Any]) -> list[str]:
@@ -89,8 +101,8 @@ def replay(run: Path) -> Replay:
     config = _run_config(run)
     records = _train_records(run)
     tasks = _tasks(records[0])
-    params = dict(config.get("task_weighting_params") or {})
-    strategy = make_weighting("mt_grpo", len(tasks), task_names=tasks, **params)
+    strategy = make_weighting("mt_grpo", len(tasks), task_names=tasks,
+                              **dict(config.get("task_weighting_params") or {}))
     group = int(config.get("num_generations") or 1)
     steps, weights, shares, sizes = [], [], [], []
     error = 0.0
@@ -116,8 +128,8 @@ def replay(run: Path) -> Replay:
         shares.append(strategy.diagnostics().get("weighting/improvement_share", math.nan))
         sizes.append(improvement_sizes(*terms) if terms is not None else (math.nan, math.nan))
     size = np.array(sizes, dtype=np.float64)  # [T, 2]
-    return Replay(run, params, tasks, np.array(steps), np.array(weights), np.array(shares),
-                  size[:, 0], size[:, 1], error)
+    return Replay(run, dict(strategy.params), tasks, np.array(steps), np.array(weights),
+                  np.array(shares), size[:, 0], size[:, 1], error)
 
 
 def markdown(replays: Sequence[Replay], command: str) -> str:
@@ -131,8 +143,8 @@ def markdown(replays: Sequence[Replay], command: str) -> str:
         shares = r.shares[np.isfinite(r.shares)]
         shown = (f"{shares.mean():.3f} / {np.median(shares):.3f} / {shares.max():.3f}"
                  if shares.size else "-")
-        lines.append(f"| {r.run.name} | {r.params.get('lam', 0.25)} | {len(r.steps)} | {shown} "
-                     f"| {r.improvement_size.mean():.4f} | {r.reward_size.mean():.4f} "
+        lines.append(f"| {r.run.name} | {r.params['lam']} | {len(r.steps)} | {shown} "
+                     f"| {np.nanmean(r.improvement_size):.4f} | {np.nanmean(r.reward_size):.4f} "
                      f"| {r.max_weight_error:.1e} |")
     lines += ["", "Weights `z` (the ones each step used) at a quarter, half and the last step, and "
               "their mean over the steps:", "",

@@ -331,7 +331,8 @@ def profile_trl(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
 
 def run_profile(config: ProfileConfig) -> list[Profiled]:
     """Build the workload once and profile each trainer's step (module docstring)."""
-    base, tokenizer, rows, device = bench.build_workload(config.bench)
+    device = bench.bench_device(config.bench)
+    base, tokenizer, rows = bench.build_workload(config.bench)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         for name in config.trainers:

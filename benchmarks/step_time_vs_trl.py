@@ -918,32 +918,36 @@ def _trl_version() -> str:
     return trl.__version__
 
 
-def build_workload(
-    config: BenchConfig,
-) -> tuple[torch.nn.Module, Any, list[dict[str, str]], torch.device]:
-    """The workload's base model, tokenizer and prompt rows (four steps' worth), built once
-    for every trainer, and the device the trainers run on; applies ``config.threads`` to torch."""
-    from mtgrpo.models import build_tiny_tokenizer
-
+def bench_device(config: BenchConfig) -> torch.device:
+    """The device the trainers run on (the GPU when there is one), with ``config.threads``
+    applied to torch first."""
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_workload(config: BenchConfig) -> tuple[torch.nn.Module, Any, list[dict[str, str]]]:
+    """The workload's base model, tokenizer and prompt rows (four steps' worth), built once
+    for every trainer."""
+    from mtgrpo.models import build_tiny_tokenizer
+
     w = config.workload
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if w.pretrained is None:
         tokenizer = build_tiny_tokenizer(model_max_length=w.max_position_embeddings)
         base = build_model(w, tokenizer, config.seed)
     else:
         base, tokenizer = load_workload_model(w)
     rows = make_rows(tokenizer, 4 * w.num_prompts, w.prompt_tokens, config.seed)
-    return base, tokenizer, rows, device
+    return base, tokenizer, rows
 
 
 def run_benchmark(config: BenchConfig) -> BenchReport:
     """Build the workload, run the trainers (module docstring) and return their results."""
     _resolve_backend(config.ours_backend)
-    base, tokenizer, rows, device = build_workload(config)
+    device = bench_device(config)
+    env = environment(device)  # threads set; the machine's load before the workload is built
+    base, tokenizer, rows = build_workload(config)
     w = config.workload
-    env = environment(device)
     parameters = sum(p.numel() for p in base.parameters())
     probe = MemoryProbe(device)
     env["memory"] = probe.description

@@ -26,7 +26,7 @@ def _checkpoints(*labels):
     out = [bench.Checkpoint("warm_start", "warm_start", None, None)]
     for label in labels:
         method, seed = label.rsplit("-seed", 1)
-        out.append(bench.Checkpoint(label, method, int(seed), None))
+        out.append(bench.Checkpoint(label, method, int(seed), None, 75))
     return out
 
 
@@ -72,6 +72,7 @@ def test_summary_by_hand():
         grid="G", config="C", tasks=["a", "b"], eval_size=100, num_samples=1))
     assert "| grpo | 60.0 (s1), 70.0 (s2) | 65.0 ± 7.1 |" in markdown
     assert "permutation p = 0.167" in markdown
+    assert "Every run's checkpoint is its final one, step 75." in markdown
 
 
 def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys):
@@ -119,7 +120,12 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
             entry = summary["tasks"]["add"]["methods"][method]
             assert entry["accuracy"][entry["seeds"].index(int(seed))] == accuracy
     assert json.loads((out / "results.json").read_text())["worst"] == summary["worst"]
-    assert "# Final checkpoints on a larger held-out split" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "# Final checkpoints on a larger held-out split" in report
+    assert summary["final_steps"] == {"dapo-seed1": 3, "grpo-seed1": 2, "grpo-seed2": 2,
+                                      "mtgrpo_l0.5-seed1": 2, "mtgrpo_l0.5-seed2": 2}
+    assert ("**The runs end at different steps**: dapo-seed1 3, grpo-seed1 2, grpo-seed2 2, "
+            "mtgrpo_l0.5-seed1 2, mtgrpo_l0.5-seed2 2.") in report
     # resumable: a finished evaluation is kept, not run again
     stamp = (out / "add" / "grpo-seed1" / "results.json").stat().st_mtime_ns
     bench.main(argv)
@@ -141,6 +147,9 @@ def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):
                     "--tasks", "countdown:3x20"])
     damaged = tmp_path / "grid" / "grpo-seed1"
     damaged.mkdir()
+    for unset in ("{}\n", "max_steps: -1\n"):  # not saved, or epochs: the config's 75
+        (damaged / "config.yaml").write_text(unset)
+        assert bench.final_step(damaged, 75) == 75
     (damaged / "config.yaml").write_text("max_steps: many\n")
     with pytest.raises(ValueError, match=r"grpo-seed1/config.yaml: max_steps is 'many'"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mtgrpo.reporting.metrics import MetricsWriter
 from mtgrpo.weighting import TaskStats, make_weighting
 from script_loader import load_script
 
@@ -17,59 +18,73 @@ bench = load_script("benchmarks/improvement_share.py")
 TASKS = ("easy", "hard", "middle")
 
 
-def _write_run(run, *, steps=12, lam=0.5, params=None, resume_at=None, seed=0):
-    """A run directory whose log a real MT-GRPO strategy wrote: the weights each step used,
-    the batch accuracy J, the improvement I (some tasks absent or unmeasured) and the share the
-    strategy reported. Returns the reported shares by step."""
+def _write_run(run, *, steps=12, lam=0.5, params=None, resume_at=None, seed=0, skip_at=None):
+    """A run directory whose log a real MT-GRPO strategy wrote through the trainer's
+    ``MetricsWriter``: the weights each step used, the batch accuracy J, the improvement I
+    (some tasks absent or unmeasured; none at all at ``skip_at``, an update that was skipped)
+    and the share the strategy reported. At ``resume_at`` the step is first logged with other
+    weights (an interrupted attempt) and then again, as a resumed run does, with a ``log()``
+    record (no task keys) between. Returns the reported shares by step."""
     run.mkdir(parents=True)
     params = {"lam": lam, **(params or {})}
     (run / "config.yaml").write_text(yaml.safe_dump(
         {"task_weighting": "mt_grpo", "task_weighting_params": params, "num_generations": 4}))
     rng = np.random.default_rng(seed)
     strategy = make_weighting("mt_grpo", 3, task_names=list(TASKS), **params)
-    records, shares = [], {}
-    for step in range(1, steps + 1):
-        groups = rng.integers(0, 4, size=3)  # 0: the task was absent this step
-        accuracy = np.where(groups > 0, np.array([0.8, 0.1, 0.5]) + rng.normal(0, 0.05, 3),
-                            math.nan)
-        improvement = np.where(groups > 0, rng.normal(0, 0.01, 3), math.nan)
-        improvement[rng.random(3) < 0.1] = math.nan  # present but not measured
-        record = {"step": step, "split": "train"}
-        for k, task in enumerate(TASKS):
-            record[f"tasks/{task}/weight"] = float(strategy.weights[k])
-            record[f"tasks/{task}/groups_generated"] = int(groups[k])
-            if groups[k]:
-                record[f"tasks/{task}/accuracy"] = float(accuracy[k])
+    shares = {}
+    with MetricsWriter(run / "metrics.jsonl") as writer:
+        for step in range(1, steps + 1):
+            groups = rng.integers(0, 4, size=3)  # 0: the task was absent this step
+            accuracy = np.where(groups > 0, np.array([0.8, 0.1, 0.5]) + rng.normal(0, 0.05, 3),
+                                math.nan)
+            improvement = np.where(groups > 0, rng.normal(0, 0.01, 3), math.nan)
+            improvement[rng.random(3) < 0.1] = math.nan  # present but not measured
+            if step == skip_at:
+                improvement[:] = math.nan
+            record = {"step": step, "split": "train"}
+            for k, task in enumerate(TASKS):
+                record[f"tasks/{task}/weight"] = float(strategy.weights[k])
+                record[f"tasks/{task}/groups_generated"] = int(groups[k])
+                record[f"tasks/{task}/accuracy"] = float(accuracy[k])  # NaN: absent
                 record[f"tasks/{task}/improvement"] = float(improvement[k])
-        strategy.update(TaskStats(accuracy, groups * 4, improvement))
-        shares[step] = strategy.diagnostics().get("weighting/improvement_share", math.nan)
-        records.append(record)
-        if step == resume_at:  # a resumed run logs eval records and re-logs this step
-            records.append({"step": step, "split": "eval", "accuracy/worst": 0.1})
-            records.append(dict(record))
-    with open(run / "metrics.jsonl", "w") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
+            if step == resume_at:
+                writer.write({**record, "tasks/easy/weight": 0.9, "tasks/hard/weight": 0.05})
+                writer.write({"step": step, "split": "eval", "accuracy/worst": 0.1})
+            strategy.update(TaskStats(accuracy, groups * 4, improvement))
+            shares[step] = strategy.diagnostics().get("weighting/improvement_share", math.nan)
+            writer.write(record)
+            if step == resume_at:
+                writer.write({"step": step, "split": "train", "custom": 1.0})  # trainer.log()
     return shares
 
 
 def test_the_replay_reproduces_the_strategy_that_wrote_the_log(tmp_path):
-    shares = _write_run(tmp_path / "run", resume_at=5,
+    shares = _write_run(tmp_path / "run", resume_at=5, skip_at=8,
                         params={"improvement_clip": 0.004, "reward_ema": 0.5})
     replay = bench.replay(tmp_path / "run")
     assert replay.tasks == list(TASKS)
     assert replay.steps.tolist() == list(range(1, 13))  # the re-logged step counted once
-    assert replay.max_weight_error == 0.0
+    assert replay.max_weight_error == 0.0  # the attempt's other weights at step 5 dropped
+    assert replay.params == {**make_weighting("mt_grpo", 3).params, "lam": 0.5,
+                             "improvement_clip": 0.004, "reward_ema": 0.5}
     expected = np.array([shares[s] for s in range(1, 13)])
+    assert math.isnan(expected[7])  # the skipped update: no I, no share (not 0)
     np.testing.assert_array_equal(np.isnan(replay.shares), np.isnan(expected))
     np.testing.assert_allclose(replay.shares[~np.isnan(expected)], expected[~np.isnan(expected)],
                                rtol=0, atol=0)
-    assert ((replay.shares > 0) & (replay.shares < 1)).sum() >= 8
+    assert ((replay.shares > 0) & (replay.shares < 1)).sum() >= 6  # the data is not degenerate
     # the sizes behind the share: I clipped to 0.004 centres to at most 0.008 per task
-    assert (replay.improvement_size <= 0.008).all()
-    assert (replay.reward_size > 0).all()
+    assert np.nanmax(replay.improvement_size) <= 0.008
+    # a step where no task was present updates nothing: no sizes, no share
+    no_update = np.isnan(replay.reward_size)
+    np.testing.assert_array_equal(np.isnan(replay.improvement_size), no_update)
+    assert np.isnan(replay.shares[no_update]).all()
+    assert (replay.reward_size[~no_update] > 0).all()
     both = replay.improvement_size + replay.reward_size
-    np.testing.assert_allclose(replay.shares, replay.improvement_size / both, rtol=1e-15)
+    measured = ~np.isnan(expected)
+    np.testing.assert_allclose(replay.shares[measured], (replay.improvement_size / both)[measured],
+                               rtol=1e-15)
+    assert replay.improvement_size[7] == 0.0
 
 
 def test_the_report_and_out(tmp_path, capsys):
@@ -88,7 +103,7 @@ def test_the_report_and_out(tmp_path, capsys):
     # the weights table: the last step's weights and the mean over the steps
     assert f"| mtgrpo_l2-seed1 | hard | {replay.weights[2, 1]:.2f} / {replay.weights[5, 1]:.2f}" \
            f" / {replay.weights[-1, 1]:.2f} | {replay.weights[:, 1].mean():.2f} |" in text
-    capsys.readouterr()
+    assert capsys.readouterr().out == text + "\n"
 
 
 def test_bad_input(tmp_path):
@@ -102,6 +117,15 @@ def test_bad_input(tmp_path):
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="no training step"):
         bench.replay(tmp_path / "run")
+    # a run logged every other step: the replay would miss updates
+    _write_run(tmp_path / "sparse", steps=6)
+    log = tmp_path / "sparse" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(line for line in lines
+                             if json.loads(line)["step"] % 2 == 0) + "\n")
+    with pytest.raises(ValueError, match=r"steps \[1, 3, 5\] are not in metrics.jsonl \(3 of 6 "
+                       r"logged\).*logging_steps 1"):
+        bench.replay(tmp_path / "sparse")
     # a log that is not the config's run: the replayed weights part from the logged ones
     _write_run(tmp_path / "other", lam=0.5)
     config = tmp_path / "other" / "config.yaml"

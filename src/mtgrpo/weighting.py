@@ -305,9 +305,10 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
 
 def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
                       weights: np.ndarray) -> tuple[float, float]:
-    """How far each term of MT-GRPO's signal ``s = I + λJ`` moves the weights, as it enters
-    ``g_k = z_k (s_k − Σ_j z_j s_j)``: ``Σ_k z_k |t_k − Σ_j z_j t_j|`` for ``t = I [K]`` and
-    ``t = reward = λJ [K]``.
+    """The sizes of the two parts of MT-GRPO's logit gradient ``g_k = z_k (s_k − Σ_j z_j
+    s_j)``, ``s = I + λJ``: ``Σ_k z_k |t_k − Σ_j z_j t_j|`` (the L1 norm of ``g``'s part from
+    ``t``) for ``t = I [K]`` and ``t = reward = λJ [K]``. Measured on ``g``, before the
+    optimizer (Adam rescales it; damping adds ``η ξ``); the two parts may partly cancel.
 
     Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; an unmeasured
     ``I`` counts as 0, no change). A size within rounding of the term's magnitude (equal
@@ -331,9 +332,13 @@ def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
 
 
 def improvement_share(improvement: np.ndarray, reward: np.ndarray, weights: np.ndarray) -> float:
-    """The part of an MT-GRPO weight move that comes from the improvement ``I [K]`` rather
-    than from ``reward = λJ [K]``: ``size(I) / (size(I) + size(λJ))`` of
-    :func:`improvement_sizes`; NaN when neither moves the weights."""
+    """The improvement ``I [K]``'s share of MT-GRPO's logit gradient beside ``reward = λJ
+    [K]``: ``size(I) / (size(I) + size(λJ))`` of :func:`improvement_sizes`. NaN when neither
+    part is there, or when no task with a ``J`` had its ``I`` measured (an update that was
+    skipped), so such a step does not read as "no improvement"."""
+    seen = np.isfinite(np.asarray(reward, dtype=np.float64))
+    if not (seen & np.isfinite(np.asarray(improvement, dtype=np.float64))).any():
+        return math.nan
     size_i, size_j = improvement_sizes(improvement, reward, weights)
     return size_i / (size_i + size_j) if size_i + size_j > 0.0 else math.nan
 
@@ -977,17 +982,22 @@ class MTGRPOWeighting(_SignalWeighting):
         # the last update's (I [K], λJ [K], z [K]) for diagnostics(); not part of the state
         self._terms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
+    def _update(self, stats: TaskStats, present: np.ndarray) -> None:
+        self._terms = None  # an update that observes no task reports nothing, not the last
+        super()._update(stats, present)
+
     def diagnostics(self) -> dict[str, float]:
-        """``weighting/improvement_share``: how much of the last update's move of the weights
-        came from the improvement ``I_k`` rather than from ``λ J_k``.
+        """``weighting/improvement_share``: how much of the last update's logit gradient came
+        from the improvement ``I_k`` rather than from ``λ J_k``.
 
         :func:`improvement_share` of the update's ``I``, ``λ J`` and the weights it started
-        from (NaN when neither term moved them). Near 0
+        from (NaN when neither part is there or no ``I`` was measured). Near 0
         the weights follow the rewards alone, like ``regularized``: ``I_k`` measured with
         ``improvement_reduction: mean`` after one small LoRA step can be ~60× smaller than
-        ``λ J_k`` at the paper's ``λ``, which were set for the released code's summed
-        ``I_k`` (``improvement_reduction: sum`` with ``improvement_clip``); lower ``λ`` or
-        use that scale to let the improvement matter. No value before the first update.
+        ``λ J_k`` at a ``λ`` like the paper's (whose released code sums ``I_k`` over a task's
+        samples and clips it: ``improvement_reduction: sum`` with ``improvement_clip``); lower
+        ``λ`` or use that scale to let the improvement matter. No value before the first
+        update, nor after one that observed no task.
         """
         if self._terms is None:
             return {}
@@ -995,9 +1005,10 @@ class MTGRPOWeighting(_SignalWeighting):
 
     @property
     def last_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The last update's ``(I [K], λJ [K], z [K])``: the improvement as used (clipped,
-        0 where unmeasured), ``λ`` times the reward memory (NaN: never observed) and the
-        weights the update started from (copies); ``None`` before the first update."""
+        """The last update's ``(I [K], λJ [K], z [K])``: the improvement as used (clipped;
+        NaN where not measured, which the update treats as 0), ``λ`` times the reward memory
+        (NaN: never observed) and the weights the update started from (copies); ``None``
+        before the first update and after one that observed no task."""
         if self._terms is None:
             return None
         improvement, reward, weights = self._terms
@@ -1019,7 +1030,8 @@ class MTGRPOWeighting(_SignalWeighting):
         if clip is not None:
             improvement = np.clip(improvement, -clip, clip)
         reward = self.params["lam"] * self._memory.value  # [K] λJ, NaN where never observed
-        self._terms = (improvement, reward, self._weights.copy())
+        as_measured = np.where(measured, improvement, math.nan)  # [K] for diagnostics()
+        self._terms = (as_measured, reward, self._weights.copy())
         return improvement + reward
 
 
