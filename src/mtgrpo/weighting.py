@@ -307,8 +307,9 @@ def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
                       weights: np.ndarray) -> tuple[float, float]:
     """The sizes of the two parts of MT-GRPO's logit gradient ``g_k = z_k (s_k − Σ_j z_j
     s_j)``, ``s = I + λJ``: ``Σ_k z_k |t_k − Σ_j z_j t_j|`` (the L1 norm of ``g``'s part from
-    ``t``) for ``t = I [K]`` and ``t = reward = λJ [K]``. Measured on ``g``, before the
-    optimizer (Adam rescales it; damping adds ``η ξ``); the two parts may partly cancel.
+    ``t``, :func:`simplex_gradient` of ``t``) for ``t = I [K]`` and ``t = reward = λJ [K]``.
+    Measured on ``g``, before the optimizer (Adam rescales it; damping adds ``η ξ``); the two
+    parts may partly cancel.
 
     Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; an unmeasured
     ``I`` counts as 0, no change). A size within rounding of the term's magnitude (equal
@@ -325,7 +326,7 @@ def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
     sizes = []
     for term in (improvement, reward):
         term = np.where(seen & np.isfinite(term), term, 0.0)
-        spread = float(mass @ np.abs(term - mass @ term))
+        spread = float(np.abs(simplex_gradient(mass, term)).sum())
         floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
         sizes.append(spread if spread > floor else 0.0)
     return sizes[0], sizes[1]
