@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -234,18 +234,29 @@ def _result(name: str, prof: Any, seconds: float, peak_mib: float,
                     table("self_cpu_time_total"), ops_by_name(events, "update"), trace)
 
 
-def _profiled_step(run_step: Callable[[], None], device: torch.device, config: ProfileConfig,
-                   name: str) -> Profiled:
+@contextmanager
+def _step_profile(device: torch.device, config: ProfileConfig,
+                  name: str) -> Iterator[list[Profiled]]:
+    """Profile the body as one ``step`` range, with its wall time and peak memory; the
+    :class:`Profiled` is appended to the yielded list when the body ends."""
+    out: list[Profiled] = []
     probe = bench.MemoryProbe(device)
     bench._sync(device)
     probe.start()
     with profile(activities=_activities(device)) as prof:
         begin = time.perf_counter()
         with record_function("step"):
-            run_step()
+            yield out
             bench._sync(device)
         seconds = time.perf_counter() - begin
-    return _result(name, prof, seconds, probe.stop(), config, device)
+    out.append(_result(name, prof, seconds, probe.stop(), config, device))
+
+
+def _profiled_step(run_step: Callable[[], None], device: torch.device, config: ProfileConfig,
+                   name: str) -> Profiled:
+    with _step_profile(device, config, name) as out:
+        run_step()
+    return out[0]
 
 
 def profile_ours(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
@@ -281,30 +292,21 @@ class _TRLProfiler(bench.TrainerCallback):
         self.config = config
         self.device = device
         self.result: Profiled | None = None
-        self._state: tuple[Any, Any, float, Any] | None = None
+        self._open: tuple[ExitStack, list[Profiled]] | None = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step != self.config.warmup:
             return
-        probe = bench.MemoryProbe(self.device)
-        bench._sync(self.device)
-        probe.start()
-        prof = profile(activities=_activities(self.device))
-        prof.__enter__()
-        label = record_function("step")
-        label.__enter__()
-        self._state = (prof, label, time.perf_counter(), probe)
+        stack = ExitStack()
+        self._open = (stack, stack.enter_context(_step_profile(self.device, self.config, "trl")))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._state is None:
+        if self._open is None:
             return
-        prof, label, begin, probe = self._state
-        self._state = None
-        bench._sync(self.device)
-        label.__exit__(None, None, None)
-        seconds = time.perf_counter() - begin
-        prof.__exit__(None, None, None)
-        self.result = _result("trl", prof, seconds, probe.stop(), self.config, self.device)
+        stack, out = self._open
+        self._open = None
+        stack.close()
+        self.result = out[0]
 
 
 def profile_trl(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
