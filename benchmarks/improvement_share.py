@@ -19,8 +19,10 @@ weights the run really had.
 
 Per run: the mean, median and largest share over the steps that have one, the mean sizes
 ``Σ z |centred I|`` and ``Σ z |centred λJ|``, and per task the weight at a quarter, half and
-the end of the run and its mean over the steps. Prints a Markdown table; ``--out`` appends it
-to a file.
+the end of the run, its mean over the steps, and which way each term pushed it: the mean over
+the updates of ``−g``'s part from ``I`` and from ``λJ``
+(:func:`mtgrpo.weighting.gradient_parts`; positive raises the task's weight, as the update
+steps against ``g``). Prints Markdown tables; ``--out`` appends them to a file.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 import yaml
 
 from mtgrpo.reporting.metrics import read_metrics
-from mtgrpo.weighting import TaskStats, improvement_sizes, make_weighting
+from mtgrpo.weighting import TaskStats, gradient_parts, make_weighting
 
 # logged weights are float64 values written by json (repr round-trips): the replay is the same
 # arithmetic, so only a handful of float64 roundings may separate them
@@ -57,6 +59,8 @@ class Replay:
     shares: np.ndarray  # [T] improvement share of each update (NaN: nothing moved)
     improvement_size: np.ndarray  # [T] Σ z |centred I|
     reward_size: np.ndarray  # [T] Σ z |centred λJ|
+    improvement_push: np.ndarray  # [T, K] −(g's part from I) of each update (NaN: skipped)
+    reward_push: np.ndarray  # [T, K] −(g's part from λJ) of each update (NaN: skipped)
     max_weight_error: float  # largest |replayed − logged| weight
 
 
@@ -104,7 +108,7 @@ def replay(run: Path) -> Replay:
     strategy = make_weighting("mt_grpo", len(tasks), task_names=tasks,
                               **dict(config.get("task_weighting_params") or {}))
     group = int(config.get("num_generations") or 1)
-    steps, weights, shares, sizes = [], [], [], []
+    steps, weights, shares, parts = [], [], [], []
     error = 0.0
     for record in records:
         logged = np.array([record[f"tasks/{t}/weight"] for t in tasks], dtype=np.float64)  # [K]
@@ -126,10 +130,18 @@ def replay(run: Path) -> Replay:
         steps.append(int(record["step"]))
         weights.append(logged)
         shares.append(strategy.diagnostics().get("weighting/improvement_share", math.nan))
-        sizes.append(improvement_sizes(*terms) if terms is not None else (math.nan, math.nan))
-    size = np.array(sizes, dtype=np.float64)  # [T, 2]
+        parts.append(gradient_parts(*terms) if terms is not None
+                     else np.full((2, len(tasks)), math.nan))
+    part = np.array(parts, dtype=np.float64)  # [T, 2, K]: the parts from I and from λJ
+    size = np.abs(part).sum(axis=2)  # [T, 2] their L1 sizes (NaN where skipped)
     return Replay(run, dict(strategy.params), tasks, np.array(steps), np.array(weights),
-                  np.array(shares), size[:, 0], size[:, 1], error)
+                  np.array(shares), size[:, 0], size[:, 1], -part[:, 0], -part[:, 1], error)
+
+
+def _mean(values: np.ndarray) -> float:
+    """Mean over the updates that ran (NaN rows: skipped); NaN when none did."""
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else math.nan
 
 
 def markdown(replays: Sequence[Replay], command: str) -> str:
@@ -144,17 +156,21 @@ def markdown(replays: Sequence[Replay], command: str) -> str:
         shown = (f"{shares.mean():.3f} / {np.median(shares):.3f} / {shares.max():.3f}"
                  if shares.size else "-")
         lines.append(f"| {r.run.name} | {r.params['lam']} | {len(r.steps)} | {shown} "
-                     f"| {np.nanmean(r.improvement_size):.4f} | {np.nanmean(r.reward_size):.4f} "
+                     f"| {_mean(r.improvement_size):.4f} | {_mean(r.reward_size):.4f} "
                      f"| {r.max_weight_error:.1e} |")
-    lines += ["", "Weights `z` (the ones each step used) at a quarter, half and the last step, and "
-              "their mean over the steps:", "",
-              "| run | task | z at ¼ / ½ / end | mean z |", "| --- | --- | ---: | ---: |"]
+    lines += ["", "Weights `z` (the ones each step used) at a quarter, half and the last step, "
+              "their mean over the steps, and the mean push on the task's logit from each term "
+              "(`−g`'s part; positive raises the weight):", "",
+              "| run | task | z at ¼ / ½ / end | mean z | push from I | push from λJ |",
+              "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in replays:
         n = len(r.steps)
         at = [max(n // 4 - 1, 0), max(n // 2 - 1, 0), n - 1]
         for k, task in enumerate(r.tasks):
             marks = " / ".join(f"{r.weights[i, k]:.2f}" for i in at)
-            lines.append(f"| {r.run.name} | {task} | {marks} | {r.weights[:, k].mean():.2f} |")
+            lines.append(f"| {r.run.name} | {task} | {marks} | {r.weights[:, k].mean():.2f} "
+                         f"| {_mean(r.improvement_push[:, k]):+.4f} "
+                         f"| {_mean(r.reward_push[:, k]):+.4f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -18,13 +18,16 @@ bench = load_script("benchmarks/improvement_share.py")
 TASKS = ("easy", "hard", "middle")
 
 
-def _write_run(run, *, steps=12, lam=0.5, params=None, resume_at=None, seed=0, skip_at=None):
+def _write_run(run, *, steps=12, lam=0.5, params=None, resume_at=None, seed=0, skip_at=None,
+               terms=None):
     """A run directory whose log a real MT-GRPO strategy wrote through the trainer's
     ``MetricsWriter``: the weights each step used, the batch accuracy J, the improvement I
     (some tasks absent or unmeasured; none at all at ``skip_at``, an update that was skipped)
     and the share the strategy reported. At ``resume_at`` the step is first logged with other
     weights (an interrupted attempt) and then again, as a resumed run does, with a ``log()``
-    record (no task keys) between. Returns the reported shares by step."""
+    record (no task keys) between. Returns the reported shares by step; ``terms`` (a dict)
+    receives each step's ``last_terms`` (``(I, λJ, z)``; None for an update that observed
+    nothing)."""
     run.mkdir(parents=True)
     params = {"lam": lam, **(params or {})}
     (run / "config.yaml").write_text(yaml.safe_dump(
@@ -52,6 +55,8 @@ def _write_run(run, *, steps=12, lam=0.5, params=None, resume_at=None, seed=0, s
                 writer.write({"step": step, "split": "eval", "accuracy/worst": 0.1})
             strategy.update(TaskStats(accuracy, groups * 4, improvement))
             shares[step] = strategy.diagnostics().get("weighting/improvement_share", math.nan)
+            if terms is not None:
+                terms[step] = strategy.last_terms
             writer.write(record)
             if step == resume_at:
                 writer.write({"step": step, "split": "train", "custom": 1.0})  # trainer.log()
@@ -85,6 +90,52 @@ def test_the_replay_reproduces_the_strategy_that_wrote_the_log(tmp_path):
     np.testing.assert_allclose(replay.shares[measured], (replay.improvement_size / both)[measured],
                                rtol=1e-15)
     assert replay.improvement_size[7] == 0.0
+
+
+def _loop_parts(improvement, reward, weights):
+    """A loop reference for the two parts of g over the tasks with a J (z renormalised over
+    them; an unmeasured I counts 0): part_k = m_k (t_k − Σ_j m_j t_j)."""
+    seen = [math.isfinite(r) for r in reward]
+    total = sum(w for w, s in zip(weights, seen, strict=True) if s)
+    mass = [w / total if s else 0.0 for w, s in zip(weights, seen, strict=True)]
+    parts = []
+    for term in (improvement, reward):
+        t = [v if s and math.isfinite(v) else 0.0 for v, s in zip(term, seen, strict=True)]
+        mean = sum(m * v for m, v in zip(mass, t, strict=True))
+        parts.append([m * (v - mean) for m, v in zip(mass, t, strict=True)])
+    return parts
+
+
+def test_which_way_each_term_pushed_each_task(tmp_path, capsys):
+    terms = {}
+    _write_run(tmp_path / "run", skip_at=8, params={"improvement_clip": 0.004}, terms=terms,
+               seed=3)
+    replay = bench.replay(tmp_path / "run")
+    eps = np.finfo(np.float64).eps
+    for i, step in enumerate(replay.steps):
+        if terms[step] is None:  # nothing observed: no update, no push
+            assert np.isnan(replay.improvement_push[i]).all()
+            assert np.isnan(replay.reward_push[i]).all()
+            continue
+        part_i, part_j = _loop_parts(*terms[step])
+        # the push is −g's part (the update steps against g), within a few roundings of it
+        np.testing.assert_allclose(replay.improvement_push[i], [-v for v in part_i], rtol=0,
+                                   atol=8 * eps * 0.004)
+        np.testing.assert_allclose(replay.reward_push[i], [-v for v in part_j], rtol=0,
+                                   atol=8 * eps)
+        # the parts sum over the tasks to 0 (centred) and their sizes are the sizes reported
+        assert abs(replay.reward_push[i].sum()) <= 8 * eps
+        assert abs(np.abs(replay.reward_push[i]).sum() - replay.reward_size[i]) <= 8 * eps
+    assert (replay.improvement_push[7] == 0.0).all()  # the skipped update: I counts 0
+    # J alone pushes the low-accuracy task up and the high-accuracy one down
+    assert np.nanmean(replay.reward_push[:, 1]) > 0 > np.nanmean(replay.reward_push[:, 0])
+    text = bench.main([str(tmp_path / "run")])
+    capsys.readouterr()
+    for k, task in enumerate(TASKS):
+        pushes = (replay.improvement_push[:, k], replay.reward_push[:, k])
+        means = [p[np.isfinite(p)].mean() for p in pushes]
+        assert f"| {replay.weights[:, k].mean():.2f} | {means[0]:+.4f} | {means[1]:+.4f} |" \
+            in text, task
 
 
 def test_the_report_and_out(tmp_path, capsys):

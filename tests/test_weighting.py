@@ -20,7 +20,9 @@ from mtgrpo.weighting import (
     MTGRPOWeighting,
     TaskStats,
     WeightingStrategy,
+    gradient_parts,
     improvement_by_task,
+    improvement_sizes,
     make_weighting,
     simplex_gradient,
     softmax,
@@ -820,6 +822,29 @@ def test_improvement_share_by_hand():
     # equal rewards and equal improvements: nothing moves the weights, no share
     strategy.update(full_stats([0.5, 0.5], [0.01, 0.01]))
     assert math.isnan(strategy.diagnostics()["weighting/improvement_share"])
+
+
+def test_gradient_parts_by_hand():
+    # z = (½, ½); I = (0.1, −0.1) centres to ±0.1, times ½; λJ = (0.4, 0.1) centres to ±0.15
+    part_i, part_j = gradient_parts([0.1, -0.1], [0.4, 0.1], [0.5, 0.5])
+    eps = np.finfo(np.float64).eps
+    np.testing.assert_allclose(part_i, [0.05, -0.05], rtol=0, atol=4 * eps)
+    np.testing.assert_allclose(part_j, [0.075, -0.075], rtol=0, atol=4 * eps)
+    # together they are the gradient the update steps against
+    z, improvement, reward = np.array([0.2, 0.5, 0.3]), np.array([0.03, -0.01, 0.0]), \
+        np.array([0.45, 0.05, 0.25])
+    part_i, part_j = gradient_parts(improvement, reward, z)
+    np.testing.assert_allclose(part_i + part_j, simplex_gradient(z, improvement + reward),
+                               rtol=0, atol=8 * eps)
+    assert improvement_sizes(improvement, reward, z) == (np.abs(part_i).sum(),
+                                                         np.abs(part_j).sum())
+    # a task without J: 0, the others' z renormalised; an unmeasured I counts 0
+    part_i, part_j = gradient_parts([0.1, NAN, -0.1], [0.4, 0.2, NAN], [0.25, 0.25, 0.5])
+    np.testing.assert_allclose(part_i, [0.025, -0.025, 0.0], rtol=0, atol=4 * eps)
+    np.testing.assert_allclose(part_j, [0.05, -0.05, 0.0], rtol=0, atol=4 * eps)
+    # equal values: nothing moves; no task observed: zeros
+    assert (gradient_parts([0.01, 0.01], [0.3, 0.3], [0.7, 0.3])[0] == 0).all()
+    assert (gradient_parts([0.1, 0.2], [NAN, NAN], [0.5, 0.5])[1] == 0).all()
 
 
 def test_improvement_share_extremes_and_unobserved_tasks():

@@ -91,6 +91,7 @@ __all__ = [
     "WeightingStrategy",
     "WorstCaseWeighting",
     "check_weighting_params",
+    "gradient_parts",
     "improvement_by_task",
     "improvement_share",
     "improvement_sizes",
@@ -303,33 +304,42 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
     return np.clip(logits, -_LIMIT, _LIMIT)
 
 
-def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
-                      weights: np.ndarray) -> tuple[float, float]:
-    """The sizes of the two parts of MT-GRPO's logit gradient ``g_k = z_k (s_k − Σ_j z_j
-    s_j)``, ``s = I + λJ``: ``Σ_k z_k |t_k − Σ_j z_j t_j|`` (the L1 norm of ``g``'s part from
-    ``t``, :func:`simplex_gradient` of ``t``) for ``t = I [K]`` and ``t = reward = λJ [K]``.
-    Measured on ``g``, before the optimizer (Adam rescales it; damping adds ``η ξ``); the two
-    parts may partly cancel.
+def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
+                   weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of MT-GRPO's logit gradient ``g_k = z_k (s_k − Σ_j z_j s_j)``, ``s = I +
+    λJ``: :func:`simplex_gradient` of ``t`` for ``t = I [K]`` and ``t = reward = λJ [K]``, each
+    ``[K]``. The update steps against ``g`` (``ξ ← ξ − β g``), so a positive entry lowers that
+    task's weight. Measured on ``g``, before the optimizer (Adam rescales it; damping adds
+    ``η ξ``); the two parts may partly cancel.
 
-    Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; an unmeasured
-    ``I`` counts as 0, no change). A size within rounding of the term's magnitude (equal
-    values, which centre to a residue of the weighted mean) is 0. ``(0, 0)`` when no observed
-    task has weight.
+    Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; 0 for the
+    others; an unmeasured ``I`` counts as 0, no change). A part whose L1 norm is within
+    rounding of the term's magnitude (equal values, which centre to a residue of the weighted
+    mean) is 0. Both are 0 when no observed task has weight.
     """
     improvement = np.asarray(improvement, dtype=np.float64)  # [K]
     reward = np.asarray(reward, dtype=np.float64)  # [K]
     seen = np.isfinite(reward)
     mass = np.where(seen, np.asarray(weights, dtype=np.float64), 0.0)  # [K]
     if mass.sum() == 0.0:
-        return 0.0, 0.0
+        return np.zeros_like(reward), np.zeros_like(reward)
     mass = mass / mass.sum()
-    sizes = []
+    parts = []
     for term in (improvement, reward):
         term = np.where(seen & np.isfinite(term), term, 0.0)
-        spread = float(np.abs(simplex_gradient(mass, term)).sum())
+        part = simplex_gradient(mass, term)  # [K]
         floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
-        sizes.append(spread if spread > floor else 0.0)
-    return sizes[0], sizes[1]
+        parts.append(part if np.abs(part).sum() > floor else np.zeros_like(part))
+    return parts[0], parts[1]
+
+
+def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
+                      weights: np.ndarray) -> tuple[float, float]:
+    """The sizes of the two parts of MT-GRPO's logit gradient (:func:`gradient_parts`): their
+    L1 norms ``Σ_k z_k |t_k − Σ_j z_j t_j|`` for ``t = I [K]`` and ``t = reward = λJ [K]``,
+    over the tasks with a ``J``. ``(0, 0)`` when no observed task has weight."""
+    part_i, part_j = gradient_parts(improvement, reward, weights)
+    return float(np.abs(part_i).sum()), float(np.abs(part_j).sum())
 
 
 def improvement_share(improvement: np.ndarray, reward: np.ndarray, weights: np.ndarray) -> float:
