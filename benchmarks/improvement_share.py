@@ -21,8 +21,10 @@ Per run: the mean, median and largest share over the steps that have one, the me
 ``Σ z |centred I|`` and ``Σ z |centred λJ|``, and per task the weight at a quarter, half and
 the end of the run, its mean over the steps, and which way each term pushed it: the mean over
 the updates of ``−g``'s part from ``I`` and from ``λJ``
-(:func:`mtgrpo.weighting.gradient_parts`; positive raises the task's weight, as the update
-steps against ``g``). Prints Markdown tables; ``--out`` appends them to a file.
+(:func:`mtgrpo.weighting.gradient_parts`; with ``optimizer: sgd``, the default, the update
+steps against ``g``, so a positive push raises the task's logit, and its weight when it rises
+more than the ``z``-weighted mean of the logits' moves). Prints Markdown tables; ``--out``
+appends them to a file.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class Replay:
     shares: np.ndarray  # [T] improvement share of each update (NaN: nothing moved)
     improvement_size: np.ndarray  # [T] Σ z |centred I|
     reward_size: np.ndarray  # [T] Σ z |centred λJ|
-    improvement_push: np.ndarray  # [T, K] −(g's part from I) of each update (NaN: skipped)
-    reward_push: np.ndarray  # [T, K] −(g's part from λJ) of each update (NaN: skipped)
+    improvement_push: np.ndarray  # [T, K] −(g's part from I) (NaN: no task observed)
+    reward_push: np.ndarray  # [T, K] −(g's part from λJ) (NaN: no task observed)
     max_weight_error: float  # largest |replayed − logged| weight
 
 
@@ -133,13 +135,13 @@ def replay(run: Path) -> Replay:
         parts.append(gradient_parts(*terms) if terms is not None
                      else np.full((2, len(tasks)), math.nan))
     part = np.array(parts, dtype=np.float64)  # [T, 2, K]: the parts from I and from λJ
-    size = np.abs(part).sum(axis=2)  # [T, 2] their L1 sizes (NaN where skipped)
+    size = np.abs(part).sum(axis=2)  # [T, 2] their L1 sizes (NaN: no task observed)
     return Replay(run, dict(strategy.params), tasks, np.array(steps), np.array(weights),
                   np.array(shares), size[:, 0], size[:, 1], -part[:, 0], -part[:, 1], error)
 
 
 def _mean(values: np.ndarray) -> float:
-    """Mean over the updates that ran (NaN rows: skipped); NaN when none did."""
+    """Mean over the updates that observed a task (the finite rows); NaN when none did."""
     values = values[np.isfinite(values)]
     return float(values.mean()) if values.size else math.nan
 
@@ -160,7 +162,7 @@ def markdown(replays: Sequence[Replay], command: str) -> str:
                      f"| {r.max_weight_error:.1e} |")
     lines += ["", "Weights `z` (the ones each step used) at a quarter, half and the last step, "
               "their mean over the steps, and the mean push on the task's logit from each term "
-              "(`−g`'s part; positive raises the weight):", "",
+              "(`−g`'s part; with SGD, positive raises the task's logit):", "",
               "| run | task | z at ¼ / ½ / end | mean z | push from I | push from λJ |",
               "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in replays:
@@ -169,8 +171,8 @@ def markdown(replays: Sequence[Replay], command: str) -> str:
         for k, task in enumerate(r.tasks):
             marks = " / ".join(f"{r.weights[i, k]:.2f}" for i in at)
             lines.append(f"| {r.run.name} | {task} | {marks} | {r.weights[:, k].mean():.2f} "
-                         f"| {_mean(r.improvement_push[:, k]):+.4f} "
-                         f"| {_mean(r.reward_push[:, k]):+.4f} |")
+                         f"| {_mean(r.improvement_push[:, k]):+.1e} "
+                         f"| {_mean(r.reward_push[:, k]):+.1e} |")
     return "\n".join(lines) + "\n"
 
 

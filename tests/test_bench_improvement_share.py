@@ -93,24 +93,30 @@ def test_the_replay_reproduces_the_strategy_that_wrote_the_log(tmp_path):
 
 
 def _loop_parts(improvement, reward, weights):
-    """A loop reference for the two parts of g over the tasks with a J (z renormalised over
-    them; an unmeasured I counts 0): part_k = m_k (t_k − Σ_j m_j t_j)."""
+    """A loop reference for the two parts of g over the tasks with a J (centred on their own
+    z-weighted mean, times their z; 0 for the others; an unmeasured I counts 0):
+    part_k = z_k (t_k − Σ_seen z_j t_j / Σ_seen z_j)."""
     seen = [math.isfinite(r) for r in reward]
     total = sum(w for w, s in zip(weights, seen, strict=True) if s)
-    mass = [w / total if s else 0.0 for w, s in zip(weights, seen, strict=True)]
     parts = []
     for term in (improvement, reward):
         t = [v if s and math.isfinite(v) else 0.0 for v, s in zip(term, seen, strict=True)]
-        mean = sum(m * v for m, v in zip(mass, t, strict=True))
-        parts.append([m * (v - mean) for m, v in zip(mass, t, strict=True)])
+        mean = sum(w * v for w, v, s in zip(weights, t, seen, strict=True) if s) / total
+        parts.append([w * (v - mean) if s else 0.0
+                      for w, v, s in zip(weights, t, seen, strict=True)])
     return parts
 
 
-def test_which_way_each_term_pushed_each_task(tmp_path, capsys):
+# seed 0 has a step where no task is present (no update: NaN rows); seed 3 a first step where
+# a task is not yet observed (its part 0, the others centred on their own weighted mean)
+@pytest.mark.parametrize("seed", [0, 3])
+def test_which_way_each_term_pushed_each_task(tmp_path, capsys, seed):
     terms = {}
     _write_run(tmp_path / "run", skip_at=8, params={"improvement_clip": 0.004}, terms=terms,
-               seed=3)
+               seed=seed)
     replay = bench.replay(tmp_path / "run")
+    assert any(terms[s] is None for s in terms) == (seed == 0)
+    assert (seed == 3) == (terms[1] is not None and not np.isfinite(terms[1][1]).all())
     eps = np.finfo(np.float64).eps
     for i, step in enumerate(replay.steps):
         if terms[step] is None:  # nothing observed: no update, no push
@@ -134,7 +140,7 @@ def test_which_way_each_term_pushed_each_task(tmp_path, capsys):
     for k, task in enumerate(TASKS):
         pushes = (replay.improvement_push[:, k], replay.reward_push[:, k])
         means = [p[np.isfinite(p)].mean() for p in pushes]
-        assert f"| {replay.weights[:, k].mean():.2f} | {means[0]:+.4f} | {means[1]:+.4f} |" \
+        assert f"| {replay.weights[:, k].mean():.2f} | {means[0]:+.1e} | {means[1]:+.1e} |" \
             in text, task
 
 

@@ -838,13 +838,33 @@ def test_gradient_parts_by_hand():
                                rtol=0, atol=8 * eps)
     assert improvement_sizes(improvement, reward, z) == (np.abs(part_i).sum(),
                                                          np.abs(part_j).sum())
-    # a task without J: 0, the others' z renormalised; an unmeasured I counts 0
+    # a task without J: 0; the others centred on their own z-weighted mean (I: 0.05, λJ: 0.3)
+    # and scaled by their own z; an unmeasured I counts 0
     part_i, part_j = gradient_parts([0.1, NAN, -0.1], [0.4, 0.2, NAN], [0.25, 0.25, 0.5])
-    np.testing.assert_allclose(part_i, [0.025, -0.025, 0.0], rtol=0, atol=4 * eps)
-    np.testing.assert_allclose(part_j, [0.05, -0.05, 0.0], rtol=0, atol=4 * eps)
+    np.testing.assert_allclose(part_i, [0.0125, -0.0125, 0.0], rtol=0, atol=4 * eps)
+    np.testing.assert_allclose(part_j, [0.025, -0.025, 0.0], rtol=0, atol=4 * eps)
     # equal values: nothing moves; no task observed: zeros
-    assert (gradient_parts([0.01, 0.01], [0.3, 0.3], [0.7, 0.3])[0] == 0).all()
-    assert (gradient_parts([0.1, 0.2], [NAN, NAN], [0.5, 0.5])[1] == 0).all()
+    for stays in (gradient_parts([0.01, 0.01], [0.3, 0.3], [0.7, 0.3]),
+                  gradient_parts([0.1, 0.2], [NAN, NAN], [0.5, 0.5])):
+        assert (stays[0] == 0).all()
+        assert (stays[1] == 0).all()
+
+
+def test_gradient_parts_sum_to_the_step_the_strategy_takes():
+    # plain SGD from ξ = 0: the first step is ξ = −β g exactly (damping η ξ is 0 there); the
+    # third task is absent, so never observed, and the second task's I was not measured
+    strategy = make_weighting("mt_grpo", 3, lam=0.5, step_size=0.1, improvement_clip=0.05)
+    strategy.update(TaskStats([0.8, 0.2, NAN], [8, 8, 0], [0.09, NAN, NAN]))
+    gradient = -strategy.logits / 0.1
+    assert gradient[2] == 0.0
+    assert np.abs(gradient).max() > 0.01
+    part_i, part_j = gradient_parts(*strategy.last_terms)
+    scale = float(np.abs(gradient).max())
+    np.testing.assert_allclose(part_i + part_j, gradient, rtol=0,
+                               atol=16 * np.finfo(np.float64).eps * scale)
+    # by hand: z = ⅓ each; I (clipped) = (0.05, 0) centres to ±0.025, times ⅓
+    np.testing.assert_allclose(part_i, [0.025 / 3, -0.025 / 3, 0.0], rtol=0,
+                               atol=8 * np.finfo(np.float64).eps)
 
 
 def test_improvement_share_extremes_and_unobserved_tasks():

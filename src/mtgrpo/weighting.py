@@ -307,27 +307,27 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
 def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
                    weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The two parts of MT-GRPO's logit gradient ``g_k = z_k (s_k − Σ_j z_j s_j)``, ``s = I +
-    λJ``: :func:`simplex_gradient` of ``t`` for ``t = I [K]`` and ``t = reward = λJ [K]``, each
-    ``[K]``. The update steps against ``g`` (``ξ ← ξ − β g``), so a positive entry lowers that
-    task's weight. Measured on ``g``, before the optimizer (Adam rescales it; damping adds
-    ``η ξ``); the two parts may partly cancel.
+    λJ``, each ``[K]``, for ``t = I`` and ``t = reward = λJ``: ``z_k (t_k − m_t)`` with ``m_t``
+    the ``z``-weighted mean of ``t`` over the tasks with a ``J`` (``reward`` finite), and 0 for
+    the others, as the update forms ``g`` (an unmeasured ``I`` counts as 0, no change). They sum
+    to the ``g`` of that update. With ``optimizer: sgd`` (the default) the update steps against
+    ``g`` (``ξ ← ξ − β (g + η ξ)``), so a negative entry raises that task's logit; with
+    ``adam`` the step follows a running average of ``g``, scaled per task. The two parts may
+    partly cancel.
 
-    Over the tasks with a ``J`` (``reward`` finite; ``z`` renormalised over them; 0 for the
-    others; an unmeasured ``I`` counts as 0, no change). A part whose L1 norm is within
-    rounding of the term's magnitude (equal values, which centre to a residue of the weighted
-    mean) is 0. Both are 0 when no observed task has weight.
+    A part whose L1 norm is within rounding of the term's magnitude (equal values, which centre
+    to a residue of the weighted mean) is 0. Both are 0 when no observed task has weight.
     """
     improvement = np.asarray(improvement, dtype=np.float64)  # [K]
     reward = np.asarray(reward, dtype=np.float64)  # [K]
+    weights = np.asarray(weights, dtype=np.float64)  # [K]
     seen = np.isfinite(reward)
-    mass = np.where(seen, np.asarray(weights, dtype=np.float64), 0.0)  # [K]
-    if mass.sum() == 0.0:
+    if not (weights[seen] > 0.0).any():
         return np.zeros_like(reward), np.zeros_like(reward)
-    mass = mass / mass.sum()
     parts = []
     for term in (improvement, reward):
         term = np.where(seen & np.isfinite(term), term, 0.0)
-        part = simplex_gradient(mass, term)  # [K]
+        part = np.where(seen, simplex_gradient(weights, _fill_unseen(term, seen, weights)), 0.0)
         floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
         parts.append(part if np.abs(part).sum() > floor else np.zeros_like(part))
     return parts[0], parts[1]
@@ -336,8 +336,9 @@ def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
 def improvement_sizes(improvement: np.ndarray, reward: np.ndarray,
                       weights: np.ndarray) -> tuple[float, float]:
     """The sizes of the two parts of MT-GRPO's logit gradient (:func:`gradient_parts`): their
-    L1 norms ``Σ_k z_k |t_k − Σ_j z_j t_j|`` for ``t = I [K]`` and ``t = reward = λJ [K]``,
-    over the tasks with a ``J``. ``(0, 0)`` when no observed task has weight."""
+    L1 norms ``Σ_k z_k |t_k − m_t|`` for ``t = I [K]`` and ``t = reward = λJ [K]``, over the
+    tasks with a ``J``. Measured on ``g``, before the optimizer (Adam rescales it; damping adds
+    ``η ξ``). ``(0, 0)`` when no observed task has weight."""
     part_i, part_j = gradient_parts(improvement, reward, weights)
     return float(np.abs(part_i).sum()), float(np.abs(part_j).sum())
 
