@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 from mtgrpo.config import run_config_from_dict
 from mtgrpo.reporting import read_metrics
 from mtgrpo.trainer.run import _warm_start_rows, build_suite, run_training
@@ -43,3 +46,23 @@ def test_a_run_with_a_warm_start_trains_from_it_and_reuses_it(tmp_path, tiny_mod
     run_training(run_config_from_dict(config))
     assert marker.stat().st_mtime_ns == first  # the cached warm start was reused
     assert read_metrics(tmp_path / "run", split="train")[0]["step"] == 1
+    assert "output_dir" not in json.loads(marker.read_text())["config"]
+
+    # a run directory copied elsewhere finds its warm start: it is not trained again (a new
+    # warm start would clear the model directory, and the sentinel with it), also when the
+    # marker was written with the directory in it
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "run", moved)
+    sentinel = moved / "sft" / "model" / "sentinel"
+    sentinel.write_text("kept")
+    old_style = json.loads(marker.read_text())
+    old_style["config"]["output_dir"] = str(tmp_path / "run" / "sft")
+    (moved / "sft" / "warm_start.json").write_text(json.dumps(old_style))
+    run_training(run_config_from_dict({**config, "output_dir": str(moved)}))
+    assert sentinel.read_text() == "kept"
+    # other settings do train it again
+    sft = {**config["sft"], "learning_rate": 5e-4}
+    run_training(run_config_from_dict({**config, "output_dir": str(moved), "sft": sft}))
+    assert not sentinel.exists()
+    assert json.loads((moved / "sft" / "warm_start.json").read_text())["config"] != \
+        old_style["config"]

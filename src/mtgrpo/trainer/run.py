@@ -219,10 +219,20 @@ def replaced_items(rows: Any) -> dict[str, int]:
     return counts
 
 
+def _warm_start_fingerprint(settings: dict[str, Any]) -> dict[str, Any]:
+    """A warm start's settings without its output directory (a copy of the mapping), so a run
+    directory moved or copied elsewhere finds its warm start again; markers written with the
+    directory in them still match."""
+    config = {key: value for key, value in (settings.get("config") or {}).items()
+              if key != "output_dir"}
+    return {**settings, "config": config}
+
+
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     """Supervised warm start on generated problems with gold answers (the ``sft`` section,
     :class:`~mtgrpo.sft.WarmStartConfig`). The result is cached in ``<output_dir>/sft``: a
-    finished warm start with the same settings is reused."""
+    finished warm start with the same settings is reused, also after the run directory was
+    moved or copied (where it lives is not one of its settings)."""
     import json
 
     from mtgrpo.sft import sft_train, solutions_from_rows
@@ -230,10 +240,12 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     warm = run.sft
     out = Path(run.training.output_dir) / "sft"
     config = warm.sft_config(str(out), seed=run.training.seed)
-    fingerprint = {"model": model, "config": config.to_dict(), "data": warm.to_dict(),
-                   "tasks": run.tasks.to_dict()}
+    fingerprint = _warm_start_fingerprint(
+        {"model": model, "config": config.to_dict(), "data": warm.to_dict(),
+         "tasks": run.tasks.to_dict()})
     done = out / "warm_start.json"
-    if done.is_file() and json.loads(done.read_text()) == fingerprint:
+    if (done.is_file() and (out / "model").is_dir()
+            and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
         logger.info("reusing the warm start in %s", out)
         return str(out / "model")
     rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
