@@ -60,8 +60,11 @@ Grid mechanics:
 - The supervised warm start of the base config (its ``sft:`` section; with ``model.tiny`` the
   tiny model is first built into ``<out>/warm_start/base-model``) runs once, into
   ``<out>/warm_start/`` (``mtgrpo.trainer.run``'s cached warm start: a finished one with the
-  same settings is reused). Every run then loads ``<out>/warm_start/sft/model`` with the
-  ``sft`` section removed, so all methods and seeds start from one checkpoint.
+  same settings is reused, wherever it lives: copy another grid's ``warm_start/`` into a new
+  ``--out`` to start new runs from the same checkpoint, e.g. another ``--set``; a tiny base
+  model built under the old ``<out>`` is a setting of its own, so that one trains again).
+  Every run then loads ``<out>/warm_start/sft/model`` with the ``sft`` section removed, so
+  all methods and seeds start from one checkpoint.
 - Run ``<method>-seed<k>`` writes to ``<out>/<method>-seed<k>/`` with ``seed: k``. A run whose
   ``checkpoint-<max_steps>`` exists, or whose ``metrics.jsonl`` holds the final step, is
   skipped; a run with an earlier checkpoint resumes from it (``resume_from_checkpoint``); a
