@@ -59,11 +59,19 @@ class Replay:
     steps: np.ndarray  # [T] training step of each update
     weights: np.ndarray  # [T, K] the weights each step used (logged)
     shares: np.ndarray  # [T] improvement share of each update (NaN: nothing moved)
-    improvement_size: np.ndarray  # [T] Σ z |centred I|
-    reward_size: np.ndarray  # [T] Σ z |centred λJ|
     improvement_push: np.ndarray  # [T, K] −(g's part from I) (NaN: no task observed)
     reward_push: np.ndarray  # [T, K] −(g's part from λJ) (NaN: no task observed)
     max_weight_error: float  # largest |replayed − logged| weight
+
+    @property
+    def improvement_size(self) -> np.ndarray:
+        """``[T]`` Σ z |centred I|, the L1 size of g's part from I (NaN: no task observed)."""
+        return np.abs(self.improvement_push).sum(axis=1)
+
+    @property
+    def reward_size(self) -> np.ndarray:
+        """``[T]`` Σ z |centred λJ|, the L1 size of g's part from λJ (NaN: no task observed)."""
+        return np.abs(self.reward_push).sum(axis=1)
 
 
 def _run_config(run: Path) -> dict[str, Any]:
@@ -135,9 +143,8 @@ def replay(run: Path) -> Replay:
         parts.append(gradient_parts(*terms) if terms is not None
                      else np.full((2, len(tasks)), math.nan))
     part = np.array(parts, dtype=np.float64)  # [T, 2, K]: the parts from I and from λJ
-    size = np.abs(part).sum(axis=2)  # [T, 2] their L1 sizes (NaN: no task observed)
     return Replay(run, dict(strategy.params), tasks, np.array(steps), np.array(weights),
-                  np.array(shares), size[:, 0], size[:, 1], -part[:, 0], -part[:, 1], error)
+                  np.array(shares), -part[:, 0], -part[:, 1], error)
 
 
 def _mean(values: np.ndarray) -> float:

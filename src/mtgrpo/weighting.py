@@ -327,7 +327,7 @@ def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
     parts = []
     for term in (improvement, reward):
         term = np.where(seen & np.isfinite(term), term, 0.0)
-        part = np.where(seen, simplex_gradient(weights, _fill_unseen(term, seen, weights)), 0.0)
+        part = _observed_gradient(weights, term, seen)  # [K]
         floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
         parts.append(part if np.abs(part).sum() > floor else np.zeros_like(part))
     return parts[0], parts[1]
@@ -360,8 +360,8 @@ def _fill_unseen(signal: np.ndarray, seen: np.ndarray, weights: np.ndarray) -> n
 
     With ``s_u = m = Σ_seen z s / Σ_seen z`` the baseline ``Σ_j z_j s_j`` equals ``m`` as
     well, so ``g_u = z_u (m − m) = 0``: an unseen task is neither favoured nor penalised, and
-    the observed tasks are centred on their own weighted mean. (The caller also sets ``g_u``
-    to exactly 0, removing the rounding residue.)
+    the observed tasks are centred on their own weighted mean. (:func:`_observed_gradient`
+    also sets ``g_u`` to exactly 0, removing the rounding residue.)
     """
     if seen.all():
         return signal
@@ -371,6 +371,14 @@ def _fill_unseen(signal: np.ndarray, seen: np.ndarray, weights: np.ndarray) -> n
         seen_weights, total = seen.astype(np.float64), float(seen.sum())
     mean = seen_weights @ np.where(seen, signal, 0.0) / total
     return np.where(seen, signal, mean)
+
+
+def _observed_gradient(weights: np.ndarray, signal: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """The logit gradient :func:`simplex_gradient` over the observed tasks: the unseen ones
+    filled by :func:`_fill_unseen`, and their entries set to exactly 0, not a rounding
+    residue that Adam would amplify. ``[K]``."""
+    gradient = simplex_gradient(weights, _fill_unseen(signal, seen, weights))  # [K]
+    return gradient if seen.all() else np.where(seen, gradient, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -847,10 +855,7 @@ class _SignalWeighting(WeightingStrategy):
         if not self._memory.observe(stats.accuracy, present).any():
             return
         seen = ~np.isnan(self._memory.value)  # [K]
-        signal = _fill_unseen(self._signal(stats, present), seen, self._weights)  # [K]
-        gradient = simplex_gradient(self._weights, signal)  # [K]
-        if not seen.all():  # exactly 0, not a rounding residue that Adam would amplify
-            gradient = np.where(seen, gradient, 0.0)
+        gradient = _observed_gradient(self._weights, self._signal(stats, present), seen)  # [K]
         self._logits = self._optimizer.step(self._logits, gradient)
         self._weights = softmax(self._logits)
         self.steps += 1
