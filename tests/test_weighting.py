@@ -20,6 +20,7 @@ from mtgrpo.weighting import (
     MTGRPOWeighting,
     TaskStats,
     WeightingStrategy,
+    floored,
     gradient_parts,
     improvement_by_task,
     improvement_sizes,
@@ -148,6 +149,79 @@ def test_worst_case_concentrates_on_the_worst_task():
     assert weights[1] > 0.99
 
 
+def test_min_weight_floor_by_hand():
+    # worst_case as in the test above, with ε = 0.1: the logits move exactly as without the
+    # floor (ξ = [0.05, 0, −0.05]) and the weights are 0.7 · softmax(ξ) + 0.1.
+    strategy = make_weighting("worst_case", 3, step_size=0.5, min_weight=0.1)
+    np.testing.assert_allclose(strategy.weights, [1 / 3] * 3, **TIGHT)
+    weights = strategy.update(full_stats([0.2, 0.5, 0.8]))
+    np.testing.assert_allclose(strategy.logits, [0.05, 0.0, -0.05], **TIGHT)
+    e = np.exp([0.05, 0.0, -0.05])
+    np.testing.assert_allclose(weights, 0.7 * e / e.sum() + 0.1, **TIGHT)
+    # Step 2 descends the gradient of the softmax p, not of the floored z:
+    # g_k = p_k (J_k − p·J).
+    p = e / e.sum()
+    j = np.array([0.2, 0.5, 0.8])
+    strategy.update(full_stats(j.tolist()))
+    np.testing.assert_allclose(strategy.logits, [0.05, 0.0, -0.05] - 0.5 * p * (j - p @ j),
+                               **TIGHT)
+
+
+def test_min_weight_keeps_every_task_above_the_floor_as_the_logits_collapse():
+    plain = make_weighting("worst_case", 4, step_size=20.0)
+    floored_strategy = make_weighting("worst_case", 4, step_size=20.0, min_weight=0.05)
+    stats = full_stats([0.6, 0.3, 0.9, 0.5])
+    for _ in range(500):
+        plain.update(stats)
+        weights = floored_strategy.update(stats)
+    np.testing.assert_array_equal(floored_strategy.logits, plain.logits)
+    assert plain.weights[1] > 0.99  # collapsed onto task 1
+    # The others keep ε: (1 − 4·0.05)·p + 0.05 with p ≈ one-hot on task 1.
+    np.testing.assert_allclose(weights, [0.05, 0.85, 0.05, 0.05], rtol=0, atol=0.8 * 0.01)
+    assert weights.min() >= 0.05
+    assert_on_simplex(weights, 4)
+
+
+def test_floored_by_hand_and_at_its_ends():
+    p = np.array([0.7, 0.2, 0.1])
+    np.testing.assert_allclose(floored(p, 0.1), [0.59, 0.24, 0.17], **TIGHT)  # 0.7 p + 0.1
+    assert floored(p, 0.0) is p
+    np.testing.assert_allclose(floored(p, 1 / 3), [1 / 3] * 3, **TIGHT)
+    # a strategy at ε = 1/K hands out uniform weights whatever it learns
+    strategy = make_weighting("mt_grpo", 3, lam=5.0, step_size=50.0, min_weight=1 / 3)
+    for _ in range(3):
+        weights = strategy.update(full_stats([0.1, 0.9, 0.5], [0.0, 0.0, 0.0]))
+    assert np.abs(strategy.logits).max() > 1.0
+    np.testing.assert_allclose(weights, [1 / 3] * 3, rtol=0, atol=4 * np.finfo(float).eps)
+
+
+def test_sec_min_weight_by_hand():
+    # softmax([0, ln 2]) = [1/3, 2/3] (test below); ε = 0.25: 0.5 · [1/3, 2/3] + 0.25.
+    strategy = make_weighting("sec", 2, alpha=1.0, temperature=1.0, min_weight=0.25)
+    weights = strategy.update(full_stats([0.0, 0.0], mean_abs_advantage=[0.0, math.log(2.0)]))
+    np.testing.assert_allclose(weights, [5 / 12, 7 / 12], **TIGHT)
+    restored = make_weighting("sec", 2, alpha=1.0, temperature=1.0, min_weight=0.25)
+    restored.load_state_dict(strategy.state_dict())
+    np.testing.assert_allclose(restored.weights, [5 / 12, 7 / 12], **TIGHT)
+
+
+def test_mt_grpo_diagnostics_use_the_softmax_the_gradient_used():
+    strategy = make_weighting("mt_grpo", 3, lam=1.0, step_size=5.0, min_weight=0.2)
+    strategy.update(full_stats([0.1, 0.5, 0.9], [0.0, 0.0, 0.0]))
+    before = strategy.logits
+    p = softmax(before)
+    assert strategy.weights.min() >= 0.2
+    assert not np.allclose(strategy.weights, p)
+    strategy.update(full_stats([0.1, 0.5, 0.9], [0.01, -0.02, 0.03]))
+    improvement, reward, weights = strategy.last_terms
+    np.testing.assert_allclose(weights, p, **TIGHT)
+    part_i, part_j = gradient_parts(improvement, reward, weights)
+    # the strategy's own step: ξ ← ξ − β (g + η ξ), g = part_i + part_j, β = 5, η = 1e-5
+    expected = before - 5.0 * (part_i + part_j + 1e-5 * before)
+    np.testing.assert_allclose(strategy.logits, expected, rtol=0,
+                               atol=16 * np.finfo(float).eps * np.abs(before).max())
+
+
 def test_regularized_two_steps_by_hand():
     # K=2, J=[0.0, 1.0], β=1, η=0.1.
     # Step 1: z=[.5,.5], z·J=.5, g=[−.25, .25], ξ=0 → ξ = −(g + ηξ) = [.25, −.25].
@@ -253,6 +327,8 @@ def reference_signal_weights(history, num_tasks, *, lam, beta, optimizer, eta, c
     """Plain-Python MT-GRPO (λ=1 with I unmeasured is worst_case/regularized), loop over tasks.
 
     Returns the logits after each step. Adam is the textbook form (m̂, v̂), not torch's order.
+    ``z`` here is ``softmax(ξ)``: a ``min_weight`` floor changes the weights handed out, not
+    the logits' path.
     """
     xi, held = [0.0] * num_tasks, [None] * num_tasks
     m, v, t, out = [0.0] * num_tasks, [0.0] * num_tasks, 0, []
@@ -317,6 +393,8 @@ def reference_signal_weights(history, num_tasks, *, lam, beta, optimizer, eta, c
         ),
         ("worst_case", {"step_size": 3.0}, {"lam": 1.0, "beta": 3.0, "eta": 0.0}),
         ("regularized", {"damping": 5e-4}, {"lam": 1.0, "eta": 5e-4}),
+        ("mt_grpo", {"lam": 0.8, "step_size": 2.0, "min_weight": 0.1}, {"beta": 2.0}),
+        ("worst_case", {"step_size": 3.0, "min_weight": 0.125}, {"beta": 3.0}),
     ],
 )
 @pytest.mark.parametrize("num_tasks", [1, 3, 8])
@@ -337,10 +415,14 @@ def test_signal_strategies_match_loop_reference(name, options, reference, num_ta
     if name != "mt_grpo":  # their signal is J only: the reference reads I as unmeasured
         history = [TaskStats(s.accuracy, s.count) for s in history]
     expected = reference_signal_weights(history, num_tasks, **settings_)
+    floor = params["min_weight"]
     for stats, logits in zip(history, expected, strict=True):
         strategy.update(stats)
         np.testing.assert_allclose(strategy.logits, logits, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(strategy.weights, softmax(np.array(logits)), rtol=0, atol=1e-12)
+        top = max(logits)
+        exps = [math.exp(x - top) for x in logits]
+        weights = [(1 - num_tasks * floor) * e / sum(exps) + floor for e in exps]
+        np.testing.assert_allclose(strategy.weights, weights, rtol=0, atol=1e-12)
 
 
 def test_adam_matches_torch_adam_with_weight_decay():
@@ -568,6 +650,22 @@ def test_params_rules_match_constructor_keywords():
             r"'improvement_clip' must be a finite number in \(0, inf\) or None",
         ),
         (lambda: make_weighting("mt_grpo", 3, lam=True), ValueError, "'lam' must be"),
+        (
+            lambda: make_weighting("mt_grpo", 3, min_weight=0.4),
+            ValueError,
+            r"'min_weight' is 0.4, but 3 tasks cannot each keep 0.4 of the weight \(the floors "
+            r"alone sum to 1.2 > 1\). Fix: min_weight <= 1/K = 0.333333",
+        ),
+        (
+            lambda: make_weighting("sec", 4, min_weight=0.3),
+            ValueError,
+            r"sec parameter 'min_weight' is 0.3, but 4 tasks .* 1/K = 0.25",
+        ),
+        (
+            lambda: make_weighting("regularized", 3, min_weight=-0.1),
+            ValueError,
+            r"'min_weight' must be a finite number in \[0, 1\]; got -0.1",
+        ),
         (lambda: make_weighting("uniform", 0), ValueError, "num_tasks must be >= 1"),
         (lambda: make_weighting("uniform", 2.0), TypeError, "num_tasks must be an int"),
         (
@@ -668,10 +766,17 @@ def test_weights_are_copies():
 def test_weights_stay_on_the_simplex(num_tasks, seed, step_size, absent_rate):
     rng = np.random.default_rng(seed)
     strategies = all_strategies(num_tasks, step_size=step_size)
+    floor = 0.5 / num_tasks
+    with_floor = [make_weighting("mt_grpo", num_tasks, step_size=step_size, min_weight=floor),
+                  make_weighting("sec", num_tasks, min_weight=floor)]
     for _ in range(6):
         stats = random_stats(rng, num_tasks, absent_rate)
         for strategy in strategies:
             assert_on_simplex(strategy.update(stats), num_tasks)
+        for strategy in with_floor:
+            weights = strategy.update(stats)
+            assert_on_simplex(weights, num_tasks)
+            assert weights.min() >= floor * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("num_tasks", [1, 1000])
@@ -743,6 +848,24 @@ def test_load_state_dict_refuses_a_mismatch():
         make_weighting("mt_grpo", 3).load_state_dict({**saved, "logits": [0.0]})
     with pytest.raises(ValueError, match="is not a sgd state"):
         make_weighting("mt_grpo", 3).load_state_dict({**saved, "optimizer": {"kind": "adam"}})
+
+
+def test_state_saved_before_min_weight_existed_still_resumes():
+    strategy = make_weighting("mt_grpo", 3, lam=0.5, min_weight=0.1)
+    for _ in range(3):
+        strategy.update(full_stats([0.2, 0.4, 0.9], [0.01, 0.0, -0.01]))
+    saved = strategy.state_dict()
+    assert saved["params"]["min_weight"] == 0.1
+    restored = make_weighting("mt_grpo", 3, lam=0.5, min_weight=0.1)
+    restored.load_state_dict(json.loads(json.dumps(saved)))
+    np.testing.assert_array_equal(restored.weights, strategy.weights)
+    assert restored.weights.min() >= 0.1
+    # a checkpoint written before the parameter existed: no key, which meant no floor
+    old = {**saved, "params": {k: v for k, v in saved["params"].items() if k != "min_weight"}}
+    make_weighting("mt_grpo", 3, lam=0.5).load_state_dict(old)
+    with pytest.raises(ValueError, match=r"saved with mt_grpo parameter min_weight=0.0, but this "
+                                         r"strategy has min_weight=0.1"):
+        make_weighting("mt_grpo", 3, lam=0.5, min_weight=0.1).load_state_dict(old)
 
 
 def test_failed_load_leaves_the_strategy_untouched():

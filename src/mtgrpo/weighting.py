@@ -36,6 +36,13 @@ lies below the ``z``-weighted mean gains weight.
     One bandit arm per task, reward ``r_k`` = mean ``|A|`` over task ``k``'s rollouts this step;
     ``Q ← (1 − α) Q + α r``; ``z = softmax(Q / τ)``.
 
+A floor on every weight. ``worst_case``, ``regularized``, ``mt_grpo`` and ``sec`` take
+``min_weight`` ``ε ∈ [0, 1/K]`` (default 0, none): the weights they hand out are
+``z = (1 − Kε) p + ε`` with ``p`` the strategy's own softmax, so every task keeps at least
+``ε`` of the batch however far the others pull ahead (Exp3's exploration mixing, Auer et al.
+2002). The strategy itself moves as without the floor: its logits, its gradient
+``g_k = p_k (s_k − Σ_j p_j s_j)`` and its diagnostics use ``p``; ``ε = 1/K`` is uniform.
+
 Absent tasks. A task is *present* in a step when ``count_k > 0``; for a present task ``NaN``
 means "not measured" and ``±inf`` is an error. The values of an absent task are ignored
 whatever they are (``NaN``, ``inf``, stale numbers). The reward- and improvement-driven
@@ -91,6 +98,7 @@ __all__ = [
     "WeightingStrategy",
     "WorstCaseWeighting",
     "check_weighting_params",
+    "floored",
     "gradient_parts",
     "improvement_by_task",
     "improvement_share",
@@ -302,6 +310,15 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
         return logits
     assert not np.isnan(logits).any(), "logit update produced NaN"
     return np.clip(logits, -_LIMIT, _LIMIT)
+
+
+def floored(weights: np.ndarray, min_weight: float) -> np.ndarray:
+    """``(1 − Kε) p + ε`` for ``p = weights [K]`` on the simplex and ``ε = min_weight`` in
+    ``[0, 1/K]``: every entry at least ``ε``, the sum still 1, the order of the entries kept
+    (``ε = 0`` returns ``p`` itself, ``ε = 1/K`` the uniform weights)."""
+    if min_weight == 0.0:
+        return weights
+    return (1.0 - len(weights) * min_weight) * weights + min_weight
 
 
 def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
@@ -607,8 +624,11 @@ class WeightingStrategy(ABC):
                 f"state_dict task order {saved_names} differs from this strategy's "
                 f"{list(self.task_names)}; weights would be applied to the wrong tasks"
             )
+        # A parameter added since the state was saved reads as its default (the behaviour the
+        # saved run had), so older checkpoints resume.
+        defaults = _defaults(type(self))
         for key in sorted(set(state["params"]) | set(self.params)):
-            saved, current = state["params"].get(key), self.params.get(key)
+            saved, current = state["params"].get(key, defaults.get(key)), self.params.get(key)
             if saved != current:
                 raise ValueError(
                     f"state_dict was saved with {self.name} parameter {key}={saved!r}, but this "
@@ -831,22 +851,48 @@ _DAMPING = WeightingParam("damping", "η, pulls the logits towards 0 (uniform)",
 _REWARD_EMA = WeightingParam(
     "reward_ema", "EMA decay of J; 0 = raw batch value", low=0.0, high=1.0, high_open=True
 )
+_MIN_WEIGHT = WeightingParam(
+    "min_weight", "ε, every task's least weight: z = (1 − Kε) softmax + ε; at most 1/K",
+    low=0.0, high=1.0,
+)
+
+
+def _check_min_weight(strategy: WeightingStrategy) -> float:
+    """The strategy's ``min_weight`` ε, checked against its task count: ``K ε <= 1``."""
+    floor = strategy.params["min_weight"]
+    k = strategy.num_tasks
+    if k * floor > 1.0 + 8 * np.finfo(np.float64).eps:
+        raise ValueError(
+            f"{strategy.name} parameter 'min_weight' is {floor:g}, but {k} tasks cannot each "
+            f"keep {floor:g} of the weight (the floors alone sum to {k * floor:g} > 1). Fix: "
+            f"min_weight <= 1/K = {1.0 / k:.6g} (1/K gives uniform weights; 0, the default, no "
+            f"floor)"
+        )
+    return floor
 
 
 class _SignalWeighting(WeightingStrategy):
     """Shared engine of ``worst_case``, ``regularized`` and ``mt_grpo``: ``s → g → ξ → z``.
 
     Subclasses give ``_signal(stats, present) -> s [K]`` (``NaN`` for never-observed tasks)
-    after the reward memory has been updated.
+    after the reward memory has been updated. ``_softmax`` is ``p = softmax(ξ)``, what the
+    gradient uses; ``_weights`` is ``p`` with the ``min_weight`` floor (:func:`floored`).
     """
 
     def _setup(self, optimizer: str, step_size: float | None, damping: float, ema: float) -> None:
         if step_size is None:
             step_size = DEFAULT_ADAM_STEP_SIZE if optimizer == "adam" else DEFAULT_SGD_STEP_SIZE
         self.params["step_size"] = step_size
+        self._floor = _check_min_weight(self)
         self._memory = _RewardMemory(self.num_tasks, ema)
         self._optimizer = _LogitOptimizer(self.num_tasks, optimizer, step_size, damping)
         self._logits = np.zeros(self.num_tasks)  # [K] ξ
+        self._softmax = self._weights.copy()  # [K] p = softmax(ξ), uniform at ξ = 0
+
+    def _set_logits(self, logits: np.ndarray) -> None:
+        self._logits = logits
+        self._softmax = softmax(logits)
+        self._weights = floored(self._softmax, self._floor)
 
     @abstractmethod
     def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray: ...
@@ -855,14 +901,13 @@ class _SignalWeighting(WeightingStrategy):
         if not self._memory.observe(stats.accuracy, present).any():
             return
         seen = ~np.isnan(self._memory.value)  # [K]
-        gradient = _observed_gradient(self._weights, self._signal(stats, present), seen)  # [K]
-        self._logits = self._optimizer.step(self._logits, gradient)
-        self._weights = softmax(self._logits)
+        gradient = _observed_gradient(self._softmax, self._signal(stats, present), seen)  # [K]
+        self._set_logits(self._optimizer.step(self._logits, gradient))
         self.steps += 1
 
     @property
     def logits(self) -> np.ndarray:
-        """The logits ``ξ [K]`` (a copy); ``weights = softmax(logits)``."""
+        """The logits ``ξ [K]`` (a copy); ``weights = floored(softmax(logits), min_weight)``."""
         return self._logits.copy()
 
     @property
@@ -883,8 +928,8 @@ class _SignalWeighting(WeightingStrategy):
             raise ValueError(f"state_dict['logits'] must be finite; got {state['logits']}")
         reward = _from_json(state, "reward", self.num_tasks)
         self._optimizer.load(state.get("optimizer"))  # last check; it assigns only on success
-        self._memory.value, self._logits = reward, logits
-        self._weights = softmax(logits)
+        self._memory.value = reward
+        self._set_logits(logits)
 
 
 @WEIGHTINGS.register("worst_case", aliases=("minimax",))
@@ -897,7 +942,7 @@ class WorstCaseWeighting(_SignalWeighting):
     """
 
     name = "worst_case"
-    PARAMS = (_STEP_SIZE, _REWARD_EMA)
+    PARAMS = (_STEP_SIZE, _REWARD_EMA, _MIN_WEIGHT)
 
     def __init__(
         self,
@@ -905,9 +950,10 @@ class WorstCaseWeighting(_SignalWeighting):
         *,
         step_size: float = DEFAULT_SGD_STEP_SIZE,
         reward_ema: float = 0.0,
+        min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
-        params = {"step_size": step_size, "reward_ema": reward_ema}
+        params = {"step_size": step_size, "reward_ema": reward_ema, "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
         self._setup("sgd", self.params["step_size"], 0.0, self.params["reward_ema"])
 
@@ -925,7 +971,7 @@ class RegularizedWeighting(_SignalWeighting):
     """
 
     name = "regularized"
-    PARAMS = (_STEP_SIZE, _DAMPING, _REWARD_EMA)
+    PARAMS = (_STEP_SIZE, _DAMPING, _REWARD_EMA, _MIN_WEIGHT)
 
     def __init__(
         self,
@@ -934,9 +980,11 @@ class RegularizedWeighting(_SignalWeighting):
         step_size: float = DEFAULT_SGD_STEP_SIZE,
         damping: float = 1e-2,
         reward_ema: float = 0.0,
+        min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
-        params = {"step_size": step_size, "damping": damping, "reward_ema": reward_ema}
+        params = {"step_size": step_size, "damping": damping, "reward_ema": reward_ema,
+                  "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
         p = self.params
         self._setup("sgd", p["step_size"], p["damping"], p["reward_ema"])
@@ -970,6 +1018,7 @@ class MTGRPOWeighting(_SignalWeighting):
             "improvement_clip", "c, clip I to [-c, c]", low=0.0, low_open=True, optional=True
         ),
         _REWARD_EMA,
+        _MIN_WEIGHT,
     )
     REQUIRES = ("improvement",)
 
@@ -983,6 +1032,7 @@ class MTGRPOWeighting(_SignalWeighting):
         damping: float = 1e-5,
         improvement_clip: float | None = None,
         reward_ema: float = 0.0,
+        min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
         params = {
@@ -992,6 +1042,7 @@ class MTGRPOWeighting(_SignalWeighting):
             "damping": damping,
             "improvement_clip": improvement_clip,
             "reward_ema": reward_ema,
+            "min_weight": min_weight,
         }
         super().__init__(num_tasks, task_names=task_names, params=params)
         p = self.params
@@ -1024,7 +1075,8 @@ class MTGRPOWeighting(_SignalWeighting):
     def last_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The last update's ``(I [K], λJ [K], z [K])``: the improvement as used (clipped;
         NaN where not measured, which the update treats as 0), ``λ`` times the reward memory
-        (NaN: never observed) and the weights the update started from (copies); ``None``
+        (NaN: never observed) and the weights the update started from, ``softmax(ξ)`` before the
+        ``min_weight`` floor, as its gradient uses them (copies); ``None``
         before the first update and after one that observed no task."""
         if self._terms is None:
             return None
@@ -1048,7 +1100,7 @@ class MTGRPOWeighting(_SignalWeighting):
             improvement = np.clip(improvement, -clip, clip)
         reward = self.params["lam"] * self._memory.value  # [K] λJ, NaN where never observed
         as_measured = np.where(measured, improvement, math.nan)  # [K] for diagnostics()
-        self._terms = (as_measured, reward, self._weights.copy())
+        self._terms = (as_measured, reward, self._softmax.copy())
         return improvement + reward
 
 
@@ -1061,7 +1113,8 @@ class SECWeighting(WeightingStrategy):
     """Self-Evolving Curriculum (Chen et al., arXiv 2505.14970) with one arm per task.
 
     ``r_k`` = mean ``|A|`` over task ``k``'s rollouts this step (0 for an arm absent from the
-    batch, the paper's rule); ``Q ← (1 − α) Q + α r`` with ``Q_0 = 0``; ``z = softmax(Q / τ)``.
+    batch, the paper's rule); ``Q ← (1 − α) Q + α r`` with ``Q_0 = 0``; ``z = softmax(Q / τ)``
+    (with ``min_weight`` ε: ``(1 − Kε) softmax(Q / τ) + ε``).
     Defaults ``α = 0.5``, ``τ = 0.2`` (the paper's multi-task puzzle setting). A step where no
     arm is present changes nothing.
     """
@@ -1070,6 +1123,7 @@ class SECWeighting(WeightingStrategy):
     PARAMS = (
         WeightingParam("alpha", "α, the Q learning rate", low=0.0, high=1.0, low_open=True),
         WeightingParam("temperature", "τ of the Boltzmann weights", low=0.0, low_open=True),
+        _MIN_WEIGHT,
     )
     REQUIRES = ("mean_abs_advantage",)
 
@@ -1079,10 +1133,12 @@ class SECWeighting(WeightingStrategy):
         *,
         alpha: float = 0.5,
         temperature: float = 0.2,
+        min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
-        params = {"alpha": alpha, "temperature": temperature}
+        params = {"alpha": alpha, "temperature": temperature, "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
+        self._floor = _check_min_weight(self)
         self._q = np.zeros(self.num_tasks)  # [K]
 
     @property
@@ -1105,7 +1161,7 @@ class SECWeighting(WeightingStrategy):
         reward = np.where(observed, advantage, 0.0)  # [K]
         alpha = self.params["alpha"]
         self._q = (1.0 - alpha) * self._q + alpha * reward
-        self._weights = softmax(self._q / self.params["temperature"])
+        self._weights = floored(softmax(self._q / self.params["temperature"]), self._floor)
         self.steps += 1
 
     def _state(self) -> dict[str, Any]:
@@ -1116,4 +1172,4 @@ class SECWeighting(WeightingStrategy):
         if not np.isfinite(q).all():
             raise ValueError(f"state_dict['q'] must be finite; got {state['q']}")
         self._q = q
-        self._weights = softmax(q / self.params["temperature"])
+        self._weights = floored(softmax(q / self.params["temperature"]), self._floor)

@@ -234,6 +234,7 @@ class GRPOTrainer:
         data = training_rows(train_dataset, eval_dataset, args.task_column)
         self._check_iterable(data)
         self._build_rewards(reward_funcs, reward_processing_classes, data)
+        self._build_weighting()  # its settings checked against the tasks before any model loads
         self.run_config = dict(run_config) if run_config is not None else None
         self._build_accelerator()
         _configure_logging(args, self.accelerator.is_main_process)
@@ -342,12 +343,16 @@ class GRPOTrainer:
         self.steps_per_epoch = args.steps_per_epoch(len(self.train_prompts), self.world)
         self.max_steps = args.training_steps(len(self.train_prompts), self.world)
 
-    def _build_algorithms(self) -> None:
+    def _build_weighting(self) -> None:
         args = self.args
         self.weighting = make_weighting(
             args.task_weighting, len(self.task_names), task_names=self.task_names,
             **args.task_weighting_params,
         )
+        self.needs_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
+
+    def _build_algorithms(self) -> None:
+        args = self.args
         self.sampler = make_sampler(
             args.batch_construction, self.train_prompts.prompt_tasks, len(self.task_names),
             seed=args.seed if args.data_seed is None else args.data_seed,
@@ -355,7 +360,6 @@ class GRPOTrainer:
             shuffle=args.shuffle_dataset and args.train_sampling_strategy == "random",
             **args.batch_construction_params,
         )
-        self.needs_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
 
     def _build_optimisation(self, generation_backend: Any, optimizers: tuple[Any, Any]) -> None:
         args = self.args
