@@ -118,3 +118,20 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tiny_model_dir, tmp_path):
 def test_lengths_beyond_the_model_context_are_refused(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings=512"):
         _trainer(tiny_model_dir, tmp_path, max_prompt_length=500, max_completion_length=100)
+
+
+@pytest.mark.parametrize(
+    ("weighting", "params", "message"),
+    [
+        ("mt_grpo", {"min_weight": 0.6}, r"'min_weight' is 0.6, but 2 tasks .* 1/K = 0.5"),
+        ("fixed", {"weights": [1.0, 2.0, 3.0]},
+         r"fixed weights need one number per task \(2\); got shape \(3,\)"),
+    ],
+)
+def test_weighting_settings_that_do_not_fit_the_tasks_fail_before_loading_the_model(
+        tmp_path, weighting, params, message):
+    # the model path does not exist: the weighting, checked against the data's two tasks,
+    # must fail first
+    with pytest.raises(ValueError, match=message):
+        _trainer(tmp_path / "no-model", tmp_path, task_weighting=weighting,
+                 task_weighting_params=params)
