@@ -13,6 +13,7 @@ import trainer_helpers as common
 from mtgrpo import GRPOTrainer
 from mtgrpo.advantages import compute_advantages
 from mtgrpo.reporting import read_metrics
+from mtgrpo.weighting import softmax
 from script_loader import load_script
 from tolerance import assert_close_f32
 
@@ -84,6 +85,7 @@ STRATEGIES = [
     ("worst_case", {"step_size": 1.0}, "ratio_preserving", {"max_resample_rounds": 1}),
     ("regularized", {"damping": 1e-2}, "iid", {}),
     ("mt_grpo", {"lam": 0.5}, "ratio_preserving", {"acceptance_aware": False}),
+    ("mt_grpo", {"lam": 4.0, "step_size": 20.0, "min_weight": 0.3}, "ratio_preserving", {}),
     ("sec", {"alpha": 0.5, "temperature": 0.2}, "dynamic", {"oversample_factor": 2}),
 ]
 
@@ -103,6 +105,7 @@ def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, w
     for record in records:
         weights = [record["tasks/alpha/weight"], record["tasks/beta/weight"]]
         assert sum(weights) == pytest.approx(1.0)
+        assert min(weights) >= wparams.get("min_weight", 0.0)
         assert record["sampling/rounds"] >= 1
     if weighting == "fixed":
         assert weights == pytest.approx([0.7, 0.3])
@@ -121,6 +124,9 @@ def test_every_weighting_and_batch_construction_runs(tiny_model_dir, tmp_path, w
         assert not any(key.startswith("weighting/") for key in records[0])
     final = trainer.weighting.weights
     assert final.sum() == pytest.approx(1.0)
+    if "min_weight" in wparams:  # what the sampler got: the floored softmax of the logits
+        p = softmax(trainer.weighting.logits)
+        np.testing.assert_allclose(final, 0.4 * p + 0.3, rtol=0, atol=4 * np.finfo(float).eps)
     if weighting in ("worst_case", "mt_grpo", "sec"):
         assert not np.allclose(final, 0.5), "adaptive weights never moved"
 
