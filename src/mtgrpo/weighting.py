@@ -514,8 +514,15 @@ class WeightingStrategy(ABC):
         self.task_names = _check_task_names(task_names, self.num_tasks)
         rules = {p.name: p for p in self.PARAMS}
         self.params: dict[str, Any] = {k: rules[k].check(self.name, v) for k, v in params.items()}
+        if "min_weight" in self.params:
+            _check_min_weight(self.name, self.params["min_weight"], self.num_tasks)
         self._weights = np.full(self.num_tasks, 1.0 / self.num_tasks)  # [K]
         self.steps = 0
+
+    def _floored(self, weights: np.ndarray) -> np.ndarray:
+        """``weights [K]`` with the strategy's ``min_weight`` floor (:func:`floored`; none
+        when the strategy has no such parameter)."""
+        return floored(weights, self.params.get("min_weight", 0.0))
 
     @property
     def weights(self) -> np.ndarray:
@@ -857,18 +864,15 @@ _MIN_WEIGHT = WeightingParam(
 )
 
 
-def _check_min_weight(strategy: WeightingStrategy) -> float:
-    """The strategy's ``min_weight`` ε, checked against its task count: ``K ε <= 1``."""
-    floor = strategy.params["min_weight"]
-    k = strategy.num_tasks
+def _check_min_weight(strategy: str, floor: float, k: int) -> None:
+    """A ``min_weight`` ε checked against the task count ``k``: ``k ε <= 1``."""
     if k * floor > 1.0 + 8 * np.finfo(np.float64).eps:
         raise ValueError(
-            f"{strategy.name} parameter 'min_weight' is {floor:g}, but {k} tasks cannot each "
+            f"{strategy} parameter 'min_weight' is {floor:g}, but {k} tasks cannot each "
             f"keep {floor:g} of the weight (the floors alone sum to {k * floor:g} > 1). Fix: "
             f"min_weight <= 1/K = {1.0 / k:.6g} (1/K gives uniform weights; 0, the default, no "
             f"floor)"
         )
-    return floor
 
 
 class _SignalWeighting(WeightingStrategy):
@@ -883,7 +887,6 @@ class _SignalWeighting(WeightingStrategy):
         if step_size is None:
             step_size = DEFAULT_ADAM_STEP_SIZE if optimizer == "adam" else DEFAULT_SGD_STEP_SIZE
         self.params["step_size"] = step_size
-        self._floor = _check_min_weight(self)
         self._memory = _RewardMemory(self.num_tasks, ema)
         self._optimizer = _LogitOptimizer(self.num_tasks, optimizer, step_size, damping)
         self._logits = np.zeros(self.num_tasks)  # [K] ξ
@@ -892,7 +895,7 @@ class _SignalWeighting(WeightingStrategy):
     def _set_logits(self, logits: np.ndarray) -> None:
         self._logits = logits
         self._softmax = softmax(logits)
-        self._weights = floored(self._softmax, self._floor)
+        self._weights = self._floored(self._softmax)
 
     @abstractmethod
     def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray: ...
@@ -1138,7 +1141,6 @@ class SECWeighting(WeightingStrategy):
     ) -> None:
         params = {"alpha": alpha, "temperature": temperature, "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
-        self._floor = _check_min_weight(self)
         self._q = np.zeros(self.num_tasks)  # [K]
 
     @property
@@ -1160,9 +1162,12 @@ class SECWeighting(WeightingStrategy):
             return
         reward = np.where(observed, advantage, 0.0)  # [K]
         alpha = self.params["alpha"]
-        self._q = (1.0 - alpha) * self._q + alpha * reward
-        self._weights = floored(softmax(self._q / self.params["temperature"]), self._floor)
+        self._set_q((1.0 - alpha) * self._q + alpha * reward)
         self.steps += 1
+
+    def _set_q(self, q: np.ndarray) -> None:
+        self._q = q
+        self._weights = self._floored(softmax(q / self.params["temperature"]))
 
     def _state(self) -> dict[str, Any]:
         return {"q": _to_json(self._q)}
@@ -1171,5 +1176,4 @@ class SECWeighting(WeightingStrategy):
         q = _from_json(state, "q", self.num_tasks)
         if not np.isfinite(q).all():
             raise ValueError(f"state_dict['q'] must be finite; got {state['q']}")
-        self._q = q
-        self._weights = floored(softmax(q / self.params["temperature"]), self._floor)
+        self._set_q(q)
