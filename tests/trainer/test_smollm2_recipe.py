@@ -72,7 +72,8 @@ def test_cpu_recipe_trains_three_families_with_short_answers() -> None:
     assert run.sft.lora is None  # the warm start fine-tunes the whole model, GRPO trains LoRA
     args = run.training
     assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
-    assert args.task_weighting_params == {"lam": 0.5}
+    # λ 1.5 with a floor: the setting that met every target over four seeds (docs/smollm2.md)
+    assert args.task_weighting_params == {"lam": 1.5, "min_weight": 0.2}
     assert args.bf16 is None  # auto: bfloat16 on CPUs with native bf16, float32 elsewhere
     assert args.output_dir == "runs/smollm2-cpu"
     with build_suite(run.tasks, workers=0, train_size=4, eval_size=4) as suite:
