@@ -1,6 +1,6 @@
 """Device-side sampling of the static backend: the warper chain equals transformers' bit for bit
-and a plain-loop nucleus/top-k reference, the Gumbel-max draw has the right distribution, and
-filtered tokens are never drawn."""
+and a plain-loop nucleus/top-k reference, both draws (inverse CDF on the CPU, Gumbel-max elsewhere)
+have the right distribution, and filtered tokens are never drawn."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from mtgrpo.fast.static_sampling import SamplingRule, draw_tokens, warp_logits
+from mtgrpo.fast.static_sampling import (
+    SamplingRule,
+    draw_tokens,
+    gumbel_max_draw,
+    inverse_cdf_draw,
+    warp_logits,
+)
 from mtgrpo.rollout import SamplingParams
 from tolerance import assert_close_f32
 
@@ -93,13 +99,59 @@ def test_draw_tokens_follows_the_distribution_and_never_draws_a_banned_token() -
     scores = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0]))
     n = 40000
     torch.manual_seed(0)
-    sampled = draw_tokens(scores.expand(n, -1).clone())
+    sampled = draw_tokens(scores.expand(n, -1).clone())  # on the CPU: the inverse CDF
     counts = Counter(sampled.tokens.tolist())
     assert counts[4] == 0
     observed = [counts[v] for v in range(4)]
     assert chisquare(observed, [n * p for p in (0.5, 0.25, 0.125, 0.125)]).pvalue > 1e-3
     # log_softmax of log-probs returns them up to a few roundings (values down to -2.1)
     assert_close_f32(sampled.logprobs, scores[sampled.tokens], ulps=8)
+
+
+@pytest.mark.parametrize("draw", [inverse_cdf_draw, gumbel_max_draw])
+def test_each_draw_follows_a_long_tailed_distribution(draw) -> None:
+    # 300 tokens: three carry 0.9 of the mass, the rest share 0.1 (the tail a real vocabulary
+    # has); 50 banned. Counts of the three and of the tail as one bin match their mass.
+    probs = torch.full((300,), 0.1 / 247, dtype=torch.float64)
+    probs[:3] = torch.tensor([0.5, 0.3, 0.1], dtype=torch.float64)
+    probs[250:] = 0.0
+    logprobs = torch.log(probs).float().log_softmax(-1)  # [V]
+    n = 60000
+    torch.manual_seed(1)
+    tokens = draw(logprobs.expand(n, -1).clone())
+    assert tokens.dtype == torch.int64
+    assert tokens.shape == (n,)
+    assert int((tokens >= 250).sum()) == 0
+    observed = [int((tokens == v).sum()) for v in range(3)] + [int((tokens >= 3).sum())]
+    assert chisquare(observed, [n * p for p in (0.5, 0.3, 0.1, 0.1)]).pvalue > 1e-3
+
+
+def test_inverse_cdf_picks_the_interval_that_holds_the_uniform_draw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Cumulative sums of [0.5, 0.25, 0.125, 0.125, 0]: [0.5, 0.75, 0.875, 1, 1] (up to the
+    # float32 log-probs' rounding, so the draws stay 1e-4 off the boundaries). Token v owns
+    # [c[v-1], c[v]); the banned last token owns an empty interval. A draw of 1.0 (past
+    # torch.rand's [0, 1) range, the worst rounding of u * total) still lands on token 3.
+    uniforms = [0.0, 0.4999, 0.5001, 0.7499, 0.7501, 0.8749, 0.8751, 0.999999, 1.0]
+    monkeypatch.setattr(
+        torch, "rand",
+        lambda shape, **kw: torch.tensor(uniforms, dtype=torch.float64).reshape(shape),
+    )  # fmt: skip
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
+    logprobs = torch.log(probs).expand(len(uniforms), -1).clone()
+    assert inverse_cdf_draw(logprobs).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 3]
+    # banned tokens first: a draw of 0 skips their empty intervals
+    first_banned = torch.log(torch.tensor([0.0, 0.0, 0.75, 0.25])).expand(len(uniforms), -1)
+    assert inverse_cdf_draw(first_banned.clone()).tolist() == [2, 2, 2, 2, 3, 3, 3, 3, 3]
+
+
+def test_inverse_cdf_draws_are_reproducible_under_a_seed() -> None:
+    logprobs = torch.randn((16, 1000), generator=torch.Generator().manual_seed(2)).log_softmax(-1)
+    torch.manual_seed(5)
+    first = inverse_cdf_draw(logprobs)
+    torch.manual_seed(5)
+    assert torch.equal(first, inverse_cdf_draw(logprobs))
 
 
 def test_zero_exponential_draws_cannot_pick_a_filtered_token(
@@ -109,7 +161,7 @@ def test_zero_exponential_draws_cannot_pick_a_filtered_token(
     # and argmax would return a NaN position; the clamp keeps banned tokens at -inf.
     monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *a, **k: self.zero_())
     scores = torch.tensor([[-math.inf, 0.3, -math.inf, 0.1], [2.0, -math.inf, -math.inf, 1.0]])
-    assert draw_tokens(scores).tokens.tolist() == [1, 0]
+    assert gumbel_max_draw(torch.log_softmax(scores, -1)).tolist() == [1, 0]
 
 
 def test_greedy_rule_is_argmax_with_unwarped_logprobs() -> None:

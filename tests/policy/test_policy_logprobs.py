@@ -33,6 +33,7 @@ from mtgrpo.policy import (
     selective_log_softmax,
     sequence_logprobs,
 )
+from mtgrpo.policy import logprobs as logprobs_module
 from tolerance import assert_close_f32, f32_atol
 
 VOCAB = 300
@@ -295,7 +296,12 @@ def test_sequence_logprobs_matches_the_sampling_distribution_of_generate(
     assert_close_f32(out.logps, sampled[..., 0], ulps=64)
 
 
-def test_sequence_logprobs_gradient_equals_naive(llama: LlamaForCausalLM) -> None:
+@pytest.mark.parametrize("keep_bytes", [0, None], ids=["recomputed", "kept"])
+def test_sequence_logprobs_gradient_equals_naive(
+    llama: LlamaForCausalLM, keep_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if keep_bytes is not None:  # 0: every chunk is checkpointed and recomputed
+        monkeypatch.setattr(logprobs_module, "KEEP_LOGITS_BYTES", keep_bytes)
     input_ids, mask = padded_batch(seed=2)
     weights = torch.randn(4, COMPLETION_LEN, generator=torch.Generator().manual_seed(8))
     llama.zero_grad()
@@ -308,11 +314,35 @@ def test_sequence_logprobs_gradient_equals_naive(llama: LlamaForCausalLM) -> Non
     logps, entropy = naive_scores(llama, input_ids, mask, COMPLETION_LEN, 0.9)
     ((logps * weights).sum() + entropy.sum()).backward()
     # Gradients summed over 16 positions in another order, through recomputed (checkpointed)
-    # chunks: tens of roundings of the largest entry; a missed chunk or a wrong weight changes
-    # whole rows of a gradient by more than 1e-2 of its size.
+    # or kept chunks: tens of roundings of the largest entry; a missed chunk or a wrong
+    # weight changes whole rows of a gradient by more than 1e-2 of its size.
     for name, param in llama.named_parameters():
         assert_close_f32(chunked[name], param.grad, ulps=64, msg=name)
     llama.zero_grad()
+
+
+@pytest.mark.parametrize(("keep_bytes", "recomputed"),
+                         [(None, False), (16 * VOCAB * 4, False), (16 * VOCAB * 4 - 1, True)])
+def test_chunks_are_recomputed_only_when_their_logits_exceed_the_budget(
+    llama: LlamaForCausalLM, keep_bytes: int | None, recomputed: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head runs once per chunk in the forward pass, and once more in the backward pass
+    when the float32 logits of all 16 scored positions exceed KEEP_LOGITS_BYTES."""
+    if keep_bytes is not None:
+        monkeypatch.setattr(logprobs_module, "KEEP_LOGITS_BYTES", keep_bytes)
+    input_ids, mask = padded_batch()
+    calls: list[int] = []
+    hook = llama.lm_head.register_forward_hook(lambda m, i, o: calls.append(o.shape[0]))
+    try:
+        out = sequence_logprobs(llama, input_ids, mask, COMPLETION_LEN, temperature=1.0,
+                                chunk_size=4)
+        assert calls == [4] * 4
+        out.logps.sum().backward()
+    finally:
+        hook.remove()
+        llama.zero_grad()
+    assert calls == [4] * (8 if recomputed else 4)
 
 
 def test_head_sees_at_most_chunk_size_scored_positions(llama: LlamaForCausalLM) -> None:

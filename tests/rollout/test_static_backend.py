@@ -192,37 +192,50 @@ def _one_decode_step(model: torch.nn.Module, decoder: object) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "llama+lora"])
 def test_decode_with_transposed_weights_equals_the_module_calls(
-    family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path
+    family: str, tiny_model_dir: Path, tiny_qwen2_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from mtgrpo.fast import static_decoders
     from mtgrpo.fast.static_decoders import LlamaModulesDecoder
+
+    monkeypatch.setattr(static_decoders, "HEAD_BLOCK_ROWS", 7)  # several blocks, a short last
 
     paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
     lm = _random_lora(model).get_base_model() if family.endswith("lora") else model
     decoder = LlamaModulesDecoder(lm)
     plain = _one_decode_step(lm, decoder)
+    # the last layer's MLP output feeds only the logits, not the prefilled keys and values
+    down = lm.model.layers[-1].mlp.down_proj
+    down = getattr(down, "base_layer", down)  # the weight under a LoRA layer
     with decoder.transposed_weights():
         transposed = _one_decode_step(lm, decoder)
-        copied = set(decoder._transposed)
+        copied, blocks = set(decoder._transposed), decoder._head_blocks
         with torch.no_grad():  # the step reads the copies taken on entry, not the modules
-            lm.lm_head.weight.mul_(-1.0)
+            down.weight.mul_(-1.0)
         frozen = _one_decode_step(lm, decoder)
         with torch.no_grad():
-            lm.lm_head.weight.mul_(-1.0)
-    assert decoder._transposed == {}  # the copies are dropped on exit
-    # x @ W.T from the module against x @ (W.T copied): other matmul kernels, float32 rounding
-    # through every layer of hidden states near 1 (logits below 1); reading the negated head
-    # instead of the copy would flip the logits' sign.
+            down.weight.mul_(-1.0)
+    assert decoder._transposed == {}  # dropped on exit
+    assert decoder._head_blocks == ()
+    # x @ W.T from the module against x @ (W.T copied), and the head in row blocks: other
+    # matmul kernels, float32 rounding through every layer of hidden states near 1 (logits
+    # below 1); reading the negated projection instead of its copy would change every logit.
     assert_close_f32(transposed, plain, ulps=32)
     assert_close_f32(frozen, plain, ulps=32)
     layers = lm.config.num_hidden_layers
-    attn = lm.model.layers[0].self_attn
-    if family.endswith("lora"):  # the peft-wrapped projections are called as modules
-        assert copied == {lm.lm_head}
-        assert type(attn.q_proj).__name__ == "Linear"  # peft's lora.Linear
-        assert type(attn.q_proj) is not torch.nn.Linear
-    else:
-        assert len(copied) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer; LM head
+    # q, k, v, o, gate, up, down per layer (peft's LoRA layers merged); the float32 head is
+    # multiplied in blocks of HEAD_BLOCK_ROWS rows of its own weight, not copied
+    assert len(copied) == 7 * layers
+    assert lm.lm_head not in copied
+    assert [len(block) for block in blocks[:2]] == [7, 7]
+    assert blocks[-1].shape[0] <= 7
+    assert sum(len(block) for block in blocks) == lm.lm_head.weight.shape[0]
+    assert all(block.data_ptr() >= lm.lm_head.weight.data_ptr() for block in blocks)
+    if family.endswith("lora"):
+        attn = lm.model.layers[0].self_attn
+        assert attn.q_proj in copied
+        assert type(attn.q_proj) is not torch.nn.Linear  # peft's LoRA layer
 
 
 def test_transposed_weights_respect_the_size_cap_and_other_decoders(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["WeightReplica", "hooked_modules"]
+__all__ = ["WeightReplica", "hooked_modules", "merged_lora"]
 
 
 @dataclass(frozen=True)
@@ -163,13 +163,13 @@ def _copy_weights(pair: _Pair) -> None:
         for name, tensor in pair.replica.named_parameters(recurse=False):
             tensor.copy_(getattr(pair.source, name))
         return
-    weight, bias = _merged(pair.source)
+    weight, bias = merged_lora(pair.source)
     pair.replica.weight.copy_(weight)
     if bias is not None:
         pair.replica.bias.copy_(bias)
 
 
-def _merged(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
+def merged_lora(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
     """``(weight, bias)`` of a LoRA layer with its active adapters merged, computed on copies
     (the layer is never modified), as peft's ``merge(safe_merge=True)`` computes them."""
     base = layer.get_base_layer()

@@ -45,8 +45,9 @@ One call, read top to bottom (:meth:`StaticGenerator.generate`):
 
 Departures from the "hf" backend, all deliberate:
 
-1. Sampling draws with the Gumbel-max trick instead of ``torch.multinomial``: the same
-   distribution (:mod:`mtgrpo.fast.static_sampling`), a different random stream. With
+1. Sampling draws with the Gumbel-max trick on accelerators and by inverse CDF on the CPU
+   instead of ``torch.multinomial``: the same distribution
+   (:mod:`mtgrpo.fast.static_sampling`), a different random stream. With
    ``seed`` set the result depends on the seed, the prompts, the parameters and the
    sub-batching (``max_batch_size``, buckets, and the compaction of finished rows, which
    changes how many numbers a step draws), as with "hf" it depends on ``max_batch_size``.
@@ -302,7 +303,8 @@ class StaticGenerator:
     ``graph_warmup_steps``: eager steps run before a capture. ``compact_below``: without
     graphs, drop finished rows from the decoded batch once at most this fraction of it is still
     running (0: never; 1: as soon as one row finishes). ``transpose_weights``: decode with
-    transposed copies of the projection weights
+    transposed copies of the projection weights, LoRA adapters merged, and a float32 LM head
+    in row blocks
     (:meth:`~mtgrpo.fast.static_decoders.LlamaModulesDecoder.transposed_weights`: about a
     quarter less matrix-product time on a CPU, one more copy of those weights in memory while
     ``generate`` runs); ``"auto"``: on the CPU when the copies take at most 1 GiB, ``True``:
