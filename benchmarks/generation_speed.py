@@ -4,6 +4,8 @@
     python benchmarks/generation_speed.py --models llama-10m --rows 64 --new-tokens 128
     python benchmarks/generation_speed.py --prompts 16 --num-samples 8 --prompt-tokens 110
     python benchmarks/generation_speed.py --device cuda            # adds qwen2.5-0.5b-shape (bf16)
+    python benchmarks/generation_speed.py --models smollm2-135m-shape --lora 16 --prompts 9 \
+        --num-samples 8 --prompt-tokens 80 --new-tokens 32 --threads 2   # the smollm2-cpu step
 
 Every model is built in memory from a config under ``torch.manual_seed(--seed)`` (random
 weights, nothing downloaded); each backend gets the same model object and the same rows:
@@ -11,6 +13,14 @@ weights, nothing downloaded); each backend gets the same model object and the sa
 lengths spread over ``[prompt_tokens / 2, prompt_tokens]``, to include left padding), each
 sampled ``--num-samples`` times (``G``, the GRPO group: ``generate(prompts, params, G)``), at
 temperature 1 with ``top_p = 1``, ``top_k = 0`` (``--greedy`` for argmax).
+
+``--lora R`` wraps the model in LoRA adapters of rank ``R`` on every projection (peft, the
+trainer's defaults otherwise), their ``B`` factors drawn at random so that the adapters change
+the output, as during training. On the CPU the static backend also runs as ``static-modules``:
+``transpose_weights=False``, so the decode step calls the projection modules (LoRA layers
+unmerged) and the whole LM head, where ``static`` multiplies by transposed weight copies with the
+adapters merged and by the float32 head in row blocks
+(:meth:`mtgrpo.fast.static_decoders.LlamaModulesDecoder.transposed_weights`).
 
 With ``G > 1`` the static backend also runs as ``static-per-row``: the same backend handed the
 ``prompts x G`` rows as separate prompts (each prompt repeated ``G`` times, ``num_samples=1``),
@@ -63,6 +73,7 @@ class ModelShape:
     tie_word_embeddings: bool = False
     bf16: bool = False
     needs_cuda: bool = False
+    on_request: bool = False  # run only when named in --models (slow on a CPU)
 
     def build(self, seed: int, device: torch.device) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
@@ -96,6 +107,12 @@ MODELS.add("tiny", ModelShape("llama", 259, 64, 2, 4, 2, 128))
 MODELS.add("cpu-tiny-workload", ModelShape("llama", 259, 256, 4, 8, 4, 688))
 # About 10 M parameters: 8 layers of width 256 over an 8k vocabulary.
 MODELS.add("llama-10m", ModelShape("llama", 8192, 256, 8, 8, 4, 688))
+# SmolLM2-135M's shape (the smollm2-cpu recipe's model): 30 layers of width 576, 9 heads over 3
+# key/value heads, a tied 49,152-token vocabulary; float32. Run only when named.
+MODELS.add(
+    "smollm2-135m-shape",
+    ModelShape("llama", 49_152, 576, 30, 9, 3, 1536, tie_word_embeddings=True, on_request=True),
+)  # fmt: skip
 # Qwen2.5-0.5B's shape (vocabulary, width, depth, heads, tied embeddings), bf16, CUDA only:
 # the workload of docs/fast_generation.md (64 rows x 256 new tokens from 48-token prompts).
 MODELS.add(
@@ -146,12 +163,30 @@ def _contenders(
         "hf": Contender(make_backend("hf", model, None, **options)),
         "static": Contender(static),
     }
+    if next(model.parameters()).device.type == "cpu":
+        contenders["static-modules"] = Contender(
+            StaticCacheBackend(model, transpose_weights=False, **options)
+        )
     if args.num_samples > 1:
         contenders["static-per-row"] = Contender(static, per_row=True)
     if next(model.parameters()).device.type == "cuda":
         eager = StaticCacheBackend(model, use_cuda_graph=False, **options)
         contenders["static-eager"] = Contender(eager)
     return contenders
+
+
+def _with_lora(model: torch.nn.Module, rank: int, seed: int) -> torch.nn.Module:
+    """``model`` wrapped in LoRA adapters of rank ``rank`` (the trainer's other defaults), with
+    random ``B`` factors (peft initialises them to zero, which would change nothing)."""
+    from mtgrpo.models.lora import apply_lora
+
+    policy = apply_lora(model, {"r": rank, "lora_alpha": 2 * rank})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in policy.named_parameters():
+            if "lora_B" in param_name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    return policy.eval()
 
 
 def _timed(call: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
@@ -168,6 +203,8 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> li
     """Warm up each backend, then time ``--repeats`` interleaved rounds; medians per backend."""
     shape = MODELS.get(name)
     model = shape.build(args.seed, device)
+    if args.lora:
+        model = _with_lora(model, args.lora, args.seed)
     stop = shape.vocab_size - 1 if args.stop_at_eos else shape.vocab_size
     prompts = _prompts(args, shape.vocab_size)
     params = SamplingParams(max_new_tokens=args.new_tokens, greedy=args.greedy, seed=args.seed)
@@ -189,8 +226,9 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> li
 
 def report(name: str, timings: list[Timing], args: argparse.Namespace) -> None:
     hf = next(t for t in timings if t.backend == "hf")
-    print(f"\n{name}: {args.prompts} prompts x {args.num_samples} samples x {args.new_tokens} "
-          f"new tokens, prompts of {'<= ' if args.ragged else ''}{args.prompt_tokens} tokens")
+    print(f"\n{name}{f' + LoRA r {args.lora}' if args.lora else ''}: {args.prompts} prompts x "
+          f"{args.num_samples} samples x {args.new_tokens} new tokens, prompts of "
+          f"{'<= ' if args.ragged else ''}{args.prompt_tokens} tokens")
     print(f"  {'backend':<14} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tokens/s':>10} "
           f"{'speed-up':>9}")  # fmt: skip
     for t in timings:
@@ -219,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", type=int, default=0,
+                        help="LoRA rank on every projection, random B (default: 0, none)")
     return parser
 
 
@@ -230,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     names = args.models.split(",") if args.models else [
-        n for n in MODELS.names() if device.type == "cuda" or not MODELS.get(n).needs_cuda
+        n for n in MODELS.names()
+        if (device.type == "cuda" or not MODELS.get(n).needs_cuda) and not MODELS.get(n).on_request
     ]
     for name in names:
         if MODELS.get(name).needs_cuda and device.type != "cuda":

@@ -130,8 +130,10 @@ class GRPOConfig(TRLCompatibleFields):
         "With log_completions: print this many of the step's completions at each log (None: "
         "none are printed).", default=None)
     include_num_input_tokens_seen: str | bool = _help(
-        "Count the prompt and completion tokens trained on (state.num_input_tokens_seen, "
-        "logged as num_input_tokens_seen): no, all (or true).", default="no")
+        "Also log the count of prompt and completion tokens trained on "
+        "(state.num_input_tokens_seen) as num_input_tokens_seen, the Trainer's name: no, all "
+        "(or true). It is counted at every step and logged as num_tokens either way, as TRL "
+        "does.", default="no")
     save_rollouts: bool = _help(
         "Write every group's rewards and advantages to rollouts.jsonl (the gradient-noise "
         "analysis reads it).", default=False)

@@ -119,6 +119,36 @@ def test_completions_and_rollouts_logs(tiny_model_dir, tmp_path):
     assert all((r[0] is None) != (r[1] is None) for g in groups for r in g["rewards"])
 
 
+@pytest.mark.parametrize("also_seen", [False, True])
+def test_num_tokens_counts_every_trained_token_at_every_step(tiny_model_dir, tmp_path,
+                                                             also_seen):
+    # TRL logs num_tokens, the running count of prompt and completion tokens trained on, at
+    # every step whatever include_num_input_tokens_seen says; that option adds the Trainer's
+    # num_input_tokens_seen.
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [_common.alpha_reward, _common.beta_reward],
+        args=_common.args(tmp_path, max_steps=2, include_num_input_tokens_seen=also_seen),
+        train_dataset=_common.rows(),
+    )
+    trained: list[int] = []
+    update = trainer.updater.update
+
+    def counting_update(batch, **options):
+        trained.append(int(batch.prompt_mask.sum() + batch.completion_mask.sum()))
+        return update(batch, **options)
+
+    trainer.updater.update = counting_update
+    trainer.train()
+    records = read_metrics(tmp_path, split="train")
+    assert len(trained) == 2
+    assert min(trained) > 4 * 4  # 16 rows, each with a prompt and a completion
+    assert [r["num_tokens"] for r in records] == [trained[0], trained[0] + trained[1]]
+    if also_seen:
+        assert [r["num_input_tokens_seen"] for r in records] == [r["num_tokens"] for r in records]
+    else:
+        assert "num_input_tokens_seen" not in records[0]
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
 def test_every_loss_type_trains(tiny_model_dir, tmp_path, loss_type):
     trainer = GRPOTrainer(

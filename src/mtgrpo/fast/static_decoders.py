@@ -428,7 +428,8 @@ class LlamaModulesDecoder(ModelForwardDecoder):
                    if _copyable(module) and not (blocks and module is head)]
         size = sum(_base_weight(module).nbytes for module in modules)
         if max_bytes is None or size <= max_bytes:
-            self._transposed = {module: _transposed_copy(module) for module in modules}
+            with torch.no_grad():  # the adapters' deltas need no graph
+                self._transposed = {module: _transposed_copy(module) for module in modules}
             if blocks:
                 self._head_blocks = head.weight.detach().split(HEAD_BLOCK_ROWS)
         try:

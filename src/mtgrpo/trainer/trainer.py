@@ -686,9 +686,11 @@ class GRPOTrainer:
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
-        if self.args.include_num_input_tokens_seen == "all":
-            seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
-            self.state.num_input_tokens_seen += seen
+        # Prompt and completion tokens trained on, over every process (TRL counts them at
+        # every step and logs the total as num_tokens, whatever include_num_input_tokens_seen)
+        seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum()) if has_rows else 0
+        self.state.num_input_tokens_seen += sum(self._gather_objects([seen])) \
+            if self.world > 1 else seen
         self._log_batch_rollouts(groups, advantages, generated)
         if not self.needs_improvement:
             return None
@@ -742,6 +744,8 @@ class GRPOTrainer:
         metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
+        if self.args.include_num_input_tokens_seen == "all":  # the Trainer's name for it
+            metrics["num_input_tokens_seen"] = metrics["num_tokens"]
         step_seconds = time.perf_counter() - begin
         metrics.update({
             "time/generate": self.rollouts.seconds["generate"],
