@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["WeightReplica", "hooked_modules", "merged_lora"]
+__all__ = ["WeightReplica", "hooked_modules", "mergeable_lora", "merged_lora"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,16 @@ def hooked_modules(model: nn.Module) -> list[str]:
             if module._forward_hooks or module._forward_pre_hooks]
 
 
+def mergeable_lora(module: nn.Module) -> bool:
+    """Whether ``module`` is a peft LoRA layer whose adapters :func:`merged_lora` can merge."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return (isinstance(module, BaseTunerLayer) and hasattr(module, "lora_A")
+            and hasattr(module, "get_delta_weight"))
+
+
 def _check_lora(name: str, module: nn.Module) -> None:
-    if not hasattr(module, "lora_A") or not hasattr(module, "get_delta_weight"):
+    if not mergeable_lora(module):
         raise ValueError(
             f"{name} is a {type(module).__name__} adapter layer; the bfloat16 generation "
             "replica merges LoRA adapters only: set bf16 to false or generation_backend to 'hf'"

@@ -544,14 +544,12 @@ def _plain_linear(module: nn.Module) -> bool:
 
 
 def _lora_over_linear(module: nn.Module) -> bool:
-    """A peft LoRA layer (its own adapters, any variant peft can merge) over a plain
-    ``nn.Linear``, without hooks of its own."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    """A peft LoRA layer (:func:`mtgrpo.fast.replica.mergeable_lora`: any variant peft can
+    merge) over a plain ``nn.Linear``, without hooks of its own."""
+    from mtgrpo.fast.replica import mergeable_lora
 
     return (
-        isinstance(module, BaseTunerLayer)
-        and hasattr(module, "lora_A")
-        and hasattr(module, "get_delta_weight")
+        mergeable_lora(module)
         and _plain_linear(module.get_base_layer())
         and not module._forward_hooks
         and not module._forward_pre_hooks
