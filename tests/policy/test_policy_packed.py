@@ -170,6 +170,96 @@ def test_attention_groups_cover_every_token_once() -> None:
     assert layout.predictor[:7].tolist() == [starts[int(inverse[0])] + 5, *range(17, 23)]
 
 
+def prefixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of :func:`batch` with prompts of 6, 5 and 4 real tokens (the fourth row's: 6)
+    whose first 3 tokens are the same (a chat template's system turn, say), at 0, 1 and 2
+    left pads."""
+    input_ids, mask = batch()
+    prompt_mask = torch.ones(len(mask), PROMPT, dtype=torch.long)
+    prompt_mask[[1, 4, 7], :1] = 0
+    prompt_mask[[2, 5, 8], :2] = 0
+    input_ids[:, :PROMPT] = torch.where(prompt_mask.bool(), input_ids[:, :PROMPT].clamp(min=1), 0)
+    for row in range(len(mask)):
+        start = PROMPT - int(prompt_mask[row].sum())
+        input_ids[row, start:start + 3] = torch.tensor([7, 11, 13])
+    return input_ids, torch.cat([prompt_mask, mask[:, PROMPT:]], 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_prefix_all_prompts_share_runs_once(family: str, attn: str) -> None:
+    model = tiny(family, attn)
+    input_ids, mask = prefixed_batch()
+    padded = scores_and_grads(model, input_ids, mask, pack=False)
+    seen, handle = mlp_tokens(model)
+    packed = scores_and_grads(model, input_ids, mask, pack=True)
+    handle.remove()
+    # the shared 3 tokens once, then the four prompts' own 3 + 2 + 1 + 3 tokens
+    assert seen == [3 + 3 + 2 + 1 + 3 + int(mask[:, PROMPT:].sum())]
+    assert_same(packed, padded)
+
+
+def test_every_row_its_own_prompt_shares_the_prefix_too() -> None:
+    """A supervised batch: one row per prompt, each with its own completion."""
+    model = tiny("llama")
+    input_ids, mask = prefixed_batch()
+    input_ids, mask = input_ids[[0, 1, 2, 9]], mask[[0, 1, 2, 9]]
+    padded = scores_and_grads(model, input_ids, mask, pack=False)
+    seen, handle = mlp_tokens(model)
+    packed = scores_and_grads(model, input_ids, mask, pack=True)
+    handle.remove()
+    assert seen == [3 + 3 + 2 + 1 + 3 + int(mask[:, PROMPT:].sum())]
+    assert_same(packed, padded)
+
+
+def test_the_shared_prefix_layout() -> None:
+    input_ids, mask = prefixed_batch()
+    positions = position_ids_from_attention_mask(mask)
+    first, inverse = distinct_prompts(input_ids, mask, PROMPT)
+    layout = packed_layout(input_ids, mask, positions, COMPLETION, first, inverse)
+    assert layout is not None
+    assert layout.prefix == 3
+    lengths = mask[first, :PROMPT].sum(1).tolist()
+    own = [n - 3 for n in lengths]
+    assert layout.token_ids[:3].tolist() == [7, 11, 13]
+    assert layout.positions[:3 + sum(own)].tolist() == [0, 1, 2] + [
+        j for n in lengths for j in range(3, n)]
+    starts = [3 + sum(own[:u]) for u in range(len(own))]
+    for u, row in enumerate(first.tolist()):  # each prompt column's packed token
+        real = input_ids[row, :PROMPT][mask[row, :PROMPT].bool()]
+        index = layout.prompt_index[u][mask[row, :PROMPT].bool()]
+        assert torch.equal(layout.token_ids[index], real)
+        assert index.tolist() == [0, 1, 2, *range(starts[u], starts[u] + own[u])]
+        assert bool((layout.prompt_index[u][~mask[row, :PROMPT].bool()] == 0).all())
+    served = torch.cat([g.query_index.reshape(-1)[g.query_valid] for g in layout.groups])
+    assert sorted(served.tolist()) == list(range(len(layout.token_ids)))
+    # the first completion token of row 0 is predicted by its prompt's last token
+    u = int(inverse[0])
+    assert int(layout.predictor[0]) == starts[u] + own[u] - 1
+
+
+@pytest.mark.parametrize(("prompts", "expected"), [
+    ([[5, 6, 7, 8], [5, 6, 7, 9]], 3),
+    ([[5, 6, 7], [5, 6, 7, 9]], 2),  # one prompt is the other's start: it keeps a token
+    ([[5, 6, 7, 8], [4, 6, 7, 8]], 0),
+    ([[5, 6, 7, 8]], 0),  # a single prompt: nothing to share
+])
+def test_shared_prefix_length(prompts: list[list[int]], expected: int) -> None:
+    from mtgrpo.fast.packed import shared_prefix
+
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    positions = position_ids_from_attention_mask(mask)
+    assert shared_prefix(ids, positions, mask.sum(1)) == expected
+    shifted = positions.clone()
+    shifted[0] += 1  # the same tokens at other positions are not the same keys
+    assert shared_prefix(ids, shifted, mask.sum(1)) == 0
+
+
 def test_padding_that_is_not_trl_layout_runs_padded_with_the_same_result() -> None:
     model = tiny("llama")
     input_ids, mask = batch()

@@ -5,6 +5,7 @@ stand-in capture)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter
@@ -170,8 +171,11 @@ def test_module_decode_step_equals_the_model_forward_bit_for_bit(
 
 
 def _one_decode_step(model: torch.nn.Module, decoder: object) -> torch.Tensor:
-    """Prefill 3 prompts (one left-padded) into a fresh static cache, decode one token each."""
+    """Prefill 3 prompts (one left-padded) into a fresh static cache with the model's forward
+    (the same keys and values for every decoder), decode one token each."""
     from transformers import StaticCache
+
+    from mtgrpo.fast.static_decoders import ModelForwardDecoder
 
     n, width, columns = 3, 5, 9
     input_ids = torch.randint(3, 250, (n, width), generator=torch.Generator().manual_seed(0))
@@ -184,10 +188,100 @@ def _one_decode_step(model: torch.nn.Module, decoder: object) -> torch.Tensor:
     tokens, positions = torch.tensor([[7], [8], [9]]), attention_mask.sum(-1, keepdim=True)
     with torch.inference_mode():
         cache = StaticCache(config=model.config, max_cache_len=columns)
-        decoder.prefill(cache, input_ids, attention_mask, position_ids)  # type: ignore[attr-defined]
+        ModelForwardDecoder.prefill(decoder, cache, input_ids, attention_mask, position_ids)  # type: ignore[arg-type]
         return decoder.decode(  # type: ignore[attr-defined,no-any-return]
             cache, tokens, positions, visible[:, None, None, :], torch.tensor([width])
         )
+
+
+def _prefilled(model: torch.nn.Module, prefill: Callable[..., torch.Tensor],
+               shared: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Prefill 4 prompts of 7, 4, 5 and 7 tokens whose first 3 are the same (prompts 0 and 3
+    are equal), left-padded to 7 columns, into a fresh static cache of 9 columns; with
+    ``shared``, the first three prompts for 5 rows (``source = [2, 0, 0, 1, 2]``). Returns the
+    logits and the real columns of each layer's keys and values."""
+    from transformers import StaticCache
+
+    generator = torch.Generator().manual_seed(4)
+    lengths = [7, 4, 5, 7]
+    input_ids = torch.full((4, 7), PAD)
+    attention_mask = torch.zeros((4, 7), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        input_ids[row, 7 - n:] = torch.randint(3, 250, (n,), generator=generator)
+        input_ids[row, 7 - n:7 - n + 3] = torch.tensor([17, 18, 19])
+        attention_mask[row, 7 - n:] = 1
+    input_ids[3] = input_ids[0]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    source = torch.tensor([2, 0, 0, 1, 2])
+    cache = StaticCache(config=model.config, max_cache_len=9)
+    with torch.inference_mode():
+        if shared:
+            logits = prefill.__self__.prefill_shared(  # type: ignore[attr-defined]
+                cache, input_ids[:3], attention_mask[:3], position_ids[:3], source)
+            real = attention_mask[source].bool()
+        else:
+            logits = prefill(cache, input_ids, attention_mask, position_ids)
+            real = attention_mask.bool()
+    keys = [layer.keys[:, :, :7].transpose(1, 2)[real] for layer in cache.layers]
+    values = [layer.values[:, :, :7].transpose(1, 2)[real] for layer in cache.layers]
+    assert all(int(layer.cumulative_length) == 7 for layer in cache.layers)
+    return logits, keys, values
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "llama+lora"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_packed_prefill_equals_the_model_forward(
+    family: str, shared: bool, transposed: bool, tiny_model_dir: Path,
+    tiny_qwen2_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mtgrpo.fast import packed as packed_module
+    from mtgrpo.fast.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
+
+    paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
+    model = _model(paths[family]) if family in paths else _in_memory_model(family)
+    lm = _random_lora(model).get_base_model() if family.endswith("lora") else model
+    forward, modules = ModelForwardDecoder(lm), LlamaModulesDecoder(lm)
+    embedded: list[int] = []
+    hook = lm.model.embed_tokens.register_forward_pre_hook(
+        lambda _module, inputs: embedded.append(inputs[0].numel()))
+    expected = _prefilled(lm, forward.prefill, shared)
+    shares: list[int] = []
+    original = packed_module.shared_prefix
+    monkeypatch.setattr(packed_module, "shared_prefix",
+                        lambda *a: shares.append(original(*a)) or shares[-1])
+    with modules.transposed_weights() if transposed else contextlib.nullcontext():
+        got = _prefilled(lm, modules.prefill, shared)
+    hook.remove()
+    # padded: 4 x 7 (or 3 x 7) tokens; packed: the 3 shared tokens once, then each distinct
+    # prompt's own 4, 1 and 2 tokens (prompt 3 is prompt 0)
+    assert embedded == [21 if shared else 28, 3 + 4 + 1 + 2]
+    assert shares == [3]
+    # one forward over other kernels and shapes (packed against padded rows, merged copies):
+    # float32 rounding through every layer; a key written to the wrong row or column, a
+    # position off by one or a prompt that misses the shared prefix moves them by far more
+    assert_close_f32(got[0], expected[0], ulps=32)
+    for got_states, expected_states in zip(got[1] + got[2], expected[1] + expected[2],
+                                           strict=True):
+        assert_close_f32(got_states, expected_states, ulps=32)
+
+
+def test_packed_prefill_falls_back_where_the_packed_forward_cannot_serve(
+    tiny_model_dir: Path,
+) -> None:
+    from mtgrpo.fast import enable_activation_checkpointing
+    from mtgrpo.fast.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
+
+    model = _model(tiny_model_dir)
+    expected = _prefilled(model, ModelForwardDecoder(model).prefill, True)
+    enable_activation_checkpointing(model)  # the packed forward refuses checkpointed models
+    embedded: list[int] = []
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda _module, inputs: embedded.append(inputs[0].numel()))
+    got = _prefilled(model, LlamaModulesDecoder(model).prefill, True)
+    hook.remove()
+    assert embedded == [21]  # the padded forward ran
+    assert torch.equal(got[0], expected[0])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "llama+lora"])

@@ -89,21 +89,24 @@ def _prefill_inputs(
     """Record the ids the model's input embedding receives during prefills (a forward hook on
     the embedding; the decoder's ``prefill`` marks when a prefill is running)."""
     seen: list[torch.Tensor] = []
-    prefilling = [False]
-    original = backend.engine._decoder.prefill
+    prefilling = [0]
+    decoder = backend.engine._decoder
 
-    def prefill(*args: object) -> torch.Tensor:
-        prefilling[0] = True
-        try:
-            return original(*args)
-        finally:
-            prefilling[0] = False
+    def marked(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def prefill(*args: object) -> torch.Tensor:
+            prefilling[0] += 1
+            try:
+                return original(*args)
+            finally:
+                prefilling[0] -= 1
+        return prefill
 
     def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         if prefilling[0]:
             seen.append(inputs[0].clone())
 
-    monkeypatch.setattr(backend.engine._decoder, "prefill", prefill)
+    for name in ("prefill", "prefill_shared"):
+        monkeypatch.setattr(decoder, name, marked(getattr(decoder, name)))
     backend.engine._lm.get_input_embeddings().register_forward_pre_hook(hook)
     return seen
 
@@ -136,25 +139,38 @@ def test_each_prompt_is_prefilled_once_per_sub_batch(
     seen = _prefill_inputs(backend, monkeypatch)
     out = backend.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=0), num_samples)
     assert len(out) == 4 * num_samples
-    expected = [_left_padded([PROMPTS[p] for p in group]) for group in prefilled]
-    assert [ids.tolist() for ids in seen] == [ids.tolist() for ids in expected]
+    if decode_path == "model_forward":  # the model's forward: the prompts left-padded
+        expected = [_left_padded([PROMPTS[p] for p in group]) for group in prefilled]
+        assert [ids.tolist() for ids in seen] == [ids.tolist() for ids in expected]
+    else:  # padding-free: one packed row of each prompt's tokens (they share no prefix)
+        assert [ids.shape[0] for ids in seen] == [1] * len(prefilled)
+        assert [sorted(ids.flatten().tolist()) for ids in seen] == [
+            sorted(t for p in group for t in PROMPTS[p]) for group in prefilled]
 
 
+@pytest.mark.parametrize(("decode_path", "expected"), [
+    # the model's forward: 16 rows of width 25 with G = 8; fed as 128 separate prompts
+    # (num_samples=1), 128 rows of width 25
+    ("model_forward", [16 * 25, 128 * 25]),
+    # padding-free: each distinct prompt's 10..25 tokens once, either way (repeated prompts
+    # are found in the rows)
+    ("llama_modules", [sum(range(10, 26))] * 2),
+])
 def test_prefill_positions_fall_by_the_group_size(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, decode_path: str,
+    expected: list[int],
 ) -> None:
-    # 16 prompts of 10..25 tokens, G = 8, one sub-batch: the embedding sees 16 rows of width
-    # 25 in the prefill; fed as 128 separate prompts (num_samples=1), 128 rows of width 25.
+    # 16 prompts of 10..25 tokens, G = 8, one sub-batch.
     generator = random.Random(0)
     prompts = [[generator.randrange(3, 250) for _ in range(10 + i)] for i in range(16)]
     params = SamplingParams(max_new_tokens=3, seed=1)
     counts = []
     for rows, group in ((prompts, 8), ([p for p in prompts for _ in range(8)], 1)):
-        backend = StaticCacheBackend(_model(tiny_model_dir))
+        backend = StaticCacheBackend(_model(tiny_model_dir), decode_path=decode_path)
         seen = _prefill_inputs(backend, monkeypatch)
         backend.generate(rows, params, num_samples=group)
         counts.append(sum(ids.numel() for ids in seen))
-    assert counts == [16 * 25, 128 * 25]
+    assert counts == expected
 
 
 # -- the sub-batch plan --------------------------------------------------------------------------

@@ -1,20 +1,27 @@
 """Padding-free training forward for Llama-family backbones: every real token once, no padding.
 
 Notation: ``N`` rows, ``T`` columns (``W`` prompt columns, left-padded, then ``L`` completion
-columns, right-padded), ``U`` distinct prompts, ``M`` real tokens (each distinct prompt's once,
-plus every row's completion tokens), ``S`` attention segments, ``H`` hidden size.
+columns, right-padded), ``U`` distinct prompts, ``c`` leading tokens all of them share, ``M``
+real tokens (those ``c`` once, each distinct prompt's other tokens once, plus every row's
+completion tokens), ``S`` attention segments, ``H`` hidden size.
 
 A GRPO micro-batch is mostly padding and repeated prompts: completions of one group range from a
-few tokens to the length cap, and the ``G`` rows of a group carry the same prompt. Here the
-tokens are packed into one ``[M, H]`` sequence: each distinct prompt's tokens once, then each
-row's completion tokens. Embedding, norms, projections, MLP and the LM head run on those ``M``
-tokens only. Attention is the one place where rows must stay apart; it runs on ``S = U + N'``
-segments gathered from the packed keys and values (``N'`` rows with at least one completion
-token):
+few tokens to the length cap, the ``G`` rows of a group carry the same prompt, and the prompts
+of a chat model start with the same template turn (SmolLM2's system turn: 24 of a 75-token
+prompt). Here the tokens are packed into one ``[M, H]`` sequence: the shared prefix once, each
+distinct prompt's own tokens once, then each row's completion tokens. Embedding, norms,
+projections, MLP and the LM head run on those ``M`` tokens only. Attention is the one place
+where rows must stay apart; it runs on ``S = [c > 0] + U + N'`` segments gathered from the
+packed keys and values (``N'`` rows with at least one completion token):
 
-* prompt segment ``u``: queries = its prompt tokens, keys = the same, causal;
-* completion segment ``n``: queries = its completion tokens, keys = its prompt's tokens followed
-  by its own completion tokens, causal.
+* the shared prefix (when ``c > 0``): queries = its tokens, keys = the same, causal;
+* prompt segment ``u``: queries = its own tokens, keys = the prefix followed by the same,
+  causal;
+* completion segment ``n``: queries = its completion tokens, keys = the prefix, its prompt's
+  own tokens and its own completion tokens, causal.
+
+The static generation backend prefills prompts the same way (``L = 0``, see
+:func:`packed_states`).
 
 Segments of similar length are grouped (like length-bucketed micro-batches) and each group is
 padded to its longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]`` keys/values, a
@@ -36,6 +43,7 @@ then runs the padded forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +64,8 @@ __all__ = [
     "packed_hidden",
     "packed_layout",
     "packed_mismatch",
+    "packed_states",
+    "shared_prefix",
 ]
 
 
@@ -112,6 +122,9 @@ class PackedLayout:
     completion token (row-major over the completion mask), the packed token whose hidden state
     predicts it. ``query_slots`` / ``key_slots``: every group's ``query_index`` / ``key_index``
     flattened and concatenated, so that a layer gathers each tensor once for all groups.
+    ``prefix``: the number of leading prompt tokens every distinct prompt shares (packed once,
+    first); ``prompt_index: [U, W]``: the packed token of each distinct prompt's column (0 at
+    its left padding).
     """
 
     token_ids: Tensor
@@ -121,6 +134,8 @@ class PackedLayout:
     predictor: Tensor
     query_slots: Tensor
     key_slots: Tensor
+    prefix: int
+    prompt_index: Tensor
 
 
 # Attention segments are grouped like micro-batches: a new group when more than this fraction
@@ -130,6 +145,20 @@ ATTENTION_MAX_PADDING = 0.25
 
 def _starts(counts: Tensor) -> Tensor:
     return torch.cumsum(counts, 0) - counts
+
+
+def shared_prefix(tokens: Tensor, positions: Tensor, lengths: Tensor) -> int:
+    """How many leading real tokens (same ids at the same positions) all the left-padded rows
+    of ``tokens, positions: [U, W]`` (``lengths [U]`` real tokens each, right-aligned) share,
+    leaving each row at least one token of its own; 0 for fewer than two rows."""
+    if tokens.shape[0] < 2:
+        return 0
+    shortest = int(lengths.min())
+    width = tokens.shape[1]
+    columns = (width - lengths)[:, None] + torch.arange(shortest, device=tokens.device)  # [U, m]
+    ids, places = tokens.gather(1, columns), positions.gather(1, columns)
+    same = ((ids == ids[:1]) & (places == places[:1])).all(0)  # [m]
+    return min(int(same.long().cumprod(0).sum()), shortest - 1)
 
 
 def packed_layout(
@@ -145,7 +174,13 @@ def packed_layout(
     ``first [U]`` is one row per distinct prompt and ``inverse [N]`` each row's prompt (pass
     ``arange(N)`` twice for no sharing). The layout needs every prompt to be left-padded with
     at least one real token and every completion right-padded (real tokens first), which is how
-    :meth:`~mtgrpo.policy.micro_batches.PolicyBatch.select` builds them.
+    :meth:`~mtgrpo.policy.micro_batches.PolicyBatch.select` builds them. ``length`` may be 0
+    (prompts only, as a generation prefill runs them).
+
+    Packed order: the leading tokens all distinct prompts share (:func:`shared_prefix`: a
+    chat template's system turn, say) once, then each prompt's own tokens, then each row's
+    completion tokens. Every attention segment reads up to three runs of keys: the shared
+    prefix, its prompt's own tokens, its own completion tokens.
     """
     width = input_ids.shape[1] - length
     device = input_ids.device
@@ -160,29 +195,38 @@ def packed_layout(
     right_padded = torch.equal(completion_mask, columns < completion_len[:, None])
     if not (left_padded and right_padded) or bool((prompt_len == 0).any()):
         return None
-    num_prompt_tokens = int(prompt_len.sum())
-    token_ids = torch.cat([input_ids[first, :width][prompt_mask],
+    prefix = shared_prefix(input_ids[first, :width], position_ids[first, :width], prompt_len)
+    own_len = prompt_len - prefix  # [U] each prompt's tokens after the shared prefix
+    own_mask = prompt_mask & (torch.arange(width, device=device)
+                              >= (width - own_len)[:, None])  # [U, W]
+    shared_columns = slice(width - int(prompt_len[0]), width - int(own_len[0]))
+    token_ids = torch.cat([input_ids[first[0], shared_columns],
+                           input_ids[first, :width][own_mask],
                            input_ids[:, width:][completion_mask]])
-    positions = torch.cat([position_ids[first, :width][prompt_mask],
+    positions = torch.cat([position_ids[first[0], shared_columns],
+                           position_ids[first, :width][own_mask],
                            position_ids[:, width:][completion_mask]])
-    prompt_start = _starts(prompt_len)  # [U] into the packed tokens
-    completion_start = num_prompt_tokens + _starts(completion_len)  # [N]
+    own_start = prefix + _starts(own_len)  # [U] into the packed tokens
+    completion_start = prefix + int(own_len.sum()) + _starts(completion_len)  # [N]
     rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
     own_prompt = inverse[rows]
-    no_keys = torch.zeros_like(prompt_len)
-    # One entry per segment (prompt segments first): where its queries start and how many
-    # there are; its keys: the first `prompt_keys` from the prompt at `prompt_key_start`,
-    # then its own tokens from `own_key_start`; query j sits at sequence index offset + j.
+    none = torch.zeros_like(own_len)
+    # One entry per segment: its queries (start, count, and `offset`: the keys before its
+    # first query), its keys (the shared prefix, then its prompt's own tokens, then its own).
     segments = {
-        "query_start": torch.cat([prompt_start, completion_start[rows]]),
-        "query_count": torch.cat([prompt_len, completion_len[rows]]),
-        "prompt_key_start": torch.cat([prompt_start, prompt_start[own_prompt]]),
-        "prompt_keys": torch.cat([prompt_len, prompt_len[own_prompt]]),
-        "own_keys": torch.cat([no_keys, completion_len[rows]]),
-        # key j >= the prompt's length is the segment's own token j - prompt length
-        "own_key_start": torch.cat([prompt_start, completion_start[rows] - prompt_len[own_prompt]]),
-        "offset": torch.cat([no_keys, prompt_len[own_prompt]]),
+        "query_start": torch.cat([own_start, completion_start[rows]]),
+        "query_count": torch.cat([own_len, completion_len[rows]]),
+        "offset": torch.cat([none + prefix, prompt_len[own_prompt]]),
+        "prefix_keys": torch.cat([none + prefix, none[own_prompt] + prefix]),
+        "prompt_key_start": torch.cat([own_start, own_start[own_prompt]]),
+        "prompt_keys": torch.cat([own_len, own_len[own_prompt]]),
+        "own_key_start": torch.cat([none, completion_start[rows]]),
+        "own_keys": torch.cat([none, completion_len[rows]]),
     }
+    if prefix:  # the shared prefix's own segment, first
+        head = {"query_start": 0, "query_count": prefix, "offset": 0, "prefix_keys": prefix,
+                "prompt_key_start": 0, "prompt_keys": 0, "own_key_start": 0, "own_keys": 0}
+        segments = {k: torch.cat([v.new_tensor([head[k]]), v]) for k, v in segments.items()}
     spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
     plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
     groups = tuple(
@@ -193,29 +237,39 @@ def packed_layout(
     valid = torch.cat([g.query_valid for g in groups])
     order = torch.empty(len(token_ids), dtype=torch.long, device=device)
     order[query_slots[valid]] = torch.nonzero(valid).squeeze(1)
-    last_prompt = prompt_start + prompt_len - 1  # [U]
+    last_prompt = own_start + own_len - 1  # [U]
     predictor = torch.where(
         columns == 0, last_prompt[inverse][:, None], completion_start[:, None] + columns - 1
     )[completion_mask]
+    offset = torch.arange(width, device=device) - (width - prompt_len)[:, None]  # [U, W]
+    prompt_index = torch.where(
+        offset < prefix, offset, own_start[:, None] + offset - prefix
+    ).masked_fill(~prompt_mask, 0)
     return PackedLayout(token_ids=token_ids, positions=positions, groups=groups, order=order,
                         predictor=predictor, query_slots=query_slots,
-                        key_slots=torch.cat([g.key_index.reshape(-1) for g in groups]))
+                        key_slots=torch.cat([g.key_index.reshape(-1) for g in groups]),
+                        prefix=prefix, prompt_index=prompt_index)
 
 
 def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
     query_count = segment["query_count"]
-    key_count = segment["prompt_keys"] + segment["own_keys"]
+    prefix_keys, prompt_keys = segment["prefix_keys"][:, None], segment["prompt_keys"][:, None]
+    key_count = prefix_keys + prompt_keys + segment["own_keys"][:, None]  # [S, 1]
     device = query_count.device
     jq = torch.arange(int(query_count.max()), device=device)
     jk = torch.arange(int(key_count.max()), device=device)
     query_valid = jq < query_count[:, None]  # [S, Lq]
     query_index = torch.where(query_valid, segment["query_start"][:, None] + jq, 0)
-    key_index = torch.where(
-        jk < segment["prompt_keys"][:, None],
-        segment["prompt_key_start"][:, None] + jk,
-        segment["own_key_start"][:, None] + jk,
+    key_index = torch.where(  # the shared prefix sits at packed tokens 0..prefix-1
+        jk < prefix_keys,
+        jk,
+        torch.where(
+            jk < prefix_keys + prompt_keys,
+            segment["prompt_key_start"][:, None] + jk - prefix_keys,
+            segment["own_key_start"][:, None] + jk - prefix_keys - prompt_keys,
+        ),
     )
-    key_valid = jk < key_count[:, None]  # [S, Lk]
+    key_valid = jk < key_count  # [S, Lk]
     causal = jk[None, None, :] <= (segment["offset"][:, None] + jq)[:, :, None]  # [S, Lq, Lk]
     return AttentionGroup(
         query_index=query_index,
@@ -232,6 +286,22 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
     """Final-norm hidden states ``[K, H]`` that predict each scored completion token."""
+    return backbone.norm(_gather(packed_states(backbone, layout), 0, layout.predictor))
+
+
+def packed_states(
+    backbone: nn.Module,
+    layout: PackedLayout,
+    *,
+    project: Callable[[nn.Module, Tensor], Tensor] | None = None,
+    mlp: Callable[[nn.Module, Tensor], Tensor] | None = None,
+    keys_values: list[tuple[Tensor, Tensor]] | None = None,
+) -> Tensor:
+    """Hidden states ``[M, H]`` of every packed token after the last layer (before the final
+    norm). ``project(module, x)`` and ``mlp(module, x)`` replace the projection and MLP calls
+    (the static backend's prefill multiplies by its merged weight copies); ``keys_values``
+    receives each layer's key and value ``[kv_heads, M, d]`` (after the rotary embedding), as a
+    key/value cache holds them."""
     rotary, attention = llama_functions(backbone)
     hidden = backbone.embed_tokens(layout.token_ids[None])  # [1, M, H]
     cos_sin = backbone.rotary_emb(hidden, layout.positions[None])
@@ -249,8 +319,11 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
         # query [heads, M, d]; key, value [kv_heads, M, d]
         query, key, value = (
             t.squeeze(0)
-            for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary)
+            for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary,
+                                      project)
         )
+        if keys_values is not None:
+            keys_values.append((key, value))
         queries = _gather(query, 1, layout.query_slots).split(query_sizes, 1)
         keys = _gather(key, 1, layout.key_slots).split(key_sizes, 1)
         values = _gather(value, 1, layout.key_slots).split(key_sizes, 1)
@@ -266,10 +339,12 @@ def packed_hidden(backbone: nn.Module, layout: PackedLayout) -> Tensor:
                 scaling=attn.scaling,
             )  # [S, Lq, heads, d]
             outputs.append(output.reshape(group.query_valid.shape[0], -1))
-        output = _gather(torch.cat(outputs), 0, layout.order)  # [M, heads * d], packed order
-        hidden = hidden + attn.o_proj(output[None])
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return _gather(backbone.norm(hidden).squeeze(0), 0, layout.predictor)
+        output = _gather(torch.cat(outputs), 0, layout.order)[None]  # [1, M, heads * d]
+        hidden = hidden + (attn.o_proj(output) if project is None
+                           else project(attn.o_proj, output))
+        normed = layer.post_attention_layernorm(hidden)
+        hidden = hidden + (layer.mlp(normed) if mlp is None else mlp(layer.mlp, normed))
+    return hidden.squeeze(0)
 
 
 # ``enable_gqa`` arrived in torch 2.5; before it the CPU path keeps transformers' function.

@@ -510,30 +510,18 @@ class StaticGenerator:
     def _prefill_shared(
         self, slot: _Slot, prompts: list[list[int]], samples: list[int], width: int
     ) -> Tensor:
-        """Prefill each of the ``u`` distinct prompts once, then give each of its
-        ``samples[j]`` rows a copy of its keys/values (cache columns ``0..P-1``) and of its last
-        logits; returns the logits ``[n, V]``.
-
-        The prefill writes into a ``DynamicCache`` (``[u, kv_heads, P, head_dim]`` per layer,
-        attention over the ``P`` prompt columns, as ``generate``'s prefill); each slot layer
-        takes the rows ``source`` selects through its own ``update``, which writes columns
-        ``0..P-1`` and advances the layer's column counter to ``P``, as a prefill does.
-        Bucket-padding rows (done from the start, outputs dropped) copy prompt 0.
+        """Prefill each of the ``u`` distinct prompts once and give each of its
+        ``samples[j]`` rows its keys/values (cache columns ``0..P-1``) and its last logits
+        (the decoder's ``prefill_shared``); returns the logits ``[n, V]``. Bucket-padding rows
+        (done from the start, outputs dropped) copy prompt 0.
         """
-        from transformers import DynamicCache
-
         input_ids, attention_mask = self._left_pad(prompts, len(prompts), width)  # [u, P]
         source = _expansion_index(samples, slot.buffers.done.shape[0], self.device)  # [n]
         slot.start(attention_mask.index_select(0, source), real_rows=sum(samples))
-        shared = DynamicCache(config=self._lm.config)
-        logits = self._decoder.prefill(
-            shared, input_ids, attention_mask, position_ids_from_attention_mask(attention_mask)
-        )  # [u, V]
-        for stored, prefilled in zip(slot.cache.layers, shared.layers, strict=True):
-            stored.update(
-                prefilled.keys.index_select(0, source), prefilled.values.index_select(0, source)
-            )
-        return logits.index_select(0, source)  # [n, V]
+        return self._decoder.prefill_shared(
+            slot.cache, input_ids, attention_mask, position_ids_from_attention_mask(attention_mask),
+            source,
+        )
 
     def _step_function(
         self, slot: _Slot, program: _StepProgram, capturable: bool

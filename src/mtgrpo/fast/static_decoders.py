@@ -30,9 +30,12 @@ Two decoders, picked by name (:data:`DECODERS`):
 A decoder may also offer ``transposed_weights()`` (a context manager); the backend uses it
 when present.
 
-Both decoders prefill with the model's ``forward`` and a 2-D padding mask (transformers builds
-the causal mask over the cache's ``C`` columns), with position ids from the mask so that left
-padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
+``"model_forward"`` prefills with the model's ``forward`` and a 2-D padding mask (transformers
+builds the causal mask over the cache's ``C`` columns), with position ids from the mask so that
+left padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
+``"llama_modules"`` prefills padding-free where :mod:`mtgrpo.fast.packed` can serve the model
+(each distinct prompt's real tokens once, the prefix all prompts share once, at the same
+positions), equal to that forward up to float rounding, and with the forward otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from mtgrpo.fast.llama_family import (
     llama_family_mismatch,
     llama_functions,
 )
+from mtgrpo.fast.packed import packed_layout, packed_mismatch, packed_states
+from mtgrpo.fast.shared_prompts import distinct_prompts
 from mtgrpo.fast.transformers_compat import (
     CACHE_KEYWORDS,
     cache_argument,
@@ -87,6 +92,11 @@ class StaticDecoder(Protocol):
 
     def prefill(
         self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> Tensor: ...
+
+    def prefill_shared(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+        source: Tensor,
     ) -> Tensor: ...
 
     def decode(
@@ -330,6 +340,29 @@ class ModelForwardDecoder:
         """
         return self._last_logits(cache, input_ids, attention_mask, position_ids)
 
+    def prefill_shared(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+        source: Tensor,
+    ) -> Tensor:
+        """Prefill ``u`` prompts once for ``n`` rows: row ``r`` gets prompt ``source[r]``'s
+        keys/values in columns ``0..P-1`` and its last logits. ``input_ids, attention_mask,
+        position_ids: [u, P]``, ``source: [n]`` -> ``[n, V]``.
+
+        The prompts run through :meth:`prefill` into a ``DynamicCache`` (``[u, kv_heads, P,
+        head_dim]`` per layer); each of ``cache``'s layers then takes the rows ``source``
+        selects through its own ``update``, which writes columns ``0..P-1`` and advances the
+        layer's column counter to ``P``, as a prefill does.
+        """
+        from transformers import DynamicCache
+
+        shared = DynamicCache(config=self.lm.config)
+        logits = self.prefill(shared, input_ids, attention_mask, position_ids)  # [u, V]
+        for stored, prefilled in zip(cache.layers, shared.layers, strict=True):
+            stored.update(
+                prefilled.keys.index_select(0, source), prefilled.values.index_select(0, source)
+            )
+        return logits.index_select(0, source)
+
     def decode(
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
         visible: int | None = None,
@@ -438,6 +471,60 @@ class LlamaModulesDecoder(ModelForwardDecoder):
             self._transposed = {}
             self._head_blocks = ()
 
+    def prefill(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+    ) -> Tensor:
+        """As :meth:`ModelForwardDecoder.prefill`, padding-free where it can
+        (:meth:`_packed_prefill`)."""
+        logits = self._packed_prefill(cache, input_ids, attention_mask, position_ids, None)
+        if logits is None:
+            return super().prefill(cache, input_ids, attention_mask, position_ids)
+        return logits
+
+    def prefill_shared(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+        source: Tensor,
+    ) -> Tensor:
+        """As :meth:`ModelForwardDecoder.prefill_shared`, padding-free where it can
+        (:meth:`_packed_prefill`: no ``DynamicCache``, each row's cache columns written once)."""
+        logits = self._packed_prefill(cache, input_ids, attention_mask, position_ids, source)
+        if logits is None:
+            return super().prefill_shared(cache, input_ids, attention_mask, position_ids, source)
+        return logits
+
+    def _packed_prefill(
+        self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+        source: Tensor | None,
+    ) -> Tensor | None:
+        """The prefill as the padding-free training forward runs it (:mod:`mtgrpo.fast.packed`):
+        each distinct prompt's real tokens once, the prefix all of them share (a chat
+        template's system turn) once, no padding; the projections through
+        :meth:`_project` and :meth:`_mlp` (the merged weight copies inside
+        :meth:`transposed_weights`). Row ``r`` of ``cache`` gets prompt ``source[r]``'s keys
+        and values in columns ``0..P-1`` (its left-padding columns a copy of some key: masked
+        out, as the padded forward's padding keys are); returns the rows' last logits
+        ``[n, V]``. ``None`` when the packed forward cannot serve the model or the batch
+        (:func:`~mtgrpo.fast.packed.packed_mismatch`, a prompt without a real token); the
+        caller then runs the model's forward. Equal to it up to float rounding.
+        """
+        backbone = self.lm.model
+        if packed_mismatch(backbone) is not None:
+            return None
+        width = input_ids.shape[1]
+        first, inverse = distinct_prompts(input_ids, attention_mask, width)
+        layout = packed_layout(input_ids, attention_mask, position_ids, 0, first, inverse)
+        if layout is None:
+            return None
+        prompt_of_row = inverse if source is None else inverse.index_select(0, source)  # [n]
+        keys_values: list[tuple[Tensor, Tensor]] = []
+        hidden = packed_states(backbone, layout, project=self._project, mlp=self._mlp,
+                               keys_values=keys_values)  # [M, H]
+        columns = layout.prompt_index.index_select(0, prompt_of_row)  # [n, P] packed tokens
+        for stored, (key, value) in zip(cache.layers, keys_values, strict=True):
+            stored.update(_cache_rows(key, columns), _cache_rows(value, columns))
+        last = backbone.norm(hidden.index_select(0, layout.prompt_index[:, -1]))  # [U, H]
+        return self._head(last).index_select(0, prompt_of_row)  # [n, V]
+
     def _linears(self) -> Iterator[nn.Module]:
         backbone = self.lm.model
         for layer in backbone.layers[: backbone.config.num_hidden_layers]:
@@ -529,6 +616,14 @@ class LlamaModulesDecoder(ModelForwardDecoder):
             )
             output = output.reshape(*hidden.shape[:-1], -1).contiguous()
         return self._project(attn.o_proj, output)
+
+
+def _cache_rows(states: Tensor, columns: Tensor) -> Tensor:
+    """``states: [kv_heads, M, d]`` at ``columns: [n, P]`` (packed token indices), laid out as
+    a cache's rows: ``[n, kv_heads, P, d]``."""
+    heads, _, dim = states.shape
+    gathered = states.index_select(1, columns.reshape(-1))  # [kv_heads, n * P, d]
+    return gathered.view(heads, *columns.shape, dim).transpose(0, 1)
 
 
 def _plain_linear(module: nn.Module) -> bool:
