@@ -185,31 +185,27 @@ def prefixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, torch.cat([prompt_mask, mask[:, PROMPT:]], 1)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_a_prefix_all_prompts_share_runs_once(family: str, attn: str) -> None:
-    model = tiny(family, attn)
-    input_ids, mask = prefixed_batch()
+def assert_prefix_runs_once(model, input_ids, mask) -> None:
+    """Packed equals padded, and the first layer's MLP sees the shared 3 tokens once, then the
+    four prompts' own 3 + 2 + 1 + 3 tokens, then the completions."""
     padded = scores_and_grads(model, input_ids, mask, pack=False)
     seen, handle = mlp_tokens(model)
     packed = scores_and_grads(model, input_ids, mask, pack=True)
     handle.remove()
-    # the shared 3 tokens once, then the four prompts' own 3 + 2 + 1 + 3 tokens
     assert seen == [3 + 3 + 2 + 1 + 3 + int(mask[:, PROMPT:].sum())]
     assert_same(packed, padded)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_prefix_all_prompts_share_runs_once(family: str, attn: str) -> None:
+    assert_prefix_runs_once(tiny(family, attn), *prefixed_batch())
 
 
 def test_every_row_its_own_prompt_shares_the_prefix_too() -> None:
     """A supervised batch: one row per prompt, each with its own completion."""
-    model = tiny("llama")
     input_ids, mask = prefixed_batch()
-    input_ids, mask = input_ids[[0, 1, 2, 9]], mask[[0, 1, 2, 9]]
-    padded = scores_and_grads(model, input_ids, mask, pack=False)
-    seen, handle = mlp_tokens(model)
-    packed = scores_and_grads(model, input_ids, mask, pack=True)
-    handle.remove()
-    assert seen == [3 + 3 + 2 + 1 + 3 + int(mask[:, PROMPT:].sum())]
-    assert_same(packed, padded)
+    assert_prefix_runs_once(tiny("llama"), input_ids[[0, 1, 2, 9]], mask[[0, 1, 2, 9]])
 
 
 def test_the_shared_prefix_layout() -> None:
