@@ -269,7 +269,7 @@ def test_packed_prefill_equals_the_model_forward(
 def test_packed_prefill_falls_back_where_the_packed_forward_cannot_serve(
     tiny_model_dir: Path,
 ) -> None:
-    from mtgrpo.fast import enable_activation_checkpointing
+    from mtgrpo.fast import disable_activation_checkpointing, enable_activation_checkpointing
     from mtgrpo.fast.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
 
     model = _model(tiny_model_dir)
@@ -282,6 +282,10 @@ def test_packed_prefill_falls_back_where_the_packed_forward_cannot_serve(
     hook.remove()
     assert embedded == [21]  # the padded forward ran
     assert torch.equal(got[0], expected[0])
+    disable_activation_checkpointing(model)
+    ids = torch.tensor([[5, 6, 7], [5, 6, 8]], device="meta")
+    ones = torch.ones_like(ids)  # off the CPU the forward prefills, before any packing work
+    assert LlamaModulesDecoder(model)._packed_prefill(None, ids, ones, ones, None) is None
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "llama+lora"])

@@ -33,9 +33,9 @@ when present.
 ``"model_forward"`` prefills with the model's ``forward`` and a 2-D padding mask (transformers
 builds the causal mask over the cache's ``C`` columns), with position ids from the mask so that
 left padding does not shift positions (``cumsum(mask) - 1``, as ``generate`` does).
-``"llama_modules"`` prefills padding-free where :mod:`mtgrpo.fast.packed` can serve the model
-(each distinct prompt's real tokens once, the prefix all prompts share once, at the same
-positions), equal to that forward up to float rounding, and with the forward otherwise.
+``"llama_modules"`` prefills padding-free on the CPU where :mod:`mtgrpo.fast.packed` can serve
+the model (each distinct prompt's real tokens once, the prefix all prompts share once, at the
+same positions), equal to that forward up to float rounding, and with the forward otherwise.
 """
 
 from __future__ import annotations
@@ -503,12 +503,14 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         :meth:`transposed_weights`). Row ``r`` of ``cache`` gets prompt ``source[r]``'s keys
         and values in columns ``0..P-1`` (its left-padding columns a copy of some key: masked
         out, as the padded forward's padding keys are); returns the rows' last logits
-        ``[n, V]``. ``None`` when the packed forward cannot serve the model or the batch
+        ``[n, V]``. ``None`` off the CPU (where padding costs little and the forward's
+        prefill keeps greedy completions token for token those of ``generate``; measured and
+        tested on the CPU only) or when the packed forward cannot serve the model or the batch
         (:func:`~mtgrpo.fast.packed.packed_mismatch`, a prompt without a real token); the
         caller then runs the model's forward. Equal to it up to float rounding.
         """
         backbone = self.lm.model
-        if packed_mismatch(backbone) is not None:
+        if input_ids.device.type != "cpu" or packed_mismatch(backbone) is not None:
             return None
         width = input_ids.shape[1]
         first, inverse = distinct_prompts(input_ids, attention_mask, width)
