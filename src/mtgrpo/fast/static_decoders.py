@@ -348,7 +348,7 @@ class ModelForwardDecoder:
         keys/values in columns ``0..P-1`` and its last logits. ``input_ids, attention_mask,
         position_ids: [u, P]``, ``source: [n]`` -> ``[n, V]``.
 
-        The prompts run through :meth:`prefill` into a ``DynamicCache`` (``[u, kv_heads, P,
+        The prompts run through the model's forward into a ``DynamicCache`` (``[u, kv_heads, P,
         head_dim]`` per layer); each of ``cache``'s layers then takes the rows ``source``
         selects through its own ``update``, which writes columns ``0..P-1`` and advances the
         layer's column counter to ``P``, as a prefill does.
@@ -356,7 +356,7 @@ class ModelForwardDecoder:
         from transformers import DynamicCache
 
         shared = DynamicCache(config=self.lm.config)
-        logits = self.prefill(shared, input_ids, attention_mask, position_ids)  # [u, V]
+        logits = self._last_logits(shared, input_ids, attention_mask, position_ids)  # [u, V]
         for stored, prefilled in zip(cache.layers, shared.layers, strict=True):
             stored.update(
                 prefilled.keys.index_select(0, source), prefilled.values.index_select(0, source)
