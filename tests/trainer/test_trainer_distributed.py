@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +54,8 @@ def _launch(model: Path, out: Path, processes: int) -> dict:
 
 
 def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
-    one = _launch(tiny_model_dir, tmp_path / "one", 1)
-    two = _launch(tiny_model_dir, tmp_path / "two", 2)
+    with ThreadPoolExecutor(2) as pool:  # independent runs, side by side (I/O-bound waits)
+        one, two = pool.map(lambda n: _launch(tiny_model_dir, tmp_path / f"world{n}", n), (1, 2))
     assert (one["world"], two["world"]) == (1, 2)
     # the same groups, rewards and first-step advantages on every rank
     assert len(one["rollouts"]) == len(two["rollouts"]) > 0

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -35,10 +36,11 @@ def _steps(run) -> list[dict]:
 
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
-    done = _run(tiny_model_dir, full)
+    with ThreadPoolExecutor(2) as pool:  # the two runs are independent: side by side
+        runs = pool.map(lambda args: _run(tiny_model_dir, *args),
+                        [(full,), (crashed, "--kill-at", "6")])
+        done, killed = list(runs)
     assert done.returncode == 0, done.stderr[-3000:]
-
-    killed = _run(tiny_model_dir, crashed, "--kill-at", "6")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert (crashed / "checkpoint-4").is_dir()
     assert not (crashed / "checkpoint-6").exists()
