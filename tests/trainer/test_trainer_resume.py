@@ -37,9 +37,8 @@ def _steps(run) -> list[dict]:
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     with ThreadPoolExecutor(2) as pool:  # the two runs are independent: side by side
-        runs = pool.map(lambda args: _run(tiny_model_dir, *args),
-                        [(full,), (crashed, "--kill-at", "6")])
-        done, killed = list(runs)
+        done, killed = pool.map(lambda args: _run(tiny_model_dir, *args),
+                                [(full,), (crashed, "--kill-at", "6")])
     assert done.returncode == 0, done.stderr[-3000:]
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert (crashed / "checkpoint-4").is_dir()
