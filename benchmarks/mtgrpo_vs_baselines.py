@@ -62,7 +62,7 @@ Grid mechanics:
   ``<out>/warm_start/`` (``mtgrpo.trainer.run``'s cached warm start: a finished one with the
   same settings is reused, wherever it lives: copy another grid's ``warm_start/`` into a new
   ``--out`` to start new runs from the same checkpoint, e.g. another ``--set``; a tiny base
-  model built under the old ``<out>`` is a setting of its own, so that one trains again).
+  model built under the old ``<out>`` moves with it, so a tiny grid's start is reused too).
   Every run then loads ``<out>/warm_start/sft/model`` with the ``sft`` section removed, so
   all methods and seeds start from one checkpoint.
 - Run ``<method>-seed<k>`` writes to ``<out>/<method>-seed<k>/`` with ``seed: k``. A run whose

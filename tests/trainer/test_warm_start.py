@@ -66,3 +66,38 @@ def test_a_run_with_a_warm_start_trains_from_it_and_reuses_it(tmp_path, tiny_mod
     assert not sentinel.exists()
     assert json.loads((moved / "sft" / "warm_start.json").read_text())["config"] != \
         old_style["config"]
+
+
+def test_a_base_model_built_inside_the_run_directory_moves_with_it(tmp_path, tiny_model_dir):
+    # the quickstart and the grid build their tiny model inside the run directory: a copy of
+    # that directory, its base model included, reuses the warm start; a base model elsewhere
+    # is still one of its settings
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run_dir / "base-model")
+    config = {
+        "model": str(run_dir / "base-model"), "output_dir": str(run_dir),
+        "tasks": {**TASKS, "cache_dir": str(tmp_path / "cache")},
+        "sft": {"num_examples": 8, "template": "answer_only", "max_steps": 2,
+                "per_device_train_batch_size": 4, "learning_rate": 1e-3},
+        "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
+        "max_prompt_length": 300, "max_completion_length": 8, "save_steps": 0,
+    }
+    run_training(run_config_from_dict(config))
+    marker = json.loads((run_dir / "sft" / "warm_start.json").read_text())
+    assert marker["model"] == "{output_dir}/base-model"
+
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    sentinel = moved / "sft" / "model" / "sentinel"
+    sentinel.write_text("kept")
+    moved_config = {**config, "model": str(moved / "base-model"), "output_dir": str(moved)}
+    run_training(run_config_from_dict(moved_config))
+    assert sentinel.read_text() == "kept"
+
+    # the same weights under another name outside the run directory: trained again
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, elsewhere)
+    run_training(run_config_from_dict({**moved_config, "model": str(elsewhere)}))
+    assert not sentinel.exists()
+    assert json.loads((moved / "sft" / "warm_start.json").read_text())["model"] == \
+        str(elsewhere)

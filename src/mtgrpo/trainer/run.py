@@ -228,11 +228,26 @@ def _warm_start_fingerprint(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "config": config}
 
 
+def _model_setting(model: str, run_dir: Path) -> str:
+    """How a warm start records its base model: a directory inside the run directory (the
+    tiny model a run or a grid builds there) by its place in it, ``{output_dir}/<relative>``,
+    so that it moves with the directory; any other name or path as given."""
+    path = Path(model)
+    if path.is_dir():
+        try:
+            inside = path.resolve().relative_to(run_dir.resolve())
+        except ValueError:
+            return model
+        return f"{{output_dir}}/{inside.as_posix()}"
+    return model
+
+
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     """Supervised warm start on generated problems with gold answers (the ``sft`` section,
     :class:`~mtgrpo.sft.WarmStartConfig`). The result is cached in ``<output_dir>/sft``: a
     finished warm start with the same settings is reused, also after the run directory was
-    moved or copied (where it lives is not one of its settings)."""
+    moved or copied (where it lives is not one of its settings, nor is where a base model
+    built inside it lives: see :func:`_model_setting`)."""
     import json
 
     from mtgrpo.sft import sft_train, solutions_from_rows
@@ -241,8 +256,8 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     out = Path(run.training.output_dir) / "sft"
     config = warm.sft_config(str(out), seed=run.training.seed)
     fingerprint = _warm_start_fingerprint(
-        {"model": model, "config": config.to_dict(), "data": warm.to_dict(),
-         "tasks": run.tasks.to_dict()})
+        {"model": _model_setting(model, out.parent), "config": config.to_dict(),
+         "data": warm.to_dict(), "tasks": run.tasks.to_dict()})
     done = out / "warm_start.json"
     if (done.is_file() and (out / "model").is_dir()
             and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
