@@ -30,15 +30,20 @@ def test_warm_start_problems_avoid_the_eval_split(tmp_path):
     assert questions != train  # another seed: mostly other problems
 
 
-def test_a_run_with_a_warm_start_trains_from_it_and_reuses_it(tmp_path, tiny_model_dir):
-    config = {
-        "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"),
+def _run_config(model, output_dir, tmp_path) -> dict:
+    """One GRPO step after a two-step warm start."""
+    return {
+        "model": str(model), "output_dir": str(output_dir),
         "tasks": {**TASKS, "cache_dir": str(tmp_path / "cache")},
         "sft": {"num_examples": 8, "template": "answer_only", "max_steps": 2,
                 "per_device_train_batch_size": 4, "learning_rate": 1e-3},
         "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
         "max_prompt_length": 300, "max_completion_length": 8, "save_steps": 0,
     }
+
+
+def test_a_run_with_a_warm_start_trains_from_it_and_reuses_it(tmp_path, tiny_model_dir):
+    config = _run_config(tiny_model_dir, tmp_path / "run", tmp_path)
     run_training(run_config_from_dict(config))
     marker = tmp_path / "run" / "sft" / "warm_start.json"
     first = marker.stat().st_mtime_ns
@@ -74,14 +79,7 @@ def test_a_base_model_built_inside_the_run_directory_moves_with_it(tmp_path, tin
     # is still one of its settings
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run_dir / "base-model")
-    config = {
-        "model": str(run_dir / "base-model"), "output_dir": str(run_dir),
-        "tasks": {**TASKS, "cache_dir": str(tmp_path / "cache")},
-        "sft": {"num_examples": 8, "template": "answer_only", "max_steps": 2,
-                "per_device_train_batch_size": 4, "learning_rate": 1e-3},
-        "max_steps": 1, "num_generations": 2, "prompts_per_step": 2,
-        "max_prompt_length": 300, "max_completion_length": 8, "save_steps": 0,
-    }
+    config = _run_config(run_dir / "base-model", run_dir, tmp_path)
     run_training(run_config_from_dict(config))
     marker = json.loads((run_dir / "sft" / "warm_start.json").read_text())
     assert marker["model"] == "{output_dir}/base-model"
