@@ -99,3 +99,36 @@ def test_a_base_model_built_inside_the_run_directory_moves_with_it(tmp_path, tin
     assert not sentinel.exists()
     assert json.loads((moved / "sft" / "warm_start.json").read_text())["model"] == \
         str(elsewhere)
+
+
+def test_runs_sharing_a_directory_train_its_warm_start_once(tmp_path, monkeypatch):
+    # a grid's parallel runs ask for the same warm start at once: one trains it, the other
+    # waits for it and reuses it (before the lock, both trained into one directory)
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import mtgrpo.sft
+    from mtgrpo.trainer.run import _warm_start
+
+    trained = []
+
+    def slow_sft_train(model, tokenizer, pairs, config, peft_config=None):
+        trained.append(threading.current_thread().name)
+        time.sleep(0.5)  # long enough for the other run to arrive while this one trains
+        (tmp_path / "run" / "sft" / "model").mkdir(parents=True, exist_ok=True)
+        return SimpleNamespace(model_dir=tmp_path / "run" / "sft" / "model")
+
+    monkeypatch.setattr(mtgrpo.sft, "sft_train", slow_sft_train)
+    config = _run_config("unused-model", tmp_path / "run", tmp_path)
+    run = run_config_from_dict(config)
+    results = {}
+    with build_suite(config["tasks"]) as suite:
+        threads = [threading.Thread(target=lambda n=n: results.update({n: _warm_start(
+            run, "unused-model", suite)}), name=f"run-{n}") for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(trained) == 1
+    assert set(results.values()) == {str(tmp_path / "run" / "sft" / "model")}

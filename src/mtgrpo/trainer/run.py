@@ -247,10 +247,10 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     :class:`~mtgrpo.sft.WarmStartConfig`). The result is cached in ``<output_dir>/sft``: a
     finished warm start with the same settings is reused, also after the run directory was
     moved or copied (where it lives is not one of its settings, nor is where a base model
-    built inside it lives: see :func:`_model_setting`)."""
-    import json
-
-    from mtgrpo.sft import sft_train, solutions_from_rows
+    built inside it lives: see :func:`_model_setting`). Runs that share the directory (a
+    grid's parallel runs) take turns on a lock file beside it: one trains, the others wait and
+    reuse its result."""
+    from filelock import FileLock
 
     warm = run.sft
     out = Path(run.training.output_dir) / "sft"
@@ -258,6 +258,19 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     fingerprint = _warm_start_fingerprint(
         {"model": _model_setting(model, out.parent), "config": config.to_dict(),
          "data": warm.to_dict(), "tasks": run.tasks.to_dict()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / "sft.lock")):
+        return _warm_start_locked(run, model, suite, out, config, fingerprint)
+
+
+def _warm_start_locked(run: RunConfig, model: str, suite: Any, out: Path, config: Any,
+                       fingerprint: dict[str, Any]) -> str:
+    """:func:`_warm_start`'s reuse-or-train, under its lock."""
+    import json
+
+    from mtgrpo.sft import sft_train, solutions_from_rows
+
+    warm = run.sft
     done = out / "warm_start.json"
     if (done.is_file() and (out / "model").is_dir()
             and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
