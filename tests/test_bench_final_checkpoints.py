@@ -137,12 +137,17 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
 
 
 def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):
+    from mtgrpo.config import load_run_config
+    from mtgrpo.recipes import recipe_path
+
+    recipe_steps = load_run_config(recipe_path("smollm2-cpu")).training.max_steps
     (tmp_path / "grid").mkdir()
     with pytest.raises(ValueError, match="not a task of this config"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
                     "--tasks", "countdown:easy"])
     with pytest.raises(ValueError, match=r"no finished run in .*checkpoint-<max_steps>/model "
-                       r"\(max_steps from each run's config.yaml, else 75 of the config\)"):
+                       rf"\(max_steps from each run's config.yaml, else {recipe_steps} of the "
+                       r"config\)"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",
                     "--tasks", "countdown:3x20"])
     damaged = tmp_path / "grid" / "grpo-seed1"
