@@ -250,7 +250,11 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     built inside it lives: see :func:`_model_setting`). Runs that share the directory (a
     grid's parallel runs) take turns on a lock file beside it: one trains, the others wait and
     reuse its result."""
+    import json
+
     from filelock import FileLock
+
+    from mtgrpo.sft import sft_train, solutions_from_rows
 
     warm = run.sft
     out = Path(run.training.output_dir) / "sft"
@@ -258,30 +262,19 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     fingerprint = _warm_start_fingerprint(
         {"model": _model_setting(model, out.parent), "config": config.to_dict(),
          "data": warm.to_dict(), "tasks": run.tasks.to_dict()})
+    done = out / "warm_start.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out.parent / "sft.lock")):
-        return _warm_start_locked(run, model, suite, out, config, fingerprint)
-
-
-def _warm_start_locked(run: RunConfig, model: str, suite: Any, out: Path, config: Any,
-                       fingerprint: dict[str, Any]) -> str:
-    """:func:`_warm_start`'s reuse-or-train, under its lock."""
-    import json
-
-    from mtgrpo.sft import sft_train, solutions_from_rows
-
-    warm = run.sft
-    done = out / "warm_start.json"
-    if (done.is_file() and (out / "model").is_dir()
-            and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
-        logger.info("reusing the warm start in %s", out)
-        return str(out / "model")
-    rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
-    pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
-    logger.info("supervised warm start on %d solved problems -> %s", len(pairs), out)
-    result = sft_train(model, None, pairs, config, peft_config=warm.lora)
-    done.write_text(json.dumps(fingerprint))
-    return str(result.model_dir)
+        if (done.is_file() and (out / "model").is_dir()
+                and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
+            logger.info("reusing the warm start in %s", out)
+            return str(out / "model")
+        rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
+        pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
+        logger.info("supervised warm start on %d solved problems -> %s", len(pairs), out)
+        result = sft_train(model, None, pairs, config, peft_config=warm.lora)
+        done.write_text(json.dumps(fingerprint))
+        return str(result.model_dir)
 
 
 def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
