@@ -7,6 +7,13 @@ uses). ``format_rate`` is the fraction of completions whose accuracy reward is a
 the papers' scheme (1.0 correct, 0.1 wrong but in the expected answer tag, 0 otherwise) that is
 "the answer was where it should be".
 
+Two figures tell a task learned from a reward earned without solving it
+(:func:`answer_concentration`): ``top_answer_share``, the share of completions that give the
+task's most common answer, and ``constant_baseline``, the accuracy of always giving the most
+common gold answer (the share of prompts whose gold answer it is). A policy that answers "1" to
+every "how many times does the letter ... appear" question scores 54 % where 54 % of the gold
+answers are "1"; :func:`answer_warnings` says so.
+
 The trainer's periodic evaluation and ``mtgrpo eval`` run the same code
 (:func:`evaluate_prompts`); generation and scoring reuse the trainer's rollout worker.
 """
@@ -16,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,17 @@ import numpy as np
 
 from mtgrpo.metrics import scalar_rewards, task_accuracy, worst_and_average
 
-__all__ = ["EvaluationResult", "TaskResult", "evaluate_prompts", "run_evaluation"]
+__all__ = ["EvaluationResult", "TaskResult", "answer_concentration", "answer_warnings",
+           "evaluate_prompts", "run_evaluation"]
+
+# answer_warnings: a task needs this many prompts to be judged; a policy has collapsed onto one
+# answer when at least COLLAPSE_SHARE of its completions give it, COLLAPSE_MARGIN more than the
+# share of the task's problems whose gold answer is the most common one; a constant answer is
+# worth stating when it scores at least FLOOR_MIN.
+MIN_PROMPTS = 20
+COLLAPSE_SHARE = 0.8
+COLLAPSE_MARGIN = 0.2
+FLOOR_MIN = 0.2
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,11 @@ class TaskResult:
     mean_reward: float
     format_rate: float
     mean_length: float
+    top_answer: str | None = None  # the answer completions give most often (None: none given)
+    top_answer_share: float = math.nan  # its share of all the task's completions
+    top_answer_gold_share: float = math.nan  # the share of the task's prompts whose gold it is
+    constant_baseline: float = math.nan  # accuracy of always giving the commonest gold answer
+    baseline_answer: str | None = None  # that gold answer
 
 
 @dataclass
@@ -71,7 +95,8 @@ class EvaluationResult:
         """Flat metrics with the keys of ``metrics.jsonl`` (``tasks/<task>/accuracy``, ...)."""
         out: dict[str, Any] = {}
         for name, result in self.tasks.items():
-            for key in ("accuracy", "mean_reward", "format_rate", "mean_length"):
+            for key in ("accuracy", "mean_reward", "format_rate", "mean_length",
+                        "top_answer_share", "constant_baseline"):
                 out[f"tasks/{name}/{key}"] = getattr(result, key)
         out.update({
             "accuracy/worst": self.worst_accuracy, "accuracy/average": self.average_accuracy,
@@ -103,6 +128,113 @@ class EvaluationResult:
             raise ValueError(f"{path} is not an evaluation results file (no 'tasks' key)")
         return cls({name: TaskResult(**r) for name, r in raw["tasks"].items()},
                    seconds=raw.get("seconds", 0.0))
+
+
+def _metadata(row: Mapping[str, Any]) -> dict[str, Any]:
+    value = row.get("metadata")
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]:
+    """Per task index: how concentrated the completions' answers and the gold answers are.
+
+    ``top_answer`` / ``top_answer_share``: the answer the task's completions give most often
+    (read in each row's ``answer_format``, ``answer_tag`` by default, stripped) and its share of
+    all the task's completions (those without an answer count in the total);
+    ``top_answer_gold_share``: the share of the task's prompts whose gold answer (the row's
+    ``answer`` column) it is. ``baseline_answer`` / ``constant_baseline``: the most common gold
+    answer (among tied ones the top answer, if it is one) and the share of the task's prompts
+    that have it, i.e. the accuracy of a policy that always gives it when answers are graded by
+    matching. Gold figures need every prompt's gold answer. Missing figures are ``None`` / NaN.
+    """
+    from mtgrpo.rewards import completion_text
+    from mtgrpo.tasks import ANSWER_FORMATS
+
+    given: dict[int, Counter[str]] = {}
+    gold: dict[int, Counter[str]] = {}
+    completions: Counter[int] = Counter()
+    prompts_seen: Counter[int] = Counter()
+    for group in groups:
+        payload = getattr(group, "payload", None)
+        if payload is None:
+            continue
+        row = prompts.row(group.prompt_id)
+        k = group.task
+        name = _metadata(row).get("answer_format", "answer_tag")
+        try:  # a row in a format of the user's own has no answer read here
+            answer_format = ANSWER_FORMATS.get(name) if isinstance(name, str) else None
+        except (LookupError, ValueError):
+            answer_format = None
+        counts = given.setdefault(k, Counter())
+        for completion in payload.completions:
+            answer = answer_format.extract(completion_text(completion)) if answer_format else None
+            if answer is not None and answer.strip():
+                counts[answer.strip()] += 1
+        completions[k] += len(payload.completions)
+        prompts_seen[k] += 1
+        if row.get("answer") is not None:
+            gold.setdefault(k, Counter())[str(row["answer"]).strip()] += 1
+    out = {}
+    for k, total in completions.items():
+        top = given[k].most_common(1)
+        answer = top[0][0] if top else None
+        figures: dict[str, Any] = {
+            "top_answer": answer,
+            "top_answer_share": top[0][1] / total if top and total else math.nan,
+            "top_answer_gold_share": math.nan, "baseline_answer": None,
+            "constant_baseline": math.nan,
+        }
+        counts = gold.get(k, Counter())
+        if counts and sum(counts.values()) == prompts_seen[k]:
+            best = max(counts.values())
+            figures["baseline_answer"] = answer if counts.get(answer) == best else \
+                counts.most_common(1)[0][0]
+            figures["constant_baseline"] = best / prompts_seen[k]
+            if answer is not None:
+                figures["top_answer_gold_share"] = counts.get(answer, 0) / prompts_seen[k]
+        out[k] = figures
+    return out
+
+
+def answer_warnings(result: EvaluationResult,
+                    min_prompts: int = MIN_PROMPTS) -> list[tuple[str, str, str]]:
+    """What the evaluation's answers say about a task learned without solving it: a policy
+    collapsed onto one answer (at least ``COLLAPSE_SHARE`` of the completions give it, at least
+    ``COLLAPSE_MARGIN`` more than the share of the problems whose gold answer it is), or an
+    accuracy no better than always giving the most common gold answer (within twice the
+    standard error of the completions scored, where that constant scores ``FLOOR_MIN`` or more).
+    Tasks with fewer than ``min_prompts`` prompts, or without gold answers, are not judged.
+    Returns ``(task, kind, message)`` triples, ``kind`` ``"collapse"`` or ``"floor"``."""
+    lines = []
+    for name, r in result.tasks.items():
+        if r.prompts < min_prompts:
+            continue
+        gold = r.top_answer_gold_share  # NaN without gold answers: no verdict
+        if (r.top_answer is not None and r.top_answer_share >= COLLAPSE_SHARE
+                and r.top_answer_share >= gold + COLLAPSE_MARGIN):
+            lines.append((name, "collapse",
+                f"{name}: {100 * r.top_answer_share:.1f} % of the completions answer "
+                f"{r.top_answer!r} and {100 * gold:.1f} % of its problems have that answer: "
+                "the policy has collapsed onto one answer; the "
+                "reward is earned without solving the task (use problems whose answers vary "
+                "more, or lower the task's weight)"))
+        if not math.isfinite(r.constant_baseline) or r.constant_baseline < FLOOR_MIN:
+            continue
+        b, n = r.constant_baseline, r.prompts * r.samples
+        if r.accuracy <= b + 2 * math.sqrt(b * (1 - b) / n):
+            lines.append((name, "floor",
+                f"{name}: accuracy {100 * r.accuracy:.1f} % is no better than always answering "
+                f"{r.baseline_answer!r} ({100 * b:.1f} % of its {r.prompts} problems have that "
+                "gold answer); read its gains against that floor"))
+    return lines
 
 
 def _chunks(n: int, size: int) -> list[list[int]]:
@@ -145,6 +277,7 @@ def evaluate_prompts(
     rows = np.repeat(group_tasks, num_samples)  # [n] task of each completion
     accuracy = task_accuracy(rows, np.concatenate([g.correct for g in groups]) if groups
                              else np.zeros(0, dtype=bool), prompts.num_tasks)  # [K]
+    concentration = answer_concentration(prompts, groups)
     results = {}
     for k, name in enumerate(prompts.task_names):
         mine = [g for g in groups if g.task == k]
@@ -158,7 +291,7 @@ def evaluate_prompts(
             task=name, prompts=len(mine), samples=num_samples, accuracy=float(accuracy[k]),
             mean_reward=float(np.nanmean(scalar)) if np.isfinite(scalar).any() else math.nan,
             format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
-            mean_length=float(np.mean(lengths)),
+            mean_length=float(np.mean(lengths)), **concentration.get(k, {}),
         )
     return EvaluationResult(results, seconds=time.perf_counter() - begin, groups=groups)
 

@@ -9,7 +9,11 @@ smollm2-mtgrpo3-easy``: its tasks, formats, seed and held-out split, the same pr
 trainer evaluates on; ``--tasks`` picks some of them), from the papers' released test sets
 (``--paper-test-sets DIR``), or from a file with a task column (``--data FILE --rewards
 NAME,...``).
-Writes ``results.json`` to ``--out`` and prints a table.
+Writes ``results.json`` to ``--out`` and prints a table. Its last two columns guard against a
+task learned without solving it: the answer the completions give most often, with its share,
+and the most common gold answer, with the accuracy of always giving it; a warning follows when
+the completions have collapsed onto one answer or the accuracy is no better than that constant
+(``mtgrpo.evaluation.answer_warnings``).
 
 A held-out split larger than the config's ``eval_size`` (or drawn with another ``--seed``)
 would hold problems the run trained on: in a small problem space such as two-digit addition,
@@ -281,20 +285,34 @@ def _replaced(suite: Any, config: str) -> dict[str, int]:
     return counts
 
 
+def _share(answer: str | None, share: float) -> str:
+    """``'1' 99.0%`` (an answer and its share; the answer cut to 12 characters), or ``—``."""
+    if answer is None:
+        return "—"
+    shown = answer if len(answer) <= 12 else answer[:11] + "…"
+    return f"{shown!r} {100 * share:.1f}%"
+
+
 def _print(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from mtgrpo.evaluation import answer_warnings
+
     table = Table(title="per-task evaluation")
-    for column in ("task", "prompts", "accuracy", "mean reward", "format rate", "length"):
+    for column in ("task", "prompts", "accuracy", "mean reward", "format rate", "length",
+                   "top answer", "constant answer"):
         table.add_column(column, justify="left" if column == "task" else "right")
     for name, r in result.tasks.items():
         marker = " (worst)" if name == result.worst_task else ""
         table.add_row(name + marker, str(r.prompts), f"{100 * r.accuracy:.1f}%",
                       f"{r.mean_reward:.3f}", f"{100 * r.format_rate:.1f}%",
-                      f"{r.mean_length:.1f}")
+                      f"{r.mean_length:.1f}", _share(r.top_answer, r.top_answer_share),
+                      _share(r.baseline_answer, r.constant_baseline))
     console = Console()
     console.print(table)
+    for _, _, message in answer_warnings(result):
+        console.print(f"warning: {message}", markup=False, highlight=False)
     line = (f"worst-task accuracy {100 * result.worst_accuracy:.1f}% ({result.worst_task}), "
             f"average {100 * result.average_accuracy:.1f}%")
     if "delta_m" in result.extra:

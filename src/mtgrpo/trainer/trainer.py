@@ -256,6 +256,7 @@ class GRPOTrainer:
         self._build_optimisation(generation_backend, optimizers)
         self._build_trainer_surface(callbacks)
         self.step = 0
+        self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
         self.output_dir = Path(args.output_dir)
         _seed_everything(args.seed + self.rank)  # distinct sampling streams per process
 
@@ -874,6 +875,7 @@ class GRPOTrainer:
                 extra=self._reward_extras(), estimate=self._estimate,
             )
             metrics = result.metrics()
+            self._warn_answers(result)
             if result.groups:
                 advantages = self._batch_advantages(result.groups, g)  # [N]
                 batch, _, _ = self._local_policy_batch(result.groups, advantages, g)
@@ -885,6 +887,17 @@ class GRPOTrainer:
             self.unwrapped.train()
         metrics["time/eval"] = time.perf_counter() - begin
         return metrics
+
+    def _warn_answers(self, result: Any) -> None:
+        """Log once per task and kind when an evaluation's answers show a task learned without
+        solving it (:func:`mtgrpo.evaluation.answer_warnings`; its figures are in the metrics
+        as ``tasks/<task>/top_answer_share`` and ``tasks/<task>/constant_baseline``)."""
+        from mtgrpo.evaluation import answer_warnings
+
+        for task, kind, message in answer_warnings(result):
+            if (task, kind) not in self._answer_warnings and self.rank == 0:
+                logger.warning("step %d: %s", self.step, message)
+            self._answer_warnings.add((task, kind))
 
     def _eval_prompt_sets(self, eval_dataset: Any) -> dict[str | None, PromptSet]:
         if eval_dataset is None:
