@@ -153,7 +153,12 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
     """Per task and method: accuracies, means, gains over the warm start with their standard
     errors; per MT-GRPO method and baseline: the noise tests on the worst of ``tasks``.
 
-    ``scores[task][label]`` is ``{"accuracy": fraction, "samples": scored completions}``.
+    ``scores[task][label]`` is ``{"accuracy": fraction, "samples": scored completions}``, with
+    ``top_answer`` / ``top_answer_share`` / ``baseline_answer`` / ``constant_baseline`` where
+    the evaluation recorded them (``mtgrpo eval`` since 2026-11-29): ``summary["tasks"][task]
+    ["answers"]`` then holds each checkpoint's commonest answer and its share of the
+    completions, and ``["constant"]`` the commonest gold answer and the accuracy of always
+    giving it (a task whose runs all give one answer is learned as a constant).
     """
     grid = _grid_module()
     runs = [c for c in checkpoints if c.seed is not None]
@@ -180,6 +185,13 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
         summary["tasks"][task] = {"warm_start": warm, "methods": per_method,
                                   "samples": {label: s["samples"]
                                               for label, s in scores[task].items()}}
+        answers = {label: [s["top_answer"], s["top_answer_share"]]
+                   for label, s in scores[task].items() if s.get("top_answer") is not None}
+        constant = next(([s["baseline_answer"], s["constant_baseline"]]
+                         for s in scores[task].values() if s.get("baseline_answer") is not None),
+                        None)
+        if answers:
+            summary["tasks"][task] |= {"answers": answers, "constant": constant}
     worst = {c.label: min(scores[task][c.label]["accuracy"] for task in tasks) for c in runs}
     by_method = {m: [worst[c.label] for c in runs if c.method == m] for m in methods}
     summary["worst"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in by_method.items()}
@@ -201,6 +213,31 @@ def _ratio(gain: float, error: float) -> str:
     if error > 0:
         return f"{gain / error:+.1f}"
     return "—" if gain == 0 else ("+inf" if gain > 0 else "-inf")
+
+
+def _answers_line(entry: dict[str, Any]) -> str:
+    """The commonest answer per checkpoint (its share of the completions, a method's range
+    over its seeds) and what always giving the commonest gold answer scores."""
+    answers = entry["answers"]
+    parts = []
+    for label in [WARM_START] if WARM_START in answers else []:
+        parts.append(f"warm start {answers[label][0]!r} {100 * answers[label][1]:.1f} %")
+    for method, m in entry["methods"].items():
+        given = [answers[f"{method}-seed{seed}"] for seed in m["seeds"]
+                 if f"{method}-seed{seed}" in answers]
+        if not given:
+            continue
+        shares = [share for _, share in given]
+        which = "/".join(dict.fromkeys(repr(answer) for answer, _ in given))
+        span = (f"{100 * min(shares):.1f}" if min(shares) == max(shares) else
+                f"{100 * min(shares):.1f}-{100 * max(shares):.1f}")
+        parts.append(f"{method} {which} {span} %")
+    line = "Commonest answer given, share of the completions: " + "; ".join(parts) + "."
+    if entry.get("constant") is not None:
+        answer, accuracy = entry["constant"]
+        line += (f" Always answering {answer!r}, the commonest gold answer, scores "
+                 f"{100 * accuracy:.1f} %.")
+    return line
 
 
 def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
@@ -241,6 +278,8 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
                          pct(m["mean_standard_error"]), *gain])
         lines += [markdown_table(["method", "per seed", "mean ± sd", "SE of the mean (eval)",
                                   "gain over the warm start", "gain / SE", "> 2 SE"], rows), ""]
+        if entry.get("answers"):
+            lines += [_answers_line(entry), ""]
     means = [f"{method} {pct(w['mean'])} ({', '.join(pct(v) for v in w['values'])})"
              for method, w in summary["worst"].items()]
     lines += ["## Worst task", "", "Per run, the lowest accuracy of the tasks above; means over "
@@ -296,7 +335,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              f"samples, not {args.eval_size} × {args.num_samples}: give the "
                              "same --eval-size and --num-samples, or another --out")
         scores[task][checkpoint.label] = {"accuracy": own["accuracy"],
-                                          "samples": own["prompts"] * own["samples"]}
+                                          "samples": own["prompts"] * own["samples"]} | {
+            key: own[key] for key in ("top_answer", "top_answer_share", "baseline_answer",
+                                      "constant_baseline") if key in own}
         replaced[task][checkpoint.label] = result.get("replaced_problems", {}).get(task, 0)
     summary = summarize(scores, checkpoints, args.tasks) | {"replaced_problems": replaced}
     (args.out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -75,6 +75,28 @@ def test_summary_by_hand():
     assert "Every run's checkpoint is its final one, step 75." in markdown
 
 
+def test_the_commonest_answers_are_reported_when_the_evaluations_recorded_them():
+    answers = {"warm_start": ("1", 0.586), "grpo-seed1": ("1", 0.99), "grpo-seed2": ("1", 0.98),
+               "mtgrpo_l0.5-seed1": ("1", 0.794), "mtgrpo_l0.5-seed2": ("2", 0.5)}
+    scored = {"a": {label: {"accuracy": 0.5, "samples": 800, "top_answer": answer,
+                            "top_answer_share": share, "baseline_answer": "1",
+                            "constant_baseline": 0.545}
+                    for label, (answer, share) in answers.items()},
+              "b": {label: {"accuracy": 0.1, "samples": 800} for label in answers}}
+    checkpoints = _checkpoints("grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1",
+                               "mtgrpo_l0.5-seed2")
+    summary = bench.summarize(scored, checkpoints, ["a", "b"])
+    assert summary["tasks"]["a"]["answers"]["grpo-seed2"] == ["1", 0.98]
+    assert summary["tasks"]["a"]["constant"] == ["1", 0.545]
+    assert "answers" not in summary["tasks"]["b"]  # results files from before: no line
+    markdown = bench.render(summary, argparse.Namespace(
+        grid="G", config="C", tasks=["a", "b"], eval_size=800, num_samples=1))
+    assert ("Commonest answer given, share of the completions: warm start '1' 58.6 %; grpo '1' "
+            "98.0-99.0 %; mtgrpo_l0.5 '1'/'2' 50.0-79.4 %. Always answering '1', the commonest "
+            "gold answer, scores 54.5 %.") in markdown
+    assert markdown.count("Commonest answer given") == 1
+
+
 def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys):
     config = {"model": {"name_or_path": str(tiny_model_dir)}, "max_steps": 2,
               "tasks": {"tasks": [{"family": "basic_arithmetic", "name": "add",
