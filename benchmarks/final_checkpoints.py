@@ -220,8 +220,9 @@ def _answers_line(entry: dict[str, Any]) -> str:
     over its seeds) and what always giving the commonest gold answer scores."""
     answers = entry["answers"]
     parts = []
-    for label in [WARM_START] if WARM_START in answers else []:
-        parts.append(f"warm start {answers[label][0]!r} {100 * answers[label][1]:.1f} %")
+    if WARM_START in answers:
+        answer, share = answers[WARM_START]
+        parts.append(f"warm start {answer!r} {100 * share:.1f} %")
     for method, m in entry["methods"].items():
         given = [answers[f"{method}-seed{seed}"] for seed in m["seeds"]
                  if f"{method}-seed{seed}" in answers]

@@ -24,7 +24,6 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,19 +129,6 @@ class EvaluationResult:
                    seconds=raw.get("seconds", 0.0))
 
 
-def _metadata(row: Mapping[str, Any]) -> dict[str, Any]:
-    value = row.get("metadata")
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, str) and value.strip():
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-        return parsed if isinstance(parsed, dict) else {}
-    return {}
-
-
 def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]:
     """Per task index: how concentrated the completions' answers and the gold answers are.
 
@@ -157,6 +143,7 @@ def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]
     """
     from mtgrpo.rewards import completion_text
     from mtgrpo.tasks import ANSWER_FORMATS
+    from mtgrpo.tasks.rewards import _parse_metadata
 
     given: dict[int, Counter[str]] = {}
     gold: dict[int, Counter[str]] = {}
@@ -168,7 +155,11 @@ def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]
             continue
         row = prompts.row(group.prompt_id)
         k = group.task
-        name = _metadata(row).get("answer_format", "answer_tag")
+        try:
+            metadata = _parse_metadata(row.get("metadata"), group.prompt_id, "evaluation")
+        except ValueError:  # metadata that is not a JSON object: the default format
+            metadata = {}
+        name = metadata.get("answer_format", "answer_tag")
         try:  # a row in a format of the user's own has no answer read here
             answer_format = ANSWER_FORMATS.get(name) if isinstance(name, str) else None
         except (LookupError, ValueError):
@@ -176,7 +167,7 @@ def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]
         counts = given.setdefault(k, Counter())
         for completion in payload.completions:
             answer = answer_format.extract(completion_text(completion)) if answer_format else None
-            if answer is not None and answer.strip():
+            if answer and answer.strip():
                 counts[answer.strip()] += 1
         completions[k] += len(payload.completions)
         prompts_seen[k] += 1
