@@ -118,6 +118,19 @@ def test_directory_without_config_is_refused_with_a_gguf_hint(tmp_path: Path) ->
         resolve_model_source(tmp_path)
 
 
+def test_trainer_checkpoint_directory_loads_its_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``checkpoint-N/`` (as Trainer users pass it) resolves to the model saved in its
+    ``model/``; without ``trainer_state.json`` such a directory is still refused."""
+    checkpoint = tmp_path / "checkpoint-50"
+    shutil.copytree(tiny_model_dir, checkpoint / "model")
+    with pytest.raises(ValueError, match=r"has no config\.json"):
+        resolve_model_source(checkpoint)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    source = resolve_model_source(checkpoint)
+    assert source.location == str((checkpoint / "model").resolve())
+    assert torch.equal(_logits(load_model(checkpoint)), _logits(load_model(checkpoint / "model")))
+
+
 def test_file_that_is_not_gguf_is_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"is a file but not a \.gguf file"):
         load_model(tiny_model_dir / "config.json")

@@ -177,6 +177,14 @@ def _gguf_names(directory: Path) -> str:
     return ", ".join(sorted(p.name for p in directory.glob("*.gguf")))
 
 
+def _is_trainer_checkpoint(path: Path) -> bool:
+    """An mtgrpo trainer checkpoint (``checkpoint-N/``: ``trainer_state.json`` and the model,
+    or its adapter, in ``model/``)."""
+    model = path / "model"
+    return ((path / "trainer_state.json").is_file() and not (path / "config.json").is_file()
+            and ((model / "config.json").is_file() or _is_adapter_dir(model)))
+
+
 def _is_adapter_dir(path: Path) -> bool:
     """A saved peft adapter (``adapter_config.json`` without a full model)."""
     return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
@@ -234,6 +242,9 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
         _require_gguf()
         return ModelSource(str(path.resolve().parent), path.name, is_local=True)
     if path.is_dir():
+        if _is_trainer_checkpoint(path):
+            # the trainer's checkpoint-N/ keeps its optimizer state beside the model, in model/
+            path = path / "model"
         if not (path / "config.json").is_file() and not _is_adapter_dir(path):
             found = _gguf_names(path)
             hint = f"; it holds GGUF files ({found}): pass one of them" if found else ""
