@@ -280,6 +280,18 @@ def test_position_fails_when_every_source_index_is_rejected() -> None:
             suite.train.get(1)
 
 
+def test_a_problem_space_too_small_for_the_splits_names_the_fix() -> None:
+    """37 distinct problems (one animal, one of it) cannot fill a training split that must
+    avoid a 30-problem evaluation split: the error says so instead of only "raise max_retries"."""
+    tiny = {"family": "leg_counting", "name": "legs:1x1",
+            "config": {"min_animals": 1, "max_animals": 1, "max_instances": 1}}  # fmt: skip
+    with TaskSuite([tiny], train_size=40, eval_size=30, workers=0, use_cache=False) as suite:
+        with pytest.raises(GenerationError, match=r"legs:1x1 \(train\) position \d+: .*"
+                           r"duplicates a problem.*too few distinct problems for 40 beside the "
+                           r"\d+ excluded: widen the config, lower train_size"):
+            suite.train.rows()
+
+
 def test_closed_suite_keeps_generated_items_and_refuses_new_ones() -> None:
     suite = TaskSuite([toy()], train_size=5, eval_size=1, workers=0, use_cache=False)
     row = suite.train.get(0)

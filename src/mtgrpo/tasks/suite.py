@@ -388,11 +388,16 @@ class TaskData:
             self._attempt(position, attempt + 1, priority, outer)
             return
         tried = [position + r * self.size for r in range(self.max_retries + 1)]
+        if error is None:  # the last one repeated an excluded problem
+            fix = (f"the task's config may allow too few distinct problems for {self.size} "
+                   f"beside the {len(self.exclude_keys)} excluded: widen the config, lower "
+                   "train_size or eval_size, or raise max_retries")
+        else:
+            fix = "Raise max_retries, or item_timeout_s if items are merely slow"
         outer.set_exception(
             GenerationError(
                 f"{self.task_id} ({self.split}) position {position}: every allowed source index "
-                f"{tried} was rejected; last reason: {reason}. Raise max_retries, or "
-                "item_timeout_s if items are merely slow"
+                f"{tried} was rejected; last reason: {reason}. {fix}"
             )
         )
 
