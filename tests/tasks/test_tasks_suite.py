@@ -285,11 +285,11 @@ def test_a_problem_space_too_small_for_the_splits_names_the_fix() -> None:
     avoid a 30-problem evaluation split: the error says so instead of only "raise max_retries"."""
     tiny = {"family": "leg_counting", "name": "legs:1x1",
             "config": {"min_animals": 1, "max_animals": 1, "max_instances": 1}}  # fmt: skip
-    with TaskSuite([tiny], train_size=40, eval_size=30, workers=0, use_cache=False) as suite:
-        with pytest.raises(GenerationError, match=r"legs:1x1 \(train\) position \d+: .*"
-                           r"duplicates a problem.*too few distinct problems for 40 beside the "
-                           r"\d+ excluded: widen the config, lower train_size"):
-            suite.train.rows()
+    fix = (r"legs:1x1 \(train\) position \d+: .*duplicates a problem.*too few distinct problems "
+           r"for 40 beside the \d+ excluded: widen the config, lower train_size")
+    with (TaskSuite([tiny], train_size=40, eval_size=30, workers=0, use_cache=False) as suite,
+          pytest.raises(GenerationError, match=fix)):
+        suite.train.rows()
 
 
 def test_closed_suite_keeps_generated_items_and_refuses_new_ones() -> None:

@@ -52,7 +52,8 @@ PAPER_PROMPTS = ("config", "released")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="hub name, directory, adapter, .gguf or a run's checkpoint-N")
+    parser.add_argument("--model", required=True,
+                        help="hub name, directory, adapter, .gguf or a run's checkpoint-N")
     parser.add_argument("--tasks", help="suite name or comma-separated task ids (with "
                         "--config: some of its tasks; with --paper-test-sets: the papers' "
                         "levels, e.g. countdown:easy)")
