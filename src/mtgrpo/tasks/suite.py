@@ -389,7 +389,7 @@ class TaskData:
             return
         tried = [position + r * self.size for r in range(self.max_retries + 1)]
         if error is None:  # the last one repeated an excluded problem
-            fix = (f"the task's config may allow too few distinct problems for {self.size} "
+            fix = (f"The task's config may allow too few distinct problems for {self.size} "
                    f"beside the {len(self.exclude_keys)} excluded: widen the config, lower "
                    "train_size or eval_size, or raise max_retries")
         else:
