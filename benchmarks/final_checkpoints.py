@@ -25,7 +25,8 @@ Then, per task: every run's accuracy and its binomial standard error, each metho
 seeds, the gain over the warm start with the standard error of that gain (the evaluation noise
 of the seed mean and of the warm start's score) and whether it exceeds twice it; and, on the
 worst of these tasks per run, one-sided Welch and exact permutation tests of each MT-GRPO
-method above GRPO and above DAPO (the tests of ``mtgrpo_vs_baselines.py``). Writes
+method above GRPO and above DAPO (the tests of ``mtgrpo_vs_baselines.py``); with two or more
+tasks, each run's average over them and each method's gap to the best method's mean. Writes
 ``OUT/results.md`` and ``OUT/results.json`` (default ``OUT``: ``GRID/final_checkpoints``).
 """
 
@@ -195,6 +196,13 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
     worst = {c.label: min(scores[task][c.label]["accuracy"] for task in tasks) for c in runs}
     by_method = {m: [worst[c.label] for c in runs if c.method == m] for m in methods}
     summary["worst"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in by_method.items()}
+    average = {c.label: sum(scores[task][c.label]["accuracy"] for task in tasks) / len(tasks)
+               for c in runs}
+    summary["average"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in (
+        (m, [average[c.label] for c in runs if c.method == m]) for m in methods)}
+    if all(WARM_START in scores[task] for task in tasks):
+        summary["average_warm_start"] = sum(scores[task][WARM_START]["accuracy"]
+                                            for task in tasks) / len(tasks)
     for method in (m for m in methods if m.startswith("mtgrpo")):
         for other in (b for b in BASELINES if b in by_method):
             mine, theirs = by_method[method], by_method[other]
@@ -289,7 +297,25 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
         lines.append(f"- {t['method']} above {t['other']}: {pct(t['mean'])} against "
                      f"{pct(t['other_mean'])}; one-sided Welch p = {t['welch_p']:.3f}, exact "
                      f"permutation p = {t['permutation_p']:.3f}")
+    if len(summary["tasks"]) > 1:
+        lines += ["", *_average_lines(summary)]
     return "\n".join(lines) + "\n"
+
+
+def _average_lines(summary: dict[str, Any]) -> list[str]:
+    """The average over the tasks: each method's mean over seeds and its gap to the best."""
+    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+    average = summary["average"]
+    best = max(average, key=lambda m: average[m]["mean"])
+    means = [f"{method} {pct(a['mean'])} ({', '.join(pct(v) for v in a['values'])})"
+             for method, a in average.items()]
+    warm = summary.get("average_warm_start")
+    lines = ["## Average", "", "Per run, the mean accuracy of the tasks above; means over seeds: "
+             + ", ".join(means) + (f"; warm start {pct(warm)}." if warm is not None else "."),
+             ""]
+    lines += [f"- {method}: {100 * (a['mean'] - average[best]['mean']):+.1f} points against "
+              f"the best method ({best})" for method, a in average.items() if method != best]
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

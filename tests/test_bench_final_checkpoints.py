@@ -73,6 +73,13 @@ def test_summary_by_hand():
     assert "| grpo | 60.0 (s1), 70.0 (s2) | 65.0 ± 7.1 |" in markdown
     assert "permutation p = 0.167" in markdown
     assert "Every run's checkpoint is its final one, step 75." in markdown
+    # average over the tasks per run: grpo (.6+.1)/2, (.7+.3)/2; MT-GRPO .45, .45
+    assert_close(summary["average"]["grpo"]["mean"], (0.35 + 0.5) / 2)
+    assert_close(summary["average"]["mtgrpo_l0.5"]["mean"], (0.45 + 0.45) / 2)
+    assert_close(summary["average_warm_start"], 0.35)
+    assert ("means over seeds: grpo 42.5 (35.0, 50.0), mtgrpo_l0.5 45.0 (45.0, 45.0); "
+            "warm start 35.0.") in markdown
+    assert "- grpo: -2.5 points against the best method (mtgrpo_l0.5)" in markdown
 
 
 def test_the_commonest_answers_are_reported_when_the_evaluations_recorded_them():
@@ -144,6 +151,7 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
     assert json.loads((out / "results.json").read_text())["worst"] == summary["worst"]
     report = (out / "results.md").read_text()
     assert "# Final checkpoints on a larger held-out split" in report
+    assert "## Average" not in report  # one task: its average is the worst task
     assert summary["final_steps"] == {"dapo-seed1": 3, "grpo-seed1": 2, "grpo-seed2": 2,
                                       "mtgrpo_l0.5-seed1": 2, "mtgrpo_l0.5-seed2": 2}
     assert ("**The runs end at different steps**: dapo-seed1 3, grpo-seed1 2, grpo-seed2 2, "
