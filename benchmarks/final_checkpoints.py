@@ -1,7 +1,9 @@
 """The final checkpoints of a comparison grid, scored again on a larger held-out split.
 
     python benchmarks/final_checkpoints.py --grid GRID --config smollm2-cpu \
-        --tasks countdown:3x20,addition:2d --eval-size 800 --jobs 2 --threads 1
+        --tasks countdown:3x20,chain_sum:2x2d,addition:2d --eval-size 800 --jobs 2 --threads 1
+    python benchmarks/final_checkpoints.py --grid GRID --config smollm2-cpu \
+        --paper-test-sets DIR --tasks countdown:easy --num-samples 2 --jobs 2
 
 A grid of ``benchmarks/mtgrpo_vs_baselines.py`` evaluates its runs every ``eval_steps`` on the
 config's own held-out split, which is small on a CPU (smollm2-cpu: 100 prompts × 2 samples
@@ -28,6 +30,12 @@ worst of these tasks per run, one-sided Welch and exact permutation tests of eac
 method above GRPO and above DAPO (the tests of ``mtgrpo_vs_baselines.py``); with two or more
 tasks, each run's average over them and each method's gap to the best method's mean. Writes
 ``OUT/results.md`` and ``OUT/results.json`` (default ``OUT``: ``GRID/final_checkpoints``).
+
+With ``--paper-test-sets DIR`` the same is done on the MT-GRPO paper's released test problems
+(``mtgrpo eval --paper-test-sets DIR``) at the levels ``--tasks`` names, asked in the config's
+formats: problems of another distribution than the training's (Countdown's numbers up to 100,
+where the recipes train on 20), the first ``--eval-size`` of each level's 200 (default all);
+default ``OUT``: ``GRID/paper_test``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ from mtgrpo.reporting.compare import Spread, markdown_table
 LABEL = re.compile(r"^(?P<method>.+)-seed(?P<seed>\d+)$")
 WARM_START = "warm_start"
 BASELINES = ("grpo", "dapo")
+DEFAULT_EVAL_SIZE = 800
+PAPER_LEVEL_SIZE = 200  # problems per level in the papers' released test sets
 
 
 def _grid_module() -> ModuleType:
@@ -121,6 +131,22 @@ def find_checkpoints(grid: Path, max_steps: int) -> list[Checkpoint]:
     return found + sorted(runs, key=lambda c: (c.method, c.seed))
 
 
+def _paper_level_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """Problems per level of the papers' test sets (the first ``--eval-size``); an unknown
+    level or a directory without the sets fails here, before any evaluation."""
+    from mtgrpo.tasks import load_paper_test_sets
+
+    sizes = {}
+    for task in args.tasks:
+        rows = load_paper_test_sets(args.paper_test_sets, tasks=[task], per_task=args.eval_size)
+        if not rows:
+            raise ValueError(f"{args.paper_test_sets} holds no problem of {task!r}: pass the "
+                             "directory of the papers' released test sets (test_countdown."
+                             "parquet, ...) and a level it holds")
+        sizes[task] = len(rows)
+    return sizes
+
+
 def _task_dir(task: str) -> str:
     return task.replace(":", "_")
 
@@ -135,6 +161,8 @@ def evaluate(checkpoint: Checkpoint, task: str, args: argparse.Namespace) -> Pat
                "sys.exit(main(sys.argv[1:]))", "eval", "--model", str(checkpoint.model),
                "--config", args.config, "--tasks", task, "--eval-size", str(args.eval_size),
                "--num-samples", str(args.num_samples), "--out", str(out)]  # fmt: skip
+    if args.paper_test_sets:
+        command += ["--paper-test-sets", str(args.paper_test_sets)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "eval.log", "w") as log:
@@ -252,16 +280,23 @@ def _answers_line(entry: dict[str, Any]) -> str:
 def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
     """Markdown of :func:`summarize`."""
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
-    lines = ["# Final checkpoints on a larger held-out split", "",
+    paper = getattr(args, "paper_test_sets", None)
+    lines = [("# Final checkpoints on the papers' test sets" if paper else
+              "# Final checkpoints on a larger held-out split"), "",
              f"Command: `python benchmarks/final_checkpoints.py --grid {args.grid} --config "
              f"{args.config} --tasks {','.join(args.tasks)} --eval-size {args.eval_size} "
-             f"--num-samples {args.num_samples}`", "",
-             f"Each checkpoint: {args.eval_size} held-out prompts per task × {args.num_samples} "
-             "sample(s), none of them a problem the runs trained on (training split or warm "
-             "start; checked for families with a content key, such as countdown and the "
-             "reasoning-gym datasets). Accuracies in %; SE: binomial standard error of the "
-             "evaluation (of the prompts × samples scored, so it understates the noise when a "
-             "prompt has several samples).", ""]
+             f"--num-samples {args.num_samples}"
+             + (f" --paper-test-sets {args.paper_test_sets}`" if paper else "`"), "",
+             (f"Each checkpoint: the MT-GRPO paper's released test problems, the first "
+              f"{args.eval_size} of each level × {args.num_samples} sample(s), asked in the "
+              "config's prompt and answer formats." if paper else
+              f"Each checkpoint: {args.eval_size} held-out prompts per task × "
+              f"{args.num_samples} sample(s), none of them a problem the runs trained on "
+              "(training split or warm start; checked for families with a content key, such "
+              "as countdown and the reasoning-gym datasets).")
+             + " Accuracies in %; SE: binomial standard error of the evaluation (of the "
+             "prompts × samples scored, so it understates the noise when a prompt has several "
+             "samples).", ""]
     steps = summary["final_steps"]
     if len(set(steps.values())) == 1:
         lines += [f"Every run's checkpoint is its final one, step {next(iter(steps.values()))}.",
@@ -325,7 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True,
                         help="the grid's base config (recipe name or run file)")
     parser.add_argument("--tasks", required=True, help="comma-separated task ids of the config")
-    parser.add_argument("--eval-size", type=int, default=800, help="held-out prompts per task")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out prompts per task "
+                        "(default 800; with --paper-test-sets: the first N of each level's "
+                        "200, default all)")
+    parser.add_argument("--paper-test-sets", type=Path, default=None, metavar="DIR",
+                        help="score on the papers' released test sets in DIR instead, at the "
+                        "levels --tasks names (e.g. countdown:easy), asked in the config's "
+                        "formats (default --out: GRID/paper_test)")
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     parser.add_argument("--jobs", type=int, default=1, help="evaluations at a time")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads per evaluation")
@@ -341,13 +382,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = build_parser().parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    args.out = args.out or args.grid / "final_checkpoints"
+    args.out = args.out or args.grid / ("paper_test" if args.paper_test_sets
+                                        else "final_checkpoints")
+    if args.eval_size is None:
+        args.eval_size = PAPER_LEVEL_SIZE if args.paper_test_sets else DEFAULT_EVAL_SIZE
     for name in ("eval_size", "num_samples", "jobs", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}")
     run = load_run_config(recipe_path(args.config), [])
-    held_out_suite(run, args.tasks).close()  # unknown tasks fail here, before any evaluation
+    # unknown tasks fail here, before any evaluation
+    prompts = (_paper_level_sizes(args) if args.paper_test_sets
+               else dict.fromkeys(args.tasks, args.eval_size))
+    if not args.paper_test_sets:
+        held_out_suite(run, args.tasks).close()
     checkpoints = find_checkpoints(args.grid, run.training.max_steps)
     jobs = [(c, task) for task in args.tasks for c in checkpoints]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -356,10 +404,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     replaced: dict[str, dict[str, int]] = {task: {} for task in args.tasks}
     for (checkpoint, task), path in zip(jobs, paths, strict=True):
         result = json.loads(path.read_text())
-        own = result["tasks"][task]
-        if (own["prompts"], own["samples"]) != (args.eval_size, args.num_samples):
+        own = result["tasks"].get(task) or next(iter(result["tasks"].values()))  # an alias
+        if (own["prompts"], own["samples"]) != (prompts[task], args.num_samples):
             raise ValueError(f"{path} scored {own['prompts']} prompts × {own['samples']} "
-                             f"samples, not {args.eval_size} × {args.num_samples}: give the "
+                             f"samples, not {prompts[task]} × {args.num_samples}: give the "
                              "same --eval-size and --num-samples, or another --out")
         scores[task][checkpoint.label] = {"accuracy": own["accuracy"],
                                           "samples": own["prompts"] * own["samples"]} | {

@@ -104,7 +104,8 @@ def test_the_commonest_answers_are_reported_when_the_evaluations_recorded_them()
     assert markdown.count("Commonest answer given") == 1
 
 
-def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys):
+def _tiny_grid(tmp_path, tiny_model_dir):
+    """A run file on the tiny model and a grid of it: GRID, RUN_FILE."""
     config = {"model": {"name_or_path": str(tiny_model_dir)}, "max_steps": 2,
               "tasks": {"tasks": [{"family": "basic_arithmetic", "name": "add",
                                    "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
@@ -128,6 +129,11 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
         (grid / label / "config.yaml").write_text(yaml.safe_dump({"max_steps": 3}))
     (grid / "warm_start" / "sft").mkdir(parents=True)
     (grid / "warm_start" / "sft" / "model").symlink_to(tiny_model_dir)
+    return grid, run_file
+
+
+def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys):
+    grid, run_file = _tiny_grid(tmp_path, tiny_model_dir)
     argv = ["--grid", str(grid), "--config", str(run_file), "--tasks", "add",
             "--eval-size", "20", "--jobs", "2"]
     summary = bench.main(argv)
@@ -164,6 +170,37 @@ def test_the_script_on_a_grid_of_the_tiny_model(tmp_path, tiny_model_dir, capsys
     with pytest.raises(ValueError, match=r"scored 20 prompts × 1 samples, not 30 × 1"):
         bench.main([*argv[:-4], "--eval-size", "30", "--jobs", "2"])
     capsys.readouterr()
+
+
+def test_the_papers_test_sets_score_every_checkpoint(tmp_path, tiny_model_dir, capsys):
+    from paper_release import write_release
+
+    grid, run_file = _tiny_grid(tmp_path, tiny_model_dir)
+    release = write_release(tmp_path / "release")  # two countdown:easy problems
+    argv = ["--grid", str(grid), "--config", str(run_file), "--paper-test-sets", str(release),
+            "--tasks", "countdown:easy", "--num-samples", "2", "--jobs", "2"]
+    summary = bench.main(argv)
+    out = grid / "paper_test"  # beside final_checkpoints, not in it
+    assert not (grid / "final_checkpoints").exists()
+    labels = sorted(p.name for p in (out / "countdown_easy").iterdir())
+    assert labels == ["dapo-seed1", "grpo-seed1", "grpo-seed2", "mtgrpo_l0.5-seed1",
+                      "mtgrpo_l0.5-seed2", "warm_start"]
+    for label in labels:
+        result = json.loads((out / "countdown_easy" / label / "results.json").read_text())
+        # the release's problems, all of them (fewer than a level's 200), in the run's formats
+        assert result["tasks"]["countdown:easy"]["prompts"] == 2
+        assert result["tasks"]["countdown:easy"]["samples"] == 2
+        assert result["paper_prompts"] == "config"
+    assert summary["tasks"]["countdown:easy"]["samples"]["grpo-seed1"] == 4
+    report = (out / "results.md").read_text()
+    assert report.startswith("# Final checkpoints on the papers' test sets")
+    assert "the first 200 of each level × 2 sample(s)" in report
+    assert f"--paper-test-sets {release}`" in report
+    capsys.readouterr()
+    # a level the release does not hold fails before any evaluation
+    with pytest.raises(ValueError, match="countdown:medium"):
+        bench.main([*argv[:6], "--tasks", "countdown:medium", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
 
 
 def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):

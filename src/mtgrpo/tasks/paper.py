@@ -314,6 +314,7 @@ def load_paper_test_sets(
         raise ValueError(f"per_task must be a positive integer or None, got {per_task!r}")
     rows: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
+    present: set[str] = set()  # every level the files hold, for the error below
     for file in _files(path):
         table = pq.read_table(file)
         if "data_source" not in table.column_names:
@@ -323,11 +324,14 @@ def load_paper_test_sets(
             )
         for raw in table.to_pylist():
             task_id = paper_task_id(str(raw["data_source"]))
+            present.add(task_id)
             if task_id not in wanted or counts.get(task_id, 0) >= (per_task or float("inf")):
                 continue
             counts[task_id] = counts.get(task_id, 0) + 1
             rows.append(_convert(raw, render))
     missing = sorted(wanted - set(counts))
     if tasks is not None and missing:
-        raise ValueError(f"tasks {missing} not found under {str(path)!r}; found: {sorted(counts)}")
+        raise ValueError(f"tasks {missing} not found under {str(path)!r}; the files there hold "
+                         f"{sorted(present) or 'no level'}: name one of those, or pass the "
+                         "directory that holds the others")
     return rows
