@@ -138,12 +138,9 @@ def _paper_level_sizes(args: argparse.Namespace) -> dict[str, int]:
 
     sizes = {}
     for task in args.tasks:
-        rows = load_paper_test_sets(args.paper_test_sets, tasks=[task], per_task=args.eval_size)
-        if not rows:
-            raise ValueError(f"{args.paper_test_sets} holds no problem of {task!r}: pass the "
-                             "directory of the papers' released test sets (test_countdown."
-                             "parquet, ...) and a level it holds")
-        sizes[task] = len(rows)
+        # raises, naming the levels the files hold, for one they do not
+        sizes[task] = len(load_paper_test_sets(args.paper_test_sets, tasks=[task],
+                                               per_task=args.eval_size))
     return sizes
 
 
@@ -171,6 +168,23 @@ def evaluate(checkpoint: Checkpoint, task: str, args: argparse.Namespace) -> Pat
         raise RuntimeError(f"mtgrpo eval of {checkpoint.label} on {task} failed (exit {code}); "
                            f"its output is in {out / 'eval.log'}")
     return results
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}"
+
+
+def _per_method(per_run: dict[str, float], runs: Sequence[Checkpoint],
+                methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per method: its runs' values (in seed order) and their mean."""
+    by_method = {m: [per_run[c.label] for c in runs if c.method == m] for m in methods}
+    return {m: {"values": v, "mean": sum(v) / len(v)} for m, v in by_method.items()}
+
+
+def _seed_means(per_method: dict[str, dict[str, Any]]) -> str:
+    """``method mean (value, value, ...)`` per method, comma-joined, in %."""
+    return ", ".join(f"{method} {_pct(m['mean'])} ({', '.join(_pct(v) for v in m['values'])})"
+                     for method, m in per_method.items())
 
 
 def _standard_error(p: float, n: int) -> float:
@@ -222,18 +236,16 @@ def summarize(scores: dict[str, dict[str, dict[str, Any]]], checkpoints: Sequenc
         if answers:
             summary["tasks"][task] |= {"answers": answers, "constant": constant}
     worst = {c.label: min(scores[task][c.label]["accuracy"] for task in tasks) for c in runs}
-    by_method = {m: [worst[c.label] for c in runs if c.method == m] for m in methods}
-    summary["worst"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in by_method.items()}
+    summary["worst"] = _per_method(worst, runs, methods)
     average = {c.label: sum(scores[task][c.label]["accuracy"] for task in tasks) / len(tasks)
                for c in runs}
-    summary["average"] = {m: {"values": v, "mean": sum(v) / len(v)} for m, v in (
-        (m, [average[c.label] for c in runs if c.method == m]) for m in methods)}
+    summary["average"] = _per_method(average, runs, methods)
     if all(WARM_START in scores[task] for task in tasks):
         summary["average_warm_start"] = sum(scores[task][WARM_START]["accuracy"]
                                             for task in tasks) / len(tasks)
     for method in (m for m in methods if m.startswith("mtgrpo")):
-        for other in (b for b in BASELINES if b in by_method):
-            mine, theirs = by_method[method], by_method[other]
+        for other in (b for b in BASELINES if b in summary["worst"]):
+            mine, theirs = summary["worst"][method]["values"], summary["worst"][other]["values"]
             if len(mine) < 2 or len(theirs) < 2:
                 continue
             summary["tests"].append({
@@ -279,7 +291,6 @@ def _answers_line(entry: dict[str, Any]) -> str:
 
 def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
     """Markdown of :func:`summarize`."""
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
     paper = getattr(args, "paper_test_sets", None)
     lines = [("# Final checkpoints on the papers' test sets" if paper else
               "# Final checkpoints on a larger held-out split"), "",
@@ -308,29 +319,27 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
         warm = entry["warm_start"]
         lines += [f"## {task}", ""]
         if warm is not None:
-            lines += [f"Warm start: {pct(warm['accuracy'])} % "
-                      f"(SE {pct(_standard_error(warm['accuracy'], warm['samples']))}).", ""]
+            lines += [f"Warm start: {_pct(warm['accuracy'])} % "
+                      f"(SE {_pct(_standard_error(warm['accuracy'], warm['samples']))}).", ""]
         rows = []
         for method, m in entry["methods"].items():
-            seeds = ", ".join(f"{pct(a)} (s{s})" for s, a in zip(m["seeds"], m["accuracy"],
+            seeds = ", ".join(f"{_pct(a)} (s{s})" for s, a in zip(m["seeds"], m["accuracy"],
                                                                     strict=True))
             gain = (["—", "—", "—"] if "gain" not in m else
-                    [f"{100 * m['gain']:+.1f} ± {pct(m['gain_standard_error'])}",
+                    [f"{100 * m['gain']:+.1f} ± {_pct(m['gain_standard_error'])}",
                      _ratio(m["gain"], m["gain_standard_error"]),
                      "yes" if m["gain_above_2se"] else "no"])
-            rows.append([method, seeds, f"{pct(m['mean'])} ± {pct(m['sd'])}",
-                         pct(m["mean_standard_error"]), *gain])
+            rows.append([method, seeds, f"{_pct(m['mean'])} ± {_pct(m['sd'])}",
+                         _pct(m["mean_standard_error"]), *gain])
         lines += [markdown_table(["method", "per seed", "mean ± sd", "SE of the mean (eval)",
                                   "gain over the warm start", "gain / SE", "> 2 SE"], rows), ""]
         if entry.get("answers"):
             lines += [_answers_line(entry), ""]
-    means = [f"{method} {pct(w['mean'])} ({', '.join(pct(v) for v in w['values'])})"
-             for method, w in summary["worst"].items()]
     lines += ["## Worst task", "", "Per run, the lowest accuracy of the tasks above; means over "
-              f"seeds: {', '.join(means)}.", ""]
+              f"seeds: {_seed_means(summary['worst'])}.", ""]
     for t in summary["tests"]:
-        lines.append(f"- {t['method']} above {t['other']}: {pct(t['mean'])} against "
-                     f"{pct(t['other_mean'])}; one-sided Welch p = {t['welch_p']:.3f}, exact "
+        lines.append(f"- {t['method']} above {t['other']}: {_pct(t['mean'])} against "
+                     f"{_pct(t['other_mean'])}; one-sided Welch p = {t['welch_p']:.3f}, exact "
                      f"permutation p = {t['permutation_p']:.3f}")
     if len(summary["tasks"]) > 1:
         lines += ["", *_average_lines(summary)]
@@ -339,14 +348,11 @@ def render(summary: dict[str, Any], args: argparse.Namespace) -> str:
 
 def _average_lines(summary: dict[str, Any]) -> list[str]:
     """The average over the tasks: each method's mean over seeds and its gap to the best."""
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
     average = summary["average"]
     best = max(average, key=lambda m: average[m]["mean"])
-    means = [f"{method} {pct(a['mean'])} ({', '.join(pct(v) for v in a['values'])})"
-             for method, a in average.items()]
     warm = summary.get("average_warm_start")
     lines = ["## Average", "", "Per run, the mean accuracy of the tasks above; means over seeds: "
-             + ", ".join(means) + (f"; warm start {pct(warm)}." if warm is not None else "."),
+             + _seed_means(average) + (f"; warm start {_pct(warm)}." if warm is not None else "."),
              ""]
     lines += [f"- {method}: {100 * (a['mean'] - average[best]['mean']):+.1f} points against "
               f"the best method ({best})" for method, a in average.items() if method != best]
@@ -392,10 +398,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              f"{getattr(args, name)}")
     run = load_run_config(recipe_path(args.config), [])
     # unknown tasks fail here, before any evaluation
-    prompts = (_paper_level_sizes(args) if args.paper_test_sets
-               else dict.fromkeys(args.tasks, args.eval_size))
-    if not args.paper_test_sets:
+    if args.paper_test_sets:
+        prompts = _paper_level_sizes(args)
+    else:
         held_out_suite(run, args.tasks).close()
+        prompts = dict.fromkeys(args.tasks, args.eval_size)
     checkpoints = find_checkpoints(args.grid, run.training.max_steps)
     jobs = [(c, task) for task in args.tasks for c in checkpoints]
     with ThreadPoolExecutor(args.jobs) as pool:
