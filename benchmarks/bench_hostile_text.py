@@ -104,7 +104,7 @@ def score_seconds(reward: Reward, text: str, repeat: int) -> float:
 
 def sandbox_seconds(runs: int) -> tuple[list[float], list[float]]:
     """Seconds of ``run_python("x = 1", ["assert x == 1"])`` and of a bare interpreter start."""
-    from mtgrpo.rewards.verifiers.sandbox import run_python
+    from mtgrpo.sandbox import run_python
 
     run_python("x = 1", ["assert x == 1"])  # the interpreter probe, the page cache
     sandboxed, bare = [], []

@@ -30,7 +30,7 @@ from mtgrpo.rewards.verifiers import (
     math_reward,
     reasoning_gym_reward,
 )
-from mtgrpo.rewards.verifiers.sandbox import SandboxLimits
+from mtgrpo.sandbox import SandboxLimits
 
 FAST = settings(
     max_examples=80,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import mtgrpo.rewards.verifiers.code as code_module
-import mtgrpo.rewards.verifiers.sandbox as sandbox_module
+import mtgrpo.sandbox.run as sandbox_module
 from mtgrpo.rewards.guard import collect_scoring_errors
 from mtgrpo.rewards.verifiers.code import (
     MAX_CODE_CHARS,
@@ -19,7 +19,7 @@ from mtgrpo.rewards.verifiers.code import (
     extract_code,
     syntax_reward,
 )
-from mtgrpo.rewards.verifiers.sandbox import SandboxLimits, SandboxUnavailableError
+from mtgrpo.sandbox import SandboxLimits, SandboxUnavailableError
 
 LIMITS = SandboxLimits(timeout_seconds=5.0, test_timeout_seconds=1.0, memory_bytes=256 << 20)
 ADD = "<code>\ndef add(a, b):\n    return a + b\n</code>"
@@ -137,10 +137,10 @@ def test_a_failure_scoring_one_sample_is_counted_and_scores_zero(
 ) -> None:
     real = code_module.run_python
 
-    def flaky(code: str, tests: object, limits: SandboxLimits):
+    def flaky(code: str, tests: object, limits: SandboxLimits, **options: object):
         if "boom" in code:
             raise MemoryError("the parent ran out of memory reading this sample")
-        return real(code, tests, limits)
+        return real(code, tests, limits, **options)
 
     monkeypatch.setattr(code_module, "run_python", flaky)
     boom = "<code>\nboom = 1\ndef add(a, b):\n    return a + b\n</code>"

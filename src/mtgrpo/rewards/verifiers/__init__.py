@@ -41,7 +41,7 @@ from mtgrpo.rewards.verifiers.format import ThinkAnswer, format_reward, parse_th
 from mtgrpo.rewards.verifiers.length import length_reward
 from mtgrpo.rewards.verifiers.math import math_reward
 from mtgrpo.rewards.verifiers.reasoning_gym import AUDITED_FAMILIES, reasoning_gym_reward
-from mtgrpo.rewards.verifiers.sandbox import (
+from mtgrpo.sandbox import (
     IOCase,
     SandboxLimits,
     SandboxResult,

@@ -7,12 +7,15 @@ no code.
 
 Tests come from the dataset, per sample:
 
-* column ``tests``: assert statements, as one string (a test file: each top-level ``assert``
-  is a test, other statements are setup) or a list of strings (one test each); run by
-  :func:`~mtgrpo.rewards.verifiers.sandbox.run_python`;
+* column ``tests``: a test file (a string: top-level asserts, loops of asserts, HumanEval's
+  ``check(candidate)``, pytest-style ``test_*`` functions and ``Test*`` classes; other
+  statements are setup) or a list of strings (one test each); run by
+  :func:`~mtgrpo.sandbox.run_python`, which decides every verdict in a process the program
+  cannot reach. Column ``entry_point`` (HumanEval's) completes a file that defines
+  ``check(candidate)`` without calling it;
 * column ``test_cases`` (alias ``input_output``): stdin/stdout cases, as a list of
   ``{"input": ..., "output": ...}``, APPS' ``{"inputs": [...], "outputs": [...]}``, or a
-  JSON string of either; run by :func:`~mtgrpo.rewards.verifiers.sandbox.run_python_io`.
+  JSON string of either; run by :func:`~mtgrpo.sandbox.run_python_io`.
 
 Reward: the fraction of tests passed, in [0, 1] (``all_or_nothing=True``: 1.0 only when
 all pass). A sample without tests is scored on syntax alone, with seed 002's numbers: 1.0
@@ -24,7 +27,7 @@ samples are only compiled, so that keyword filter is dropped.
 Samples run in parallel: a thread pool of ``max_workers`` threads, each waiting on one
 sandbox subprocess. An exception while scoring one sample's text scores it 0 and is counted
 (``rewards/code_reward/errors``); a sandbox the kernel cannot build
-(:class:`~mtgrpo.rewards.verifiers.sandbox.SandboxUnavailableError`) stops scoring with the
+(:class:`~mtgrpo.sandbox.SandboxUnavailableError`) stops scoring with the
 fix, checked once before the first sample runs.
 """
 
@@ -42,7 +45,7 @@ from typing import Any
 from mtgrpo.rewards.guard import note_scoring_error
 from mtgrpo.rewards.verifiers._batch import completion_texts, optional_column
 from mtgrpo.rewards.verifiers.answer import MAX_TEXT_CHARS
-from mtgrpo.rewards.verifiers.sandbox import (
+from mtgrpo.sandbox import (
     IOCase,
     SandboxLimits,
     SandboxResult,
@@ -143,7 +146,7 @@ def code_reward(
 
     See the module docstring for where code and tests are read and for the syntax-only
     scores of samples without tests. ``limits`` are the sandbox limits per sample
-    (:class:`~mtgrpo.rewards.verifiers.sandbox.SandboxLimits`); ``max_workers`` bounds the
+    (:class:`~mtgrpo.sandbox.SandboxLimits`); ``max_workers`` bounds the
     samples run at once (default ``min(8, cpu count)``). Test columns that are not valid
     (a test that is not Python, a malformed case) raise ``ValueError`` before anything runs.
 
@@ -154,11 +157,13 @@ def code_reward(
     texts = completion_texts("code_reward", completions)
     tests = optional_column("code_reward", columns, ("tests",), len(texts))
     cases = optional_column("code_reward", columns, ("test_cases", "input_output"), len(texts))
+    entry_points = optional_column("code_reward", columns, ("entry_point",), len(texts))
     limits = limits or SandboxLimits()
     jobs = [
-        _job(row, tests[row] if tests else None, cases[row] if cases else None, limits)
+        _job(row, tests[row] if tests else None, cases[row] if cases else None,
+             entry_points[row] if entry_points else None)
         for row in range(len(texts))
-    ]
+    ]  # fmt: skip
     if any(mode != "syntax" for mode, _ in jobs):
         ensure_sandbox(limits)  # a clear error now, not a zero for every sample
     workers = max_workers or min(8, os.cpu_count() or 1)
@@ -182,14 +187,18 @@ def _outcome(row: int, future: Future[float]) -> float:
         return 0.0
 
 
-def _job(row: int, tests: Any, cases: Any, limits: SandboxLimits) -> tuple[str, Any]:
-    """("tests", units) | ("io", cases) | ("syntax", None) for one row, validated."""
+def _job(row: int, tests: Any, cases: Any, entry_point: Any) -> tuple[str, Any]:
+    """("tests", (tests, entry point)) | ("io", cases) | ("syntax", None) for one row,
+    validated."""
     if tests is not None and not (isinstance(tests, (str, Sequence)) and len(tests) == 0):
+        if entry_point is not None and not isinstance(entry_point, str):
+            raise ValueError(f"code_reward: row {row}: entry_point must be a string, got "
+                             f"{entry_point!r:.80}")  # fmt: skip
         try:  # validate now; run_python prepares them again per sample
-            prepare_tests(tests, values_only=bool(limits.extra_paths))
+            prepare_tests(tests, entry_point=entry_point)
         except (TypeError, ValueError) as error:
             raise ValueError(f"code_reward: row {row}: {error}") from None
-        return "tests", tests
+        return "tests", (tests, entry_point)
     if cases is not None:
         return "io", _io_cases(row, cases)
     return "syntax", None
@@ -239,7 +248,8 @@ def _score(text: str, job: tuple[str, Any], limits: SandboxLimits, all_or_nothin
         return 0.0
     result: SandboxResult
     if mode == "tests":
-        result = run_python(code, payload, limits)
+        tests, entry_point = payload
+        result = run_python(code, tests, limits, entry_point=entry_point)
     else:
         result = run_python_io(code, payload, limits)
     if all_or_nothing:

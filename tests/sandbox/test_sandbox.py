@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import LIMITS, SECRET
 
-from mtgrpo.rewards.verifiers.sandbox import (
+from mtgrpo.sandbox import (
     IOCase,
     SandboxLimits,
     prepare_tests,
@@ -67,9 +67,15 @@ def test_stdlib_imports_work(sandbox_root: Path) -> None:
 
 
 def test_the_working_directory_is_usable_and_then_removed(sandbox_root: Path) -> None:
-    code = "open('notes.txt', 'w').write('hi')\nimport os\nos.mkdir('sub')\n"
-    tests = ["assert open('notes.txt').read() == 'hi'", "assert os.listdir('.') != []"]
-    assert run_python(code, tests, LIMITS).passed == (True, True)
+    code = (
+        "open('notes.txt', 'w').write('hi')\nimport os\nos.mkdir('sub')\n"
+        "def notes():\n    return open('notes.txt').read()\n"
+        "def listing():\n    return sorted(os.listdir('.'))\n"
+    )
+    tests = ["assert notes() == 'hi'", "assert listing() == ['notes.txt', 'sub']",
+             # the tests run in the judge's own sandbox: the program's files are not there
+             "import os\nassert not os.path.exists('notes.txt')"]  # fmt: skip
+    assert run_python(code, tests, LIMITS).passed == (True, True, True)
 
 
 # ----------------------------------------------------------------------------- time
@@ -468,7 +474,7 @@ def test_invalid_limits() -> None:
 # ---------------------------------------------------------------------- value checks
 
 
-def test_value_checks_compare_plain_data_outside_the_sandbox(sandbox_root: Path) -> None:
+def test_values_cross_to_the_judge_as_plain_data(sandbox_root: Path) -> None:
     code = (
         "import os\n"
         "class Mine(int):\n    def __eq__(self, other):\n        return True\n"
@@ -499,7 +505,5 @@ def test_value_checks_compare_plain_data_outside_the_sandbox(sandbox_root: Path)
     ]
     expected = (True, True, True, True, True, True, False, True, True, True, True, False,
                 True, True, False, False, True)  # fmt: skip
-    plan = prepare_tests(tests)
-    assert len(plan.checks) == len(tests)  # each one judged outside the sandbox
-    assert plan.token_tests == ()
+    assert prepare_tests(tests).test_count == len(tests)
     assert run_python(code, tests, LIMITS).passed == expected

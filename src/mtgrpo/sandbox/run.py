@@ -2,33 +2,28 @@
 
 Two entry points:
 
-* :func:`run_python` (``tests`` mode): the program, then assert-style tests, in one process.
-  A test passes when it runs to the end within its time budget and every value check in
-  it holds (see below).
+* :func:`run_python` (tests): the program runs in one sandbox; the tests run in a second
+  one, the *judge*, which the program cannot reach; the judge asks the program's process
+  for the program's names, calls and attribute reads, and gets plain data back. Every
+  verdict is decided in the judge, on that data (:mod:`~mtgrpo.sandbox.plan` says which
+  test forms are accepted: all the usual ones).
 * :func:`run_python_io` (``io`` mode): one process per input/output case; the program reads
   the case input on stdin and passes when it exits normally and its stdout matches the
   expected output (trailing whitespace of each line and trailing blank lines ignored). The
   comparison happens here, in the parent, so nothing the program does can fake a pass.
 
-Isolation is the kernel's (``_sandbox_launch.py`` builds it, ``docs/sandbox.md`` has the
-threat model): new mount, PID, network, IPC and UTS namespaces (inside a user namespace when
-the trainer is not root); a read-only root holding only the interpreter, its standard
-library (no site-packages of any interpreter, no FFI module) and the caller's
-``extra_paths`` (``_sandbox_view.py``); no ``/proc``; a private writable work directory that
-cannot hold executable code, removed afterwards; uid 65534 with no capability at all and
-``no_new_privs``; resource limits (address space, CPU, file size, open files, no new
-processes); a per-test timer and a wall-clock deadline after which the whole process group
-is killed. Where the kernel refuses any of this, :class:`SandboxUnavailableError` is raised
-and the program is not run. Inside, an audit hook adds a finer layer (clear errors, no
-frame walking); it is not what the boundary rests on.
-
-Verdicts. ``assert <expr> == <literal>`` and its relatives are *value checks*: the program
-evaluates ``<expr>`` and reports its value as plain data; the launcher (outside the
-sandbox, the only holder of the expected value) compares. Other tests report a random
-per-test token on a pipe when they run to the end; stdout is never parsed. Printing ``ALL
-TESTS PASSED``, writing fake records to every descriptor, exiting early or reading the
-process's own memory earns nothing on a value check. See
-:mod:`~mtgrpo.rewards.verifiers._sandbox_tests`.
+Isolation is the kernel's (``_launch.py`` builds it, ``docs/sandbox.md`` has the threat
+model): new mount, PID, network, IPC and UTS namespaces per process (inside a user
+namespace when the trainer is not root); a read-only root holding only the interpreter, its
+standard library (no site-packages of any interpreter, no FFI module) and the caller's
+``extra_paths`` (``_view.py``); no ``/proc``; a private writable work directory that cannot
+hold executable code and vanishes with the namespace; uid 65534 with no capability at all
+and ``no_new_privs``; resource limits (address space, CPU, file size, open files, no new
+processes); per-call timers and a wall-clock deadline after which every process is killed.
+Every sandbox process dies when the thread of the trainer that started it dies
+(``PR_SET_PDEATHSIG`` on the launcher, then the reaper, then the PID namespace), whatever
+signals the program blocks. Nothing is written to the host's disk. Where the kernel
+refuses any of this, :class:`SandboxUnavailableError` is raised and the program is not run.
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ import marshal
 import math
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,14 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.rewards.verifiers._sandbox_tests import TestPlan, ValueCheck, prepare_tests
-from mtgrpo.rewards.verifiers._sandbox_view import (
+from mtgrpo.sandbox._view import (
     HARNESS_DIR,
     LAUNCHER,
     WORK_DIR,
     InterpreterView,
     interpreter_view,
 )
+from mtgrpo.sandbox.plan import TestPlan, prepare_tests
 
 __all__ = [
     "SANDBOX_STATUSES",
@@ -66,30 +60,34 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "TestPlan",
-    "ValueCheck",
     "ensure_sandbox",
     "prepare_tests",
     "run_python",
     "run_python_io",
 ]
 
-# The launcher and the harness run as imported modules, so their bytecode (compiled once by
-# the interpreter probe) is reused; argv[1] is the launcher's path.
+# The launcher and the harnesses run as imported modules, so their bytecode (compiled once
+# by the interpreter probe) is reused; argv[1] is the launcher's path.
 _LAUNCH_CODE = (
     "import sys; sys.path.insert(0, sys.argv[1].rpartition('/')[0]); "
-    "import _sandbox_launch; _sandbox_launch.main()"
+    "import _launch; _launch.main()"
 )
-_HARNESS_CODE = (
-    f"import sys; sys.path.insert(0, {HARNESS_DIR!r}); import _sandbox_harness; "
-    "del sys.path[0]; _sandbox_harness.main()"
-)
+_HARNESS_CODE = {
+    module: f"import sys; sys.path.insert(0, {HARNESS_DIR!r}); import {module}; "
+    f"del sys.path[0]; {module}.main()"
+    for module in ("_harness", "_judge")
+}
 STARTUP_SECONDS = 2.0  # wall-clock allowance for starting the sandbox, per process
+SETTLE_SECONDS = 0.5  # once the judge is done: how long the program's process may take to end
 SANDBOX_STATUSES = (
     "ok", "syntax_error", "error", "timeout", "output_limit", "killed", "sandbox_error"
 )  # fmt: skip
 _READ_CHUNK = 65536
 _AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
 _LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
+# Where each sandbox mounts its empty root, in its own mount namespace: the host never sees
+# anything there, so no run leaves a directory behind (one shared, empty mount point).
+_MOUNT_POINT = Path(__file__).with_name("_root")
 _UNAVAILABLE_FIX = (
     "mtgrpo runs model-written programs only inside Linux namespaces (mount, PID, network, "
     "IPC) with no capabilities, and refuses to run them otherwise. Run the trainer as root, "
@@ -248,32 +246,59 @@ class _Process:
 
 
 def run_python(
-    code: str, tests: str | Sequence[str] = (), limits: SandboxLimits | None = None
+    code: str,
+    tests: str | Sequence[str] = (),
+    limits: SandboxLimits | None = None,
+    *,
+    entry_point: str | None = None,
 ) -> SandboxResult:
-    """Run ``code`` then ``tests`` (see :func:`prepare_tests`) in the sandbox.
+    """Run ``code``, then ``tests`` (see :func:`prepare_tests`) in the judge.
 
     The program's top level runs in a namespace named ``__solution__`` (so its
-    ``if __name__ == "__main__":`` block does not run); its stdin is empty. Raises
-    :class:`SandboxUnavailableError` where the kernel cannot build the sandbox.
+    ``if __name__ == "__main__":`` block does not run); its stdin is empty. The tests run in
+    another sandboxed process that reaches the program's names through plain data only
+    (``docs/sandbox.md``). ``entry_point`` completes HumanEval-style test files (see
+    :func:`prepare_tests`). Raises :class:`SandboxUnavailableError` where the kernel cannot
+    build the sandbox.
 
     >>> result = run_python("def add(a, b):\\n    return a + b", ["assert add(1, 2) == 3"])
     >>> result.status, result.passed
     ('ok', (True,))
     """
     limits = limits or SandboxLimits()
-    plan = prepare_tests(tests, values_only=bool(limits.extra_paths))
+    plan = prepare_tests(tests, entry_point=entry_point)
     if not isinstance(code, str):
         return SandboxResult("syntax_error", (False,) * plan.test_count)
     started = time.monotonic()
-    job = _job("tests", code, plan, limits)
-    raw = _spawn(job, b"", limits, started + limits.timeout_seconds)
-    passed_units = {int(unit) for unit in raw.lines("pass")}
-    return _result(
+    requests, replies = os.pipe(), os.pipe()  # judge -> program, program -> judge
+    program = _job("serve", limits, {"code": code}, peers=(requests[0], replies[1]))
+    judge = _job("judge", limits, {
+        "units": [(kind, source, list(names)) for (kind, source), names
+                  in zip(plan.units, plan.names, strict=True)],
+        "binds": [list(names) for names in plan.binds],
+        "ready_seconds": float(limits.test_timeout_seconds) + STARTUP_SECONDS,
+    }, peers=(replies[0], requests[1]))  # fmt: skip
+    raw, verdicts = _spawn([program, judge], limits, started + limits.timeout_seconds,
+                           judge=1)  # fmt: skip
+    passed_units = {int(unit) for unit in verdicts.lines("pass")}
+    if verdicts.lines("lost") and not raw.timed_out and raw.returncode is None:
+        raw.timed_out = True  # the judge gave up on it: it stopped answering in time
+    result = _result(
         raw,
         _status(raw, tests_mode=True),
         tuple(unit in passed_units for unit in plan.test_units()),
         started,
     )
+    if verdicts.stderr:  # the judge's account of each failed test, after the program's output
+        judged = verdicts.stderr.decode("utf-8", "replace")
+        result = _replace_stderr(result, result.stderr + judged)
+    return result
+
+
+def _replace_stderr(result: SandboxResult, stderr: str) -> SandboxResult:
+    from dataclasses import replace
+
+    return replace(result, stderr=stderr)
 
 
 def run_python_io(
@@ -303,8 +328,8 @@ def run_python_io(
         if time.monotonic() >= deadline or not isinstance(code, str):
             passed.append(False)
             continue
-        job = _job("io", code, None, limits)
-        raw = _spawn(job, case.input.encode(), limits, case_deadline + STARTUP_SECONDS)
+        job = _job("io", limits, {"code": code})
+        (raw,) = _spawn([job], limits, case_deadline + STARTUP_SECONDS, stdin=case.input.encode())
         status = _status(raw, tests_mode=False)
         ok = status == "ok" and _same_output(raw.stdout, case.output)
         passed.append(ok)
@@ -390,17 +415,20 @@ def _sandbox_check() -> None:
         )
 
 
-def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> dict[str, Any]:
-    """The launcher's job, without the per-run paths (added by :func:`_spawn`)."""
+
+
+def _job(mode: str, limits: SandboxLimits, task: dict[str, Any],
+         peers: tuple[int, int] | tuple[()] = ()) -> dict[str, Any]:  # fmt: skip
+    """One launcher's job, without the per-run mount plan (added by :func:`_spawn`).
+    ``mode``: ``serve`` (the program, answering the judge), ``judge`` or ``io``; ``peers``:
+    the two descriptors that become 5 and 6 in the harness (the other harness's pipes)."""
     view = _view()
-    units = list(plan.units) if plan is not None else []
-    checks = [(c.unit, c.op, c.expected, c.literal_left, c.negate)
-              for c in (plan.checks if plan is not None else ())]  # fmt: skip
     return {
         "mode": mode,
         "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
+        "parent_pid": os.getpid(),
         "interpreter": view.interpreter,
-        "harness": _HARNESS_CODE,
+        "harness": _HARNESS_CODE["_judge" if mode == "judge" else "_harness"],
         "environment": _child_environment(),
         "limits": {
             "memory_bytes": limits.memory_bytes,
@@ -408,12 +436,11 @@ def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> 
             "file_bytes": limits.file_bytes,
             "max_open_files": limits.max_open_files,
         },
-        "checks": checks,
-        "result_bytes": limits.output_bytes + 64 * 1024,
+        "peer_fds": list(peers),
         "harness_job": {
             "mode": mode,
-            "code": code,
-            "units": units,
+            "code": "",
+            **task,
             "test_seconds": float(limits.test_timeout_seconds),
             "max_files": limits.max_files,
             "read_paths": [*view.stdlib_paths, *limits.extra_paths],
@@ -423,7 +450,6 @@ def _job(mode: str, code: str, plan: TestPlan | None, limits: SandboxLimits) -> 
             "audit_hook": _AUDIT_HOOK,
         },
     }
-
 
 def _interpreter() -> str:
     """The interpreter of the launcher and the sandboxed process (``-I -S``: its standard
@@ -454,26 +480,88 @@ def _child_environment() -> dict[str, str]:
     }
 
 
-def _spawn(
-    job: dict[str, Any], stdin_tail: bytes, limits: SandboxLimits, deadline: float
-) -> _Process:
-    """Start the launcher on ``job``, feed it, collect its output until exit or ``deadline``.
 
-    Raises :class:`SandboxUnavailableError` when the launcher reports that the kernel
-    refused to build the sandbox.
-    """
-    workdir = tempfile.mkdtemp(prefix="mtgrpo-sandbox-")
-    report_read, report_write = os.pipe()
-    raw = _Process()
+
+def _mount_point() -> str:
+    """The directory each sandbox mounts its root on (in its own mount namespace)."""
     try:
-        root = os.path.join(workdir, "root")  # a mount point, seen empty from here
-        os.mkdir(root)
-        if _LAUNCH_AS is not None:
-            for path in (workdir, root):
-                os.chown(path, _LAUNCH_AS, _LAUNCH_AS)
+        _MOUNT_POINT.mkdir(exist_ok=True)
+        return str(_MOUNT_POINT)
+    except OSError:  # a read-only installation: one per-user directory, made once
+        fallback = Path(tempfile.gettempdir()) / f"mtgrpo-sandbox-root-{os.geteuid()}"
+        fallback.mkdir(mode=0o755, exist_ok=True)
+        return str(fallback)
+
+
+@dataclass
+class _Launch:
+    """A started launcher: its process, the trainer's end of its report pipe, its stdin."""
+
+    process: subprocess.Popen[bytes]
+    report_fd: int
+    stdin: bytes
+    raw: _Process = field(default_factory=_Process)
+    offset: int = 0
+    open_fds: set[int] = field(default_factory=set)
+
+
+def _spawn(
+    jobs: list[dict[str, Any]],
+    limits: SandboxLimits,
+    deadline: float,
+    *,
+    stdin: bytes = b"",
+    judge: int | None = None,
+) -> tuple[_Process, ...]:
+    """Start one launcher per job, collect their output until they exit or ``deadline``.
+
+    The first job's process gets ``stdin`` after its job. When ``judge`` names a job, the
+    run ends once that launcher is done (the others get :data:`SETTLE_SECONDS` to end, then
+    they are killed and marked timed out). Every process group is killed and reaped before
+    this returns; the descriptors in the jobs' ``peer_fds`` are closed here. Raises
+    :class:`SandboxUnavailableError` when a launcher reports that the kernel refused to
+    build the sandbox.
+    """
+    launches: list[_Launch] = []
+    try:
+        root = _mount_point()
         page = 4096
         work_bytes = limits.max_files * -(-limits.file_bytes // page) * page + (1 << 20)
         mounts = _view().plan(tuple(limits.extra_paths), work_bytes, limits.max_files + 16)
+        for index, job in enumerate(jobs):
+            launches.append(_start(job, root, mounts, stdin if index == 0 else b""))
+    except OSError as error:
+        if not launches:
+            launches.append(_Launch(None, -1, b""))  # type: ignore[arg-type]
+        launches[0].raw.stderr += f"sandbox could not start: {error}".encode()
+    finally:
+        for job in jobs:
+            for fd in job["peer_fds"]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    try:
+        running = [launch for launch in launches if launch.process is not None]
+        _collect(running, limits, deadline, judge=launches[judge] if judge is not None else None)
+    finally:
+        for launch in launches:
+            if launch.process is not None:
+                _kill_group(launch.process)
+                launch.process.wait()
+            if launch.report_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(launch.report_fd)
+    for launch in launches:
+        refused = launch.raw.lines("refused")
+        if refused:
+            raise SandboxUnavailableError(
+                f"the code sandbox cannot be built here: {refused[0]}. {_UNAVAILABLE_FIX}"
+            )
+    return tuple(launch.raw for launch in launches)
+
+
+def _start(job: dict[str, Any], root: str, mounts: list, stdin_tail: bytes) -> _Launch:
+    report_read, report_write = os.pipe()
+    try:
         job = {**job, "report_fd": report_write, "root": root, "mounts": mounts}
         payload = marshal.dumps(job)
         process = subprocess.Popen(
@@ -481,80 +569,77 @@ def _spawn(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(report_write,),
-            cwd=workdir,
+            pass_fds=(report_write, *job["peer_fds"]),
+            cwd="/",
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             start_new_session=True,
             **({} if _LAUNCH_AS is None else
                {"user": _LAUNCH_AS, "group": _LAUNCH_AS, "extra_groups": []}),
         )  # fmt: skip
-        os.close(report_write)
-        report_write = -1
-        try:
-            _collect(process, len(payload).to_bytes(8, "little") + payload + stdin_tail,
-                     report_read, limits, deadline, raw)  # fmt: skip
-        finally:
-            _kill_group(process)
-            process.wait()
-    except OSError as error:
-        raw.stderr += f"sandbox could not start: {error}".encode()
+    except BaseException:
+        os.close(report_read)
+        raise
     finally:
-        for fd in (report_read, report_write):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
-    refused = raw.lines("refused")
-    if refused:
-        raise SandboxUnavailableError(
-            f"the code sandbox cannot be built here: {refused[0]}. {_UNAVAILABLE_FIX}"
-        )
-    return raw
+        os.close(report_write)
+    stdin = len(payload).to_bytes(8, "little") + payload + stdin_tail
+    return _Launch(process, report_read, stdin)
 
 
-def _collect(
-    process: subprocess.Popen[bytes],
-    stdin_data: bytes,
-    report_fd: int,
-    limits: SandboxLimits,
-    deadline: float,
-    raw: _Process,
-) -> None:
-    """Feed stdin and read stdout, stderr and the report pipe until EOF on all or a limit."""
-    assert process.stdin is not None
-    assert process.stdout is not None
-    assert process.stderr is not None
-    stdin_fd = process.stdin.fileno()
-    os.set_blocking(stdin_fd, False)
-    readers = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
-    readers[report_fd] = "report"
+def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
+             judge: _Launch | None) -> None:  # fmt: skip
+    """Feed stdin and read stdout, stderr and the report pipes until EOF on all or a limit."""
     poller = select.poll()
-    for fd in readers:
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    offset = 0
-    if stdin_data:
+    readers: dict[int, tuple[_Launch, str]] = {}
+    writers: dict[int, _Launch] = {}
+    for launch in launches:
+        process = launch.process
+        assert process.stdin is not None
+        assert process.stdout is not None
+        assert process.stderr is not None
+        for fd, name in ((process.stdout.fileno(), "stdout"), (process.stderr.fileno(),
+                         "stderr"), (launch.report_fd, "report")):  # fmt: skip
+            readers[fd] = (launch, name)
+            launch.open_fds.add(fd)
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        stdin_fd = process.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        writers[stdin_fd] = launch
         poller.register(stdin_fd, select.POLLOUT | select.POLLERR)
     report_cap = limits.output_bytes + 64 * 1024
+    settle_by: float | None = None
     while readers:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raw.timed_out = True
+        now = time.monotonic()
+        if judge is not None and settle_by is None and not judge.open_fds:
+            settle_by = now + SETTLE_SECONDS  # verdicts are in: the rest may end by itself
+        stop = deadline if settle_by is None else min(deadline, settle_by)
+        if now >= stop:
+            for launch in launches:
+                if launch.open_fds:
+                    launch.raw.timed_out = True
             return
-        for fd, _ in poller.poll(remaining * 1000):
-            if fd == stdin_fd:
-                offset = _feed(process, poller, stdin_data, offset)
+        for fd, _ in poller.poll((stop - now) * 1000):
+            if fd in writers:
+                launch = writers[fd]
+                if _feed(launch, poller):
+                    del writers[fd]
                 continue
+            launch, name = readers[fd]
             chunk = _read(fd)
             if not chunk:
                 poller.unregister(fd)
                 del readers[fd]
+                launch.open_fds.discard(fd)
                 continue
-            name = readers[fd]
+            raw = launch.raw
             if name == "report":
                 # Drained past the cap rather than closed: closing here and again in
                 # ``_spawn`` could close another thread's descriptor that reused the number.
                 if len(raw.report) <= report_cap:
                     raw.report += chunk
+                continue
+            if launch is judge:  # the judge's own diagnostics: kept short, never a verdict
+                if len(raw.stdout) + len(raw.stderr) <= limits.output_bytes:
+                    setattr(raw, name, getattr(raw, name) + chunk)
                 continue
             setattr(raw, name, getattr(raw, name) + chunk)
             if len(raw.stdout) + len(raw.stderr) > limits.output_bytes:
@@ -562,21 +647,24 @@ def _collect(
                 return
 
 
-def _feed(process: subprocess.Popen[bytes], poller: select.poll, data: bytes, offset: int) -> int:
-    """Write the next piece of stdin; close it (and stop polling it) when done or refused."""
-    assert process.stdin is not None
-    stdin_fd = process.stdin.fileno()
+def _feed(launch: _Launch, poller: select.poll) -> bool:
+    """Write the next piece of stdin; close it (and stop polling it) when done or refused;
+    whether it is done."""
+    stdin = launch.process.stdin
+    assert stdin is not None
     try:
-        offset += os.write(stdin_fd, data[offset : offset + _READ_CHUNK])
+        launch.offset += os.write(stdin.fileno(), launch.stdin[launch.offset :
+                                                               launch.offset + _READ_CHUNK])
     except BlockingIOError:
-        return offset
+        return False
     except OSError:  # the child closed its end (exited, or ignores stdin): nothing to feed
-        offset = len(data)
-    if offset >= len(data):
-        poller.unregister(stdin_fd)
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-    return offset
+        launch.offset = len(launch.stdin)
+    if launch.offset < len(launch.stdin):
+        return False
+    poller.unregister(stdin.fileno())
+    with contextlib.suppress(OSError):
+        stdin.close()
+    return True
 
 
 def _read(fd: int) -> bytes:

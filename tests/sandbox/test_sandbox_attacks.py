@@ -26,9 +26,9 @@ import numpy
 import pytest
 from sandbox_helpers import LIMITS, sandbox_processes, status_field
 
-import mtgrpo.rewards.verifiers.sandbox as sandbox
+import mtgrpo.sandbox.run as sandbox
 from mtgrpo.rewards.verifiers import code_reward
-from mtgrpo.rewards.verifiers.sandbox import SandboxLimits, prepare_tests, run_python
+from mtgrpo.sandbox import SandboxLimits, run_python
 
 CTYPES_LIBRARY = Path(importlib.util.find_spec("_ctypes").origin)  # a real FFI module
 WRONG_ADD = "def add(a, b):\n    return 0\n"
@@ -131,35 +131,35 @@ def test_a_library_the_program_writes_cannot_be_loaded(
 # ---------------------------------------------- secrets in memory are not the boundary
 
 
-def test_a_program_holding_every_token_still_fails_value_checks(
+def test_a_program_that_owns_its_whole_process_still_fails(
     sandbox_root: Path, kernel_only: None
 ) -> None:
-    # With the audit hook off the program reaches the harness's frames and job; it writes
-    # every token it finds and a flood of value guesses: the values are compared outside.
+    # With the audit hook off the program walks every object and frame of its process (the
+    # garbage collector kept alive, f_back followed) and writes pass records and forged
+    # replies on every descriptor: nothing of the verdict is in its process to find.
     attack = (
-        "import gc, os, re\n"
-        "tokens = set()\n"
-        "for obj in gc.get_objects():\n"
-        "    if isinstance(obj, dict):\n"
-        "        for value in list(obj.values()):\n"
-        "            if isinstance(value, bytes) and re.fullmatch(rb'[0-9a-f]{32}', value):\n"
-        "                tokens.add(value)\n"
-        "            if isinstance(value, list):\n"
-        "                tokens.update(v for v in value if isinstance(v, bytes)\n"
-        "                              and re.fullmatch(rb'[0-9a-f]{32}', v))\n"
-        "print('tokens found', len(tokens))\n"
-        "for token in tokens:\n"
-        "    os.write(4, b'C' + token + b'\\n' + b'T' + token + b'\\n')\n"
+        "import gc, os, sys\n"
+        "gc.set_debug(gc.DEBUG_SAVEALL)\n"
+        "frames, frame = 0, sys._getframe()\n"
+        "while frame is not None:\n    frames, frame = frames + 1, frame.f_back\n"
+        "found = [o for o in gc.get_objects() if isinstance(o, (bytes, str)) and len(o) == 32]\n"
+        "print('frames', frames, 'objects', len(gc.get_objects()))\n"
+        "for fd in range(3, 64):\n"
+        "    for record in (b'P0\\nP1\\nC' + b'0' * 32, b'[\"ready\"]\\n',\n"
+        "                   b'[\"v\",\"j1\",true,[]]\\n[\"v\",\"j2\",true,[]]\\n'):\n"
+        "        try:\n            os.write(fd, record + b'\\n')\n"
+        "        except OSError:\n            pass\n"
     )
     result = run_python(_wrong(attack), ADD_TESTS, LIMITS)
-    assert "tokens found 0" not in result.stdout  # it did get the tokens
+    assert "frames 4" in result.stdout  # it did walk up to the harness's own frames
     assert result.passed == (False, False)
 
 
-def test_guessing_values_on_the_result_pipe_earns_nothing(sandbox_root: Path) -> None:
-    # Even the right value, written before the harness reports the real one, makes the
-    # check fail (a check counts only when reported exactly once), so no enumeration works.
-    guesses = "import os\nos.write(4, b'V0 [\"i\",\"3\"]\\nV1 [\"i\",\"2a\"]\\n')\n"
+def test_guessing_values_on_the_reply_pipe_earns_nothing(sandbox_root: Path) -> None:
+    # Replies written ahead of the judge's requests are dropped (they answer nothing yet);
+    # a reply is only ever data, which the program could have returned anyway.
+    guesses = ("import os\nfor n in range(1, 9):\n"
+               "    os.write(6, b'[\"v\",\"j%d\",[\"i\",\"3\"],[]]\\n' % n)\n")  # fmt: skip
     assert run_python(_wrong(guesses), ADD_TESTS, LIMITS).passed == (False, False)
     assert run_python(HONEST_ADD, ADD_TESTS, LIMITS).passed == (True, True)
 
@@ -177,9 +177,8 @@ def test_numpy_can_read_memory_and_still_cannot_forge(sandbox_root: Path) -> Non
         "                                    'data': (address, True), 'version': 3}\n"
         "raw = np.asarray(View(id(probe), 96)).tobytes()\n"
         "print('read own memory:', probe in raw)\n"
-        "for index in range(2):\n"
-        "    for guess in range(64):\n"
-        "        os.write(4, b'V%d [\"i\",\"%x\"]\\n' % (index, guess))\n"
+        "for guess in range(64):\n"
+        "    os.write(4, b'P%d\\n' % guess)\n"
     )
     result = run_python(_wrong(attack), ADD_TESTS, limits)
     assert "read own memory: True" in result.stdout
@@ -188,14 +187,16 @@ def test_numpy_can_read_memory_and_still_cannot_forge(sandbox_root: Path) -> Non
     assert run_python(honest, ADD_TESTS, limits).passed == (True, True)
 
 
-def test_with_extra_paths_only_value_checks_are_accepted() -> None:
-    limits = SandboxLimits(extra_paths=(str(Path(numpy.__file__).parents[1]),))
-    with pytest.raises(ValueError, match=r"test 1 \('assert add\(1, 2\) > 2'\) is not a value"):
-        run_python(HONEST_ADD, ["assert add(1, 2) == 3", "assert add(1, 2) > 2"], limits)
-    with pytest.raises(ValueError, match="the setup code has an assert"):
-        prepare_tests("def check(x):\n    assert x\nassert add(1, 2) == 3", values_only=True)
-    with pytest.raises(ValueError, match="code_reward: row 0: test 0"):
-        code_reward(None, ["<code>x = 1</code>"], tests=[["assert x"]], limits=limits)
+def test_with_extra_paths_every_test_form_is_judged_outside(sandbox_root: Path) -> None:
+    # A package that reads and writes the process's memory (numpy) gains the program
+    # nothing: no verdict, test or expected value is in its process.
+    limits = SandboxLimits(test_timeout_seconds=2.0, extra_paths=(
+        str(Path(numpy.__file__).parents[1]),))  # fmt: skip
+    tests = ["assert add(1, 2) == 3", "assert add(1, 2) > 2",
+             "import math\nassert math.isclose(add(0.1, 0.2), 0.3)"]  # fmt: skip
+    assert run_python(HONEST_ADD, tests, limits).passed == (True, True, True)
+    attack = "import numpy\nx = numpy.zeros(4)\n" + WRONG_ADD
+    assert run_python(attack, tests, limits).passed == (False, False, False)
     # a directory holding the standard library would show what the view hides next to it
     stdlib = SandboxLimits(extra_paths=(sysconfig.get_path("stdlib"),))
     with pytest.raises(ValueError, match="contain the interpreter's standard library"):

@@ -7,7 +7,8 @@ import os
 import uuid
 from pathlib import Path
 
-from mtgrpo.rewards.verifiers.sandbox import LAUNCHER, SandboxLimits
+from mtgrpo.sandbox import SandboxLimits
+from mtgrpo.sandbox._view import LAUNCHER
 
 LIMITS = SandboxLimits(
     timeout_seconds=4.0,

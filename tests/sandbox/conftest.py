@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,4 +22,9 @@ def sandbox_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     monkeypatch.setenv("MTGRPO_FAKE_SECRET", SECRET)
     yield root
     assert list(root.iterdir()) == []
+    # Killed processes end within moments (SIGKILL cannot be blocked); a zombie waiting to
+    # be reaped is not alive.
+    give_up = time.monotonic() + 2.0
+    while sandbox_processes() and time.monotonic() < give_up:
+        time.sleep(0.01)
     assert sandbox_processes() == {}

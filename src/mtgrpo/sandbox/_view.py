@@ -1,6 +1,6 @@
 """What a sandboxed program can see: the mount plan of its file-system view.
 
-The sandbox's root directory is an empty, read-only tmpfs (``_sandbox_launch.py`` builds it
+The sandbox's root directory is an empty, read-only tmpfs (``_launch.py`` builds it
 in a private mount namespace and ``pivot_root``s into it). It holds only:
 
 * the interpreter's executable (at its real path) and its dynamic loader (at the path its
@@ -12,8 +12,9 @@ in a private mount namespace and ``pivot_root``s into it). It holds only:
   not a standard-library module hidden (``site-packages``, ``dist-packages``, and anything
   else installed next to the standard library), and every extension module in
   ``lib-dynload`` that is not allowed hidden: ``ctypes``, the test modules, sockets,
-  subprocesses (:data:`~._sandbox_harness.BLOCKED_MODULES`);
-* the harness (``/sandbox/harness/``: its source and compiled bytecode) and ``/dev/null``,
+  subprocesses (:data:`~._harness.BLOCKED_MODULES`);
+* the harness, the judge and their wire format (``/sandbox/harness/``: source and
+  compiled bytecode) and ``/dev/null``,
   ``/dev/zero``, ``/dev/urandom``, ``/dev/random``;
 * the caller's ``extra_paths``, read-only, with (only then) the C and C++ runtime libraries
   that manylinux wheels may link against (``libstdc++``, ``libgcc_s``, ...: the
@@ -37,7 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtgrpo.rewards.verifiers._sandbox_harness import BLOCKED_MODULES
+from mtgrpo.sandbox._harness import BLOCKED_MODULES
 
 __all__ = [
     "HARNESS",
@@ -49,8 +50,11 @@ __all__ = [
     "interpreter_view",
 ]
 
-HARNESS = Path(__file__).with_name("_sandbox_harness.py")
-LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
+HARNESS = Path(__file__).with_name("_harness.py")
+JUDGE = Path(__file__).with_name("_judge.py")
+WIRE = Path(__file__).with_name("_wire.py")
+HARNESS_FILES = (HARNESS, JUDGE, WIRE)  # bound into HARNESS_DIR, each with its bytecode
+LAUNCHER = Path(__file__).with_name("_launch.py")
 HARNESS_DIR = "/sandbox/harness"  # inside the sandbox: the harness and its cached bytecode
 LIBRARY_DIR = "/sandbox/lib"
 OWN_ROOT = "/sandbox"  # the harness, the libraries and the work directory live here
@@ -146,10 +150,10 @@ def interpreter_view(executable: str) -> InterpreterView:
 
     Raises ``OSError`` when the probe fails (not Linux, no ``/proc``, a broken interpreter).
     """
-    harness = str(HARNESS.resolve())
+    harness = [str(path.resolve()) for path in HARNESS_FILES]
     probe = subprocess.run(
         [executable, "-I", "-S", "-B", "-c", _PROBE, json.dumps(sorted(BLOCKED_MODULES)),
-         harness, str(LAUNCHER.resolve())],
+         *harness, str(LAUNCHER.resolve())],
         capture_output=True, text=True, timeout=PROBE_SECONDS, env={"LC_ALL": "C.UTF-8"},
         check=False,
     )  # fmt: skip
@@ -169,11 +173,12 @@ def interpreter_view(executable: str) -> InterpreterView:
                       "sandbox keeps its own files; use an interpreter installed elsewhere")
     libraries = _libraries(facts["mapped"], paths, interpreter)
     mounts += _library_mounts(libraries)
-    mounts.append(("bind", harness, f"{HARNESS_DIR}/{HARNESS.name}", False, False))
-    cached = facts["bytecode"][harness]
-    if cached is not None:
-        inside = f"{HARNESS_DIR}/__pycache__/{os.path.basename(cached)}"
-        mounts.append(("bind", cached, inside, False, False))
+    for source in harness:
+        mounts.append(("bind", source, f"{HARNESS_DIR}/{os.path.basename(source)}", False, False))
+        cached = facts["bytecode"][source]
+        if cached is not None:
+            inside = f"{HARNESS_DIR}/__pycache__/{os.path.basename(cached)}"
+            mounts.append(("bind", cached, inside, False, False))
     mounts += [("bind", device, device, True, False) for device in DEVICES]
     runtime = _libraries(_runtime_libraries(libraries), paths, interpreter)
     runtime = {path: names for path, names in runtime.items() if path not in libraries}

@@ -1,15 +1,18 @@
-"""Trusted stage of the code sandbox, run by ``sandbox.py`` for every run in a fresh
-``python -I -S -B`` (imported there as ``_sandbox_launch``, to reuse its compiled bytecode,
+"""Trusted stage of the code sandbox, run by ``run.py`` for every sandboxed process in a
+fresh ``python -I -S -B`` (imported there as ``_launch``, to reuse its compiled bytecode,
 and ``main()`` called; the library itself never imports it). It never runs untrusted code.
-It builds the sandbox with the kernel's namespaces, starts the harness in it, and turns
-what the harness reports into verdicts. Three processes:
+It builds a sandbox with the kernel's namespaces, starts one harness in it (the program's,
+``_harness.py``, or the judge's, ``_judge.py``), and relays the harness's records to the
+trainer. A run with tests starts two launchers, one per sandbox, so the program and the
+judge share no namespace. Three processes each:
 
 * **launcher** (this script's first process, in the trainer's PID namespace): reads its job
   on stdin, enters new PID, network, IPC and UTS namespaces (as root directly; otherwise
   inside a new user namespace that maps one unprivileged id, 65534, to the caller), forks
   the *reaper*, gives up its own privileges, sends the harness its job on a pipe, and reads
-  the harness's records: it compares each reported value with the expected value (which
-  only this process holds) and writes verdict lines to the trainer's report pipe.
+  the harness's records, writing them as report lines to the trainer's report pipe. It dies
+  with the thread of the trainer that started it (``PR_SET_PDEATHSIG``), and so does
+  everything below it.
 * **reaper** (PID 1 of the new PID namespace): enters a new mount namespace, mounts a
   read-only tmpfs root holding only the mount plan of the job (the interpreter, its
   standard library with every non-standard entry hidden, the shared libraries they need,
@@ -20,13 +23,14 @@ what the harness reports into verdicts. Three processes:
 * **harness** (PID 2): sets the resource limits, becomes uid/gid 65534 with no capabilities
   at all (bounding, ambient, permitted, effective and inheritable sets emptied and read
   back), ``PR_SET_NO_NEW_PRIVS``, dies with the reaper (``PR_SET_PDEATHSIG``), and execs
-  a fresh interpreter on ``_sandbox_harness.py``: a new process image, so ``ctypes`` (which
-  this module uses) is not loaded in the process that runs the program.
+  a fresh interpreter on the harness: a new process image, so ``ctypes`` (which this
+  module uses) is not loaded in the process that runs the program. The judge's harness
+  gets descriptors 5 and 6 to the program's (pipes made by the trainer), and nothing else.
 
 Failures to build the sandbox are reported as ``refused <reason>``: untrusted code is then
-not run at all. Report lines (``sandbox.py`` reads them): ``sandbox <mode>``, ``refused
-<reason>``, ``error <reason>``, ``program``, ``syntax <name>``, ``pass <unit>``, ``exit
-<status>``.
+not run at all. Report lines (``run.py`` reads them): ``sandbox <mode>``, ``refused
+<reason>``, ``program`` and ``syntax <name>`` (the program's harness), ``pass <unit>`` and
+``lost`` (the judge's), ``exit <status>``.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "p
               "ppc64": 203, "s390x": 217}  # fmt: skip
 SANDBOX_ID = 65534  # uid and gid of the harness ("nobody")
 FIRST_FREE_FD = 10  # the harness's descriptors are moved above this before being placed
-HARNESS_FDS = 5  # 0 stdin, 1 stdout, 2 stderr, 3 job (read), 4 results (write)
+HARNESS_FDS = 7  # 0 stdin, 1 stdout, 2 stderr, 3 job, 4 records, 5-6 the other harness
 RESULT_LINE_LIMIT = 1 << 16  # records other than values are short
 LAUNCHER_PATH = os.path.abspath(__file__)
 
@@ -66,6 +70,7 @@ class RefusedError(OSError):
 def main() -> None:
     job = _read_job()
     report = job["report_fd"]
+    _die_with_parent(job["parent_pid"])
     try:
         mode = _enter_namespaces(job["user_namespace"])
     except OSError as error:
@@ -77,13 +82,24 @@ def main() -> None:
         _reaper(job, mode, pipes)
     for name, end in (("job", 0), ("results", 1), ("setup", 1)):
         os.close(pipes[name][end])
-    if job["checks"]:
-        import json  # noqa: F401  # for decode(): imported while the files are still readable
+    for fd in job["peer_fds"]:  # the harness holds them now; EOF must follow its exit
+        os.close(fd)
     _drop_launcher_privileges(mode)
+    _die_with_parent(job["parent_pid"])  # the uid switch cleared the setting
     _line(report, f"sandbox {mode}")
-    tokens = _send_harness_job(job, pipes["job"][1])
-    _serve(job, tokens, pipes["results"][0], pipes["setup"][0], report)
+    token = _send_harness_job(job, pipes["job"][1])
+    _serve(token, pipes["results"][0], pipes["setup"][0], report)
     os.waitpid(reaper, 0)
+    os._exit(0)  # no interpreter teardown: the trainer waits on this exit
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the trainer's thread that started it ends, whatever the
+    sandboxed program does (the reaper dies with this process, and the PID namespace with
+    the reaper); if the trainer has already gone, stop now."""
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _read_job() -> dict:
@@ -297,8 +313,9 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
     """In the harness process: descriptors, limits, no privileges, then exec the harness."""
     try:
         setup = _high(setup, cloexec=True)
-        stdin = os.open("/dev/null", os.O_RDONLY) if job["mode"] == "tests" else 0
-        _place_descriptors([stdin, 1, 2, job_fd, result_fd], keep=setup)
+        stdin = 0 if job["mode"] == "io" else os.open("/dev/null", os.O_RDONLY)
+        peers = list(job["peer_fds"]) or [os.open("/dev/null", os.O_RDONLY)] * 2
+        _place_descriptors([stdin, 1, 2, job_fd, result_fd, *peers], keep=setup)
         # Limits after the uid switch: switching to a uid already at its RLIMIT_NPROC marks
         # the process, and the kernel then refuses its execve.
         _drop_privileges(mode, cap_last)
@@ -383,32 +400,28 @@ def _drop_launcher_privileges(mode: str) -> None:
     _drop_privileges(mode, _cap_last())
 
 
-# ------------------------------------------------------------------------- verdicts
+# -------------------------------------------------------------------------- records
 
 
-def _send_harness_job(job: dict, fd: int) -> dict:
-    """Write the harness's job (program, test sources, fresh tokens; never expected values)
-    and close the pipe; the tokens by kind, for recognising the records."""
+def _send_harness_job(job: dict, fd: int) -> bytes:
+    """Write the harness's job (with a fresh token the program's harness writes once its
+    top level has run) and close the pipe; the token."""
     harness_job = dict(job["harness_job"])
-    units = harness_job["units"]
-    tokens = {"code": os.urandom(16).hex().encode()}
-    unit_tokens = [os.urandom(16).hex().encode() if kind == "test" else b"" for kind, _ in units]
-    harness_job["code_token"], harness_job["unit_tokens"] = tokens["code"], unit_tokens
+    token = os.urandom(16).hex().encode()
+    harness_job["code_token"] = token
     payload = marshal.dumps(harness_job)
     try:
         with os.fdopen(fd, "wb") as pipe:
             pipe.write(len(payload).to_bytes(8, "little") + payload)
     except BrokenPipeError:  # the harness did not start; the setup pipe says why
         pass
-    tokens["units"] = {token: index for index, token in enumerate(unit_tokens) if token}
-    return tokens
+    return token
 
 
-def _serve(job: dict, tokens: dict, results: int, setup: int, report: int) -> None:
-    """Read the harness's records and the reaper's status until both pipes close."""
-    judge = _Judge(job["checks"], tokens, report)
+def _serve(token: bytes, results: int, setup: int, report: int) -> None:
+    """Relay the harness's records and the reaper's status until both pipes close."""
     streams = {results: bytearray(), setup: bytearray()}
-    budget = {results: job["result_bytes"], setup: RESULT_LINE_LIMIT}
+    budget = {results: RESULT_LINE_LIMIT, setup: RESULT_LINE_LIMIT}
     poller = select.poll()
     for fd in streams:
         poller.register(fd, select.POLLIN | select.POLLHUP)
@@ -418,7 +431,7 @@ def _serve(job: dict, tokens: dict, results: int, setup: int, report: int) -> No
             if not chunk:
                 poller.unregister(fd)
                 for line in bytes(streams.pop(fd)).split(b"\n"):
-                    _dispatch(fd == results, line, judge, report)
+                    _dispatch(fd == results, line, token, report)
                 continue
             if budget[fd] <= 0:
                 continue  # drained past the cap: a flood is read and dropped
@@ -428,143 +441,26 @@ def _serve(job: dict, tokens: dict, results: int, setup: int, report: int) -> No
             *complete, rest = bytes(buffer).split(b"\n")
             streams[fd] = bytearray(rest)
             for line in complete:
-                _dispatch(fd == results, line, judge, report)
+                _dispatch(fd == results, line, token, report)
 
 
-def _dispatch(from_harness: bool, line: bytes, judge: _Judge, report: int) -> None:
+def _dispatch(from_harness: bool, line: bytes, token: bytes, report: int) -> None:
+    """One record as a report line. The program's harness may write anything on its record
+    pipe (the program shares its process), so nothing it writes is a verdict: ``program``
+    and ``syntax`` only describe the run. Verdicts come from the judge's launcher."""
     if from_harness:
-        judge.record(line)
+        if line == b"C" + token:
+            _line(report, "program")
+        elif line.startswith(b"S "):
+            _line(report, f"syntax {line[2:66].decode('ascii', 'replace')}")
+        elif line[:1] == b"P" and line[1:].isdigit() and len(line) < 12:
+            _line(report, f"pass {int(line[1:])}")
+        elif line == b"L":
+            _line(report, "lost")
     elif line.startswith((b"status ", b"refused ")):
         head, _, rest = line.partition(b" ")
         text = rest.decode("utf-8", "replace")
         _line(report, f"exit {int(rest)}" if head == b"status" else f"refused {text}")
-
-
-class _Judge:
-    """Verdicts from the harness's records.
-
-    A test unit passes when its token arrives (the unit ran to the end) and every value
-    check of the unit was reported exactly once and satisfies its comparison with the
-    expected value. Values are reported as JSON (:func:`decode`), so nothing the program
-    chose is executed here; an expected value never leaves this process.
-    """
-
-    def __init__(self, checks: list, tokens: dict, report: int) -> None:
-        self.checks = checks  # [(unit, op, expected, literal_left, negate)]
-        self.tokens = tokens
-        self.report = report
-        self.values: dict[int, list] = {}
-        self.by_unit: dict[int, list[int]] = {}
-        for index, (unit, *_) in enumerate(checks):
-            self.by_unit.setdefault(unit, []).append(index)
-
-    def record(self, line: bytes) -> None:
-        if line == b"C" + self.tokens["code"]:
-            _line(self.report, "program")
-        elif line.startswith(b"S "):
-            _line(self.report, f"syntax {line[2:66].decode('ascii', 'replace')}")
-        elif line.startswith(b"T") and line[1:] in self.tokens["units"]:
-            unit = self.tokens["units"][line[1:]]
-            if all(self._satisfied(check) for check in self.by_unit.get(unit, ())):
-                _line(self.report, f"pass {unit}")
-        elif line.startswith(b"V"):
-            head, _, text = line[1:].partition(b" ")
-            if head.isdigit() and len(head) < 10 and int(head) < len(self.checks):
-                self.values.setdefault(int(head), []).append(text)
-
-    def _satisfied(self, index: int) -> bool:
-        reported = self.values.get(index, [])
-        if len(reported) != 1:  # missing, or several guesses written by the program
-            return False
-        _, op, expected, literal_left, negate = self.checks[index]
-        try:
-            value = decode(reported[0])
-            outcome = compare(op, value, expected, literal_left)
-        except Exception:  # malformed or hostile data: the check fails
-            return False
-        return outcome is not negate
-
-
-class NotPlain:
-    """A reported value that is not plain data: equal to nothing but itself."""
-
-
-NOT_PLAIN = NotPlain()
-MAX_DEPTH, MAX_NODES, MAX_SCALAR_CHARS = 100, 1_000_000, 1 << 20
-SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
-
-
-def _refuse_number(text: str) -> None:
-    raise ValueError("numbers are sent as tagged strings")
-
-
-def decode(text: bytes) -> object:
-    """A value from the harness's JSON encoding (``_sandbox_harness._make_value_check``).
-
-    ``null``/``true``/``false``; ``["i", hex]`` int, ``["f", repr]`` float, ``["c", re,
-    im]`` complex, ``["u", hex of UTF-8]`` str, ``["b", hex]`` bytes, ``["l"|"t"|"s"|"z",
-    [items]]`` list, tuple, set, frozenset, ``["d", [[key, value], ...]]`` dict, ``["?"]``
-    not plain data. Bare JSON numbers and strings are refused; depth and size are capped
-    (``ValueError``). Linear in the text.
-    """
-    import json  # loaded by main() before the launcher gave up its privileges
-
-    tree = json.loads(text, parse_int=_refuse_number, parse_float=_refuse_number,
-                      parse_constant=_refuse_number)  # fmt: skip
-    return _rebuild(tree, 0, [MAX_NODES])
-
-
-def _rebuild(node: object, depth: int, budget: list[int]) -> object:
-    budget[0] -= 1
-    if depth > MAX_DEPTH or budget[0] < 0:
-        raise ValueError("value too deep or too large")
-    if node is None or isinstance(node, bool):
-        return node
-    if not (isinstance(node, list) and node and isinstance(node[0], str)):
-        raise ValueError("malformed value")
-    tag, rest = node[0], node[1:]
-    if tag in SEQUENCES and len(rest) == 1 and isinstance(rest[0], list):
-        return SEQUENCES[tag](_rebuild(item, depth + 1, budget) for item in rest[0])
-    if tag == "d" and len(rest) == 1 and isinstance(rest[0], list):
-        pairs = [pair for pair in rest[0] if isinstance(pair, list) and len(pair) == 2]
-        if len(pairs) != len(rest[0]):
-            raise ValueError("malformed dict")
-        return {_rebuild(k, depth + 1, budget): _rebuild(v, depth + 1, budget) for k, v in pairs}
-    if tag == "?" and not rest:
-        return NOT_PLAIN
-    if not (rest and all(isinstance(part, str) and len(part) <= MAX_SCALAR_CHARS
-                         for part in rest)):  # fmt: skip
-        raise ValueError("malformed scalar")
-    if tag == "i" and len(rest) == 1:
-        return int(rest[0], 16)
-    if tag == "f" and len(rest) == 1 and len(rest[0]) <= 64:
-        return float(rest[0])
-    if tag == "c" and len(rest) == 2 and max(map(len, rest)) <= 64:
-        return complex(float(rest[0]), float(rest[1]))
-    if tag == "b" and len(rest) == 1:
-        return bytes.fromhex(rest[0])
-    if tag == "u" and len(rest) == 1:
-        return bytes.fromhex(rest[0]).decode("utf-8", "surrogatepass")
-    raise ValueError(f"unknown value tag {tag!r}")
-
-
-def compare(op: str, value: object, expected: object, literal_left: bool) -> bool:
-    """``value <op> expected`` (``expected <op> value`` when the literal was on the left),
-    on plain data rebuilt here: no object of the program takes part."""
-    left, right = (expected, value) if literal_left else (value, expected)
-    if op == "==":
-        return left == right
-    if op == "!=":
-        return left != right
-    if op == "in":
-        return left in right
-    if op == "not in":
-        return left not in right
-    if op == "is":
-        return left is right
-    if op == "is not":
-        return left is not right
-    raise ValueError(f"unknown comparison {op!r}")
 
 
 if __name__ == "__main__":
