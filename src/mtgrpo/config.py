@@ -422,6 +422,10 @@ class GRPOConfig(TRLCompatibleFields):
         "A completion no reward applies to: raise, warn (TRL's behaviour and warning: "
         "advantage 0), zero_advantage (the same, silently); auto: raise when the dataset "
         "has a task column, warn for single-task data without one.", default="auto")
+    reward_timeout: float | None = _help(
+        "Seconds one call of a reward function may take (a function's own timeout wins); a "
+        "call past it does not apply to its completions and is counted in "
+        "rewards/<name>/timeouts. null: no limit.", default=60.0)
     advantage_epsilon: float = _help("δ added to stds when normalising.", default=1e-4)
     advantage_std_ddof: int = _help(
         "Degrees of freedom of the stds: 1 (unbiased; TRL) or 0 (population; "
@@ -529,6 +533,19 @@ class GRPOConfig(TRLCompatibleFields):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.max_prompt_length is not None and (
+            isinstance(self.max_prompt_length, bool) or not isinstance(self.max_prompt_length, int)
+            or self.max_prompt_length < 1
+        ):
+            raise ValueError(
+                f"max_prompt_length={self.max_prompt_length!r} must be a positive integer (the "
+                "most prompt tokens kept), or null to keep whole prompts"
+            )
+        timeout = self.reward_timeout
+        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and timeout > 0):
+            raise ValueError(f"reward_timeout={timeout!r} must be a positive number of seconds, "
+                             "or null for no limit")  # fmt: skip
         if not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
             raise ValueError(
                 f"max_steps={self.max_steps!r} must be a positive integer, or -1 to train for "

@@ -173,9 +173,46 @@ def test_process_isolation_and_restart_after_a_late_reply(
     )
     assert rewards == [0.0]
     assert time.perf_counter() - started < 0.5
-    assert math_module._WORKER._process is None
+    assert math_module._POOL._process is None
     monkeypatch.setattr(math_module, "WORKER_GRACE_SECONDS", 2.0)
     assert math_reward(None, [r"\boxed{3}"], answer=["3"], isolation="process") == [1.0]
+
+
+def test_a_batch_of_hostile_answers_costs_about_its_slowest_check() -> None:
+    # Sixteen answers that each take the whole limit, and an honest one: checked side by
+    # side in forked children, so the batch takes about one limit, not sixteen.
+    hostile = [r"\boxed{9^{9^{9^{9}}}}"] * 16
+    math_reward(None, [r"\boxed{3}"], answer=["3"], isolation="process")  # start the helper
+    started = time.perf_counter()
+    rewards = math_reward(None, [*hostile, r"\boxed{\frac12}"], answer=["3"] * 16 + ["0.5"],
+                          timeout_seconds=1.0)  # fmt: skip
+    assert rewards == [0.0] * 16 + [1.0]
+    sequential = 16 * 1.0
+    assert time.perf_counter() - started < sequential / 2
+
+
+def test_the_helper_dies_with_its_owner() -> None:
+    script = math_module._light_imports_source() + (
+        "from mtgrpo.rewards.verifiers import math as m\n"
+        "print(m.math_reward(None, ['3'], answer=['3'], isolation='process'), flush=True)\n"
+        "print(m._POOL._process.pid, flush=True)\n"
+        "import os\nos.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    helper = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(helper):
+        time.sleep(0.02)
+    assert not _alive(helper)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except FileNotFoundError:
+        return False
 
 
 def test_configuration_errors() -> None:

@@ -24,9 +24,11 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import torch
+
+from mtgrpo.rewards.deadline import check_timeout
 
 __all__ = [
     "GateSpec",
@@ -191,6 +193,8 @@ class RewardFunction:
         weights: one reward weight per channel; ``None`` leaves the choice to the suite
             (its ``reward_weights`` or 1.0).
         gates: conditioning gates on this function's channels (see :func:`conditioned`).
+        timeout: seconds one call may take (:mod:`mtgrpo.rewards.deadline`); ``None`` for
+            no limit; ``"default"`` takes the suite's (``reward_timeout``).
     """
 
     fn: RewardCallable
@@ -198,6 +202,7 @@ class RewardFunction:
     channels: tuple[str, ...] | None = None
     weights: tuple[float, ...] | None = None
     gates: tuple[GateSpec, ...] = ()
+    timeout: float | Literal["default"] | None = "default"
 
     def __post_init__(self) -> None:
         if isinstance(self.fn, RewardFunction):
@@ -218,6 +223,9 @@ class RewardFunction:
         object.__setattr__(self, "channels", channels)
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "gates", tuple(self.gates))
+        if self.timeout != "default":
+            object.__setattr__(self, "timeout",
+                               check_timeout(self.timeout, f"the timeout of {name!r}"))  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

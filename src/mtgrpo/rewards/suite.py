@@ -24,6 +24,13 @@ from mtgrpo.rewards.core import (
     callable_name,
     unique_names,
 )
+from mtgrpo.rewards.deadline import (
+    DEFAULT_REWARD_TIMEOUT,
+    TIMED_OUT,
+    call_with_deadline,
+    check_timeout,
+    with_deadline,
+)
 from mtgrpo.rewards.evaluation import (
     RewardBatch,
     coerce_output,
@@ -35,6 +42,8 @@ from mtgrpo.rewards.guard import collect_scoring_errors
 __all__ = ["UNSCORABLE_POLICIES", "WILDCARD_TASK", "RewardScores", "RewardSuite"]
 
 logger = logging.getLogger(__name__)
+_WARNINGS_PER_FUNCTION = 3
+_timeout_warnings: dict[str, int] = {}
 
 WILDCARD_TASK = "*"
 """Routing-table key whose functions apply to every task."""
@@ -58,6 +67,8 @@ class RewardScores:
         tasks: ``[N]`` task label of each completion.
         errors: ``[N, R]`` bool: a built-in verifier failed on the completion's text and
             scored it 0 (:mod:`mtgrpo.rewards.guard`); all False when not given.
+        timeouts: ``[N, R]`` bool: the function's call on the completion ran past its time
+            limit, so the channel does not apply there (NaN); all False when not given.
     """
 
     values: Tensor  # [N, R]
@@ -65,14 +76,15 @@ class RewardScores:
     channel_names: list[str]  # [R]
     tasks: list[str]  # [N]
     errors: Tensor | None = None  # [N, R]
+    timeouts: Tensor | None = None  # [N, R]
 
     def __post_init__(self) -> None:
         assert self.values.shape == (len(self.tasks), len(self.channel_names))
         assert self.applied.shape == self.values.shape
-        if self.errors is None:
-            object.__setattr__(self, "errors", torch.zeros_like(self.applied))
-        assert self.errors is not None
-        assert self.errors.shape == self.values.shape
+        for name in ("errors", "timeouts"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, torch.zeros_like(self.applied))
+            assert getattr(self, name).shape == self.values.shape
 
     @property
     def unscorable(self) -> Tensor:
@@ -101,12 +113,15 @@ class RewardScores:
     def metrics(self, prefix: str = "rewards") -> dict[str, float]:
         """Per channel ``{prefix}/{channel}/mean`` and ``/std`` over the applied rows (TRL's
         names; std unbiased as TRL's ``nanstd``, NaN with fewer than two values),
-        ``/applied`` (fraction of rows the channel scored) and ``/errors`` (completions a
-        built-in verifier failed on)."""
+        ``/applied`` (fraction of rows the channel scored), ``/errors`` (completions a
+        built-in verifier failed on) and ``/timeouts`` (completions of calls past the time
+        limit)."""
         out: dict[str, float] = {}
         assert self.errors is not None
+        assert self.timeouts is not None
         for r, name in enumerate(self.channel_names):
             out[f"{prefix}/{name}/errors"] = int(self.errors[:, r].sum())
+            out[f"{prefix}/{name}/timeouts"] = int(self.timeouts[:, r].sum())
             present = self.values[self.applied[:, r], r].double()
             std = present.std().item() if present.numel() > 1 else math.nan
             mean = present.mean().item() if present.numel() else math.nan
@@ -245,6 +260,7 @@ class RewardSuite:
         routes: Sequence[Collection[str] | None] | None = None,
         reward_weights: Sequence[float] | np.ndarray | Tensor | None = None,
         on_unscorable: str = "raise",
+        timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     ) -> None:
         _check_functions(functions)
         names = unique_names(str(rf.name) for rf in functions)
@@ -260,6 +276,10 @@ class RewardSuite:
         )
         self._on_unscorable = UNSCORABLE_POLICIES.canonical(on_unscorable)
         self._gates = self._resolve_gates()
+        default = check_timeout(timeout, "reward_timeout")
+        self._timeouts = [default if rf.timeout == "default" else rf.timeout
+                          for rf in self._functions]  # fmt: skip
+        self._timed_out = dict.fromkeys(self._channel_names, 0)  # since the last pop
 
     @classmethod
     def from_user(
@@ -268,6 +288,7 @@ class RewardSuite:
         reward_weights: Sequence[float] | np.ndarray | Tensor | None = None,
         *,
         on_unscorable: str = "raise",
+        timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     ) -> RewardSuite:
         """Build a suite from what a user passes: one function, a list of functions, or a
         routing table ``{"math": [f1], "code": [f2, f3], "*": [fmt]}`` (a value may be one
@@ -275,7 +296,9 @@ class RewardSuite:
         :class:`RewardFunction` objects mix freely.
 
         ``reward_weights``: ``[R]``, one per channel (default 1.0, or the weights declared on
-        the functions; declaring a different value in both places is an error).
+        the functions; declaring a different value in both places is an error). ``timeout``:
+        seconds one call of a function may take, unless the function sets its own
+        (:mod:`mtgrpo.rewards.deadline`); ``None`` for no limit.
         """
         if isinstance(reward_funcs, RewardSuite):
             raise TypeError("reward_funcs is already a RewardSuite; use it directly")
@@ -287,9 +310,8 @@ class RewardSuite:
             functions = [as_reward_function(f) for f in reward_funcs]
         else:
             functions = [as_reward_function(reward_funcs)]
-        return cls(
-            functions, routes=routes, reward_weights=reward_weights, on_unscorable=on_unscorable
-        )
+        return cls(functions, routes=routes, reward_weights=reward_weights,
+                   on_unscorable=on_unscorable, timeout=timeout)  # fmt: skip
 
     def _check_routes(
         self, routes: Sequence[Collection[str] | None] | None
@@ -456,21 +478,26 @@ class RewardSuite:
         self._check_task_labels(set(batch.tasks), batch.tasks)
         values = np.full((len(batch), self.num_channels), np.nan)  # [N, R]
         errors = np.zeros(values.shape, dtype=bool)  # [N, R]
+        timeouts = np.zeros(values.shape, dtype=bool)  # [N, R]
         pending: list[tuple[int, list[int], Any]] = []
         try:
             for owner, rf in enumerate(self._functions):
                 rows = self._rows_of(owner, batch.tasks)
                 if not rows:
                     continue
+                kwargs = batch.kwargs(rows)
                 try:
                     with collect_scoring_errors() as failed:
-                        out = rf.fn(**batch.kwargs(rows))
+                        ended, out = call_with_deadline(lambda: rf.fn(**kwargs),  # noqa: B023
+                                                        self._timeouts[owner])  # fmt: skip
                 except Exception as exc:
                     raise function_failure(rf, batch, rows, exc) from exc
+                start, stop = self._offsets[owner], self._offsets[owner + 1]
                 if failed:
-                    start, stop = self._offsets[owner], self._offsets[owner + 1]
                     errors[[rows[i] for i in failed], start:stop] = True
-                if inspect.isawaitable(out):
+                if not ended:
+                    self._note_timeout(owner, batch, rows, timeouts)
+                elif inspect.isawaitable(out):
                     pending.append((owner, rows, out))
                 else:
                     self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
@@ -479,9 +506,13 @@ class RewardSuite:
                 if inspect.iscoroutine(awaitable):
                     awaitable.close()
             raise
-        results = run_awaitables([awaitable for *_, awaitable in pending])
+        results = run_awaitables([with_deadline(awaitable, self._timeouts[owner])
+                                  for owner, _, awaitable in pending])  # fmt: skip
         for (owner, rows, _), out in zip(pending, results, strict=True):
             rf = self._functions[owner]
+            if out is TIMED_OUT:
+                self._note_timeout(owner, batch, rows, timeouts)
+                continue
             if isinstance(out, Exception):
                 raise function_failure(rf, batch, rows, out) from out
             if isinstance(out, BaseException):
@@ -492,7 +523,34 @@ class RewardSuite:
         # rounding on the way (the loss reads the advantages as float32, PolicyBatch)
         scores = torch.from_numpy(values)  # [N, R] float64
         return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks,
-                            torch.from_numpy(errors))  # fmt: skip
+                            torch.from_numpy(errors), torch.from_numpy(timeouts))  # fmt: skip
+
+    def _note_timeout(self, owner: int, batch: RewardBatch, rows: list[int],
+                      timeouts: np.ndarray) -> None:  # fmt: skip
+        """A call past its limit: its rows stay NaN for the function's channels (then
+        ``on_unscorable`` decides for rows no other function scores), counted and told."""
+        start, stop = self._offsets[owner], self._offsets[owner + 1]
+        timeouts[rows, start:stop] = True
+        for name in self._channel_names[start:stop]:
+            self._timed_out[name] += len(rows)
+        rf, seconds = self._functions[owner], self._timeouts[owner]
+        seen = _timeout_warnings.get(str(rf.name), 0)
+        if seen < _WARNINGS_PER_FUNCTION:
+            _timeout_warnings[str(rf.name)] = seen + 1
+            logger.warning(
+                "reward function '%s' ran past its %.3g s time limit on %d completion(s) (%s); "
+                "it does not apply to them (counted in rewards/%s/timeouts). Make it faster, "
+                "or raise reward_timeout (or the function's own timeout)%s", rf.name, seconds,
+                len(rows), batch.task_summary(rows), rf.column_names[0],
+                "; further timeouts of this function are counted silently"
+                if seen + 1 == _WARNINGS_PER_FUNCTION else "",
+            )  # fmt: skip
+
+    def pop_timeouts(self) -> dict[str, int]:
+        """``{rewards/<channel>/timeouts: completions}`` since the last call (for logging)."""
+        counts = {f"rewards/{name}/timeouts": count for name, count in self._timed_out.items()}
+        self._timed_out = dict.fromkeys(self._channel_names, 0)
+        return counts
 
     def _store(self, values: np.ndarray, owner: int, rows: list[int], block: np.ndarray) -> None:
         start, stop = self._offsets[owner], self._offsets[owner + 1]

@@ -37,7 +37,20 @@ def _reply(job: bytes, replies: Any) -> tuple[str, Any]:
         return ("error", f"{type(error).__name__}: {error}")
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the trainer's thread that started this process ends, even in the middle
+    of a job (end of input only stops an idle worker)."""
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the setting took effect
+        os._exit(1)
+
+
 def main() -> None:
+    if sys.platform == "linux":
+        _die_with_parent()
     # Ctrl-C is the parent's business: it closes its pool, which kills this process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests = sys.stdin.buffer

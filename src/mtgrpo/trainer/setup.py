@@ -164,6 +164,7 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
         resolve_rewards(reward_funcs, trust_remote_code=args.trust_remote_code),
         reward_weights=args.reward_weights,
         on_unscorable="raise" if policy == "auto" else policy,
+        timeout=args.reward_timeout,
     )
 
 

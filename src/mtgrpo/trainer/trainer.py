@@ -741,6 +741,7 @@ class GRPOTrainer:
         errors = np.concatenate(errors) if generated and all(e is not None for e in errors) \
             else None
         metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
+        metrics.update(self.rewards.pop_timeouts())
         metrics.update(self._rollout_metrics(generated, report))
         metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())

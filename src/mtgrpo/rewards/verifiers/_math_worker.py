@@ -1,18 +1,33 @@
-"""Helper process of :mod:`mtgrpo.rewards.verifiers.math` for checks off the main thread.
+"""Helper process of :mod:`mtgrpo.rewards.verifiers.math`: checks in parallel, each in a
+forked child with its own time limit.
 
-Protocol (one request at a time): after start-up it prints ``ready``; then for each JSON
-line ``{"gold", "answer", "timeout"}`` on stdin it prints ``1`` or ``0``. Each check runs in
-this process's main thread under the same signal timer as in-process checks; the parent
-kills the process if a reply is late (a computation stuck in C code).
+The process imports math-verify once (about a second), prints ``ready``, then reads JSON
+lines ``{"id", "gold", "answer", "timeout"}`` on stdin. Each request is checked in a child
+forked from this warm process (a few milliseconds, memory shared copy-on-write), at most
+``MAX_CHILDREN`` at once; a child runs the check in its own main thread under the same signal
+timer as in-process checks and exits with status 10 (equal) or 11 (not equal, or it could
+not complete). A child still alive ``GRACE_SECONDS`` past its limit (stuck in C code) is
+killed. Each reply is a line ``<id> 1`` or ``<id> 0``. So a batch of hostile answers costs
+about its slowest check, not their sum.
+
+It dies with the trainer's thread that started it (``PR_SET_PDEATHSIG``) and its children
+die with it, whatever they are doing. End of stdin ends it (and kills its children).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import resource
+import select
+import signal
 import sys
+import time
+from collections import deque
 
 from mtgrpo.rewards.verifiers.math import (
+    CHECK_MEMORY_BYTES,
     WORKER_MEMORY_BYTES,
     _Deadline,
     _verify,
@@ -20,22 +35,95 @@ from mtgrpo.rewards.verifiers.math import (
     _with_deadline,
 )
 
+GRACE_SECONDS = 1.0
+PR_SET_PDEATHSIG = 1
+EQUAL, NOT_EQUAL = 10, 11
 
-def serve() -> None:
+
+def _die_with_parent(parent: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def serve(parent: int, max_children: int) -> None:
+    _die_with_parent(parent)
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     _warm_up()  # import math-verify and build its parsers before announcing readiness
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    for line in sys.stdin:
+    _reply(b"ready")
+    server = os.getpid()
+    waiting: deque[dict] = deque()
+    running: dict[int, tuple[str, float]] = {}  # pid -> (request id, kill time)
+    buffer, open_input = b"", True
+    while open_input or waiting or running:
+        while waiting and len(running) < max_children:
+            request = waiting.popleft()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, server)
+            running[pid] = (str(request["id"]), time.monotonic() + request["timeout"]
+                            + GRACE_SECONDS)  # fmt: skip
+        if open_input:
+            ready, _, _ = select.select([0], [], [], 0.01 if running else None)
+            if ready:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    open_input = False
+                    for pid in running:  # the trainer has gone: nothing more to answer
+                        os.kill(pid, signal.SIGKILL)
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    waiting.append(_request(line))
+        else:
+            waiting.clear()
+            time.sleep(0.01)
+        _reap(running, open_input)
+
+
+def _request(line: bytes) -> dict:
+    try:
+        request = json.loads(line)
+        return {"id": str(request["id"]), "gold": str(request["gold"]),
+                "answer": str(request["answer"]), "timeout": float(request["timeout"])}  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return {"id": "?", "gold": "", "answer": "", "timeout": 0.0}
+
+
+def _child(request: dict, server: int) -> None:
+    try:
+        _die_with_parent(server)
+        resource.setrlimit(resource.RLIMIT_AS, (CHECK_MEMORY_BYTES, CHECK_MEMORY_BYTES))
+        ok = _with_deadline(lambda: _verify(request["gold"], request["answer"]),
+                            request["timeout"])  # fmt: skip
+    except (_Deadline, Exception):  # a check that cannot complete is a wrong answer
+        ok = False
+    except BaseException:
+        ok = False
+    os._exit(EQUAL if ok else NOT_EQUAL)
+
+
+def _reap(running: dict[int, tuple[str, float]], answer: bool) -> None:
+    now = time.monotonic()
+    for pid, (_, kill_at) in list(running.items()):
+        if now > kill_at:
+            os.kill(pid, signal.SIGKILL)
+    while running:
         try:
-            request = json.loads(line)
-            gold, answer = str(request["gold"]), str(request["answer"])
-            ok = _with_deadline(lambda: _verify(gold, answer), float(request["timeout"]))  # noqa: B023
-        except (_Deadline, Exception):  # a check that cannot complete is a wrong answer
-            ok = False
-        sys.stdout.write("1\n" if ok else "0\n")
-        sys.stdout.flush()
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        entry = running.pop(pid, None)
+        if entry is not None and answer:
+            code = os.waitstatus_to_exitcode(status)
+            _reply(f"{entry[0]} {1 if code == EQUAL else 0}".encode())
+
+
+def _reply(line: bytes) -> None:
+    os.write(1, line + b"\n")
 
 
 if __name__ == "__main__":
-    serve()
+    serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -13,15 +13,19 @@ Time limit. math-verify's own timeouts (``parsing_timeout``, ``timeout_seconds``
 This module instead bounds the *whole* check of one sample (both parses and the
 comparison) by ``timeout_seconds`` and passes ``None`` to math-verify's own:
 
-* in the main thread: an ``ITIMER_REAL`` timer raises inside the check (the previous
-  ``SIGALRM`` handler and any armed timer are restored afterwards);
-* in any other thread (or with ``isolation="process"``): the check runs in a helper
-  process that serves one request at a time (started on first use, about 0.5 s); a
-  check that overruns kills it, and the next request starts a fresh one. The helper runs
-  under a 4 GiB address-space limit.
+* in the main thread, a first try of each sample in this process, for at most
+  :data:`FAST_SECONDS` under an ``ITIMER_REAL`` timer (the previous ``SIGALRM`` handler and
+  any armed timer are restored afterwards): almost every honest answer is decided here;
+* the samples that take longer (all of them in any other thread, or with
+  ``isolation="process"``) are checked **in parallel**, each with the whole
+  ``timeout_seconds``, by a helper process that has math-verify loaded and forks one child
+  per check (:mod:`~mtgrpo.rewards.verifiers._math_worker`; started on first use, about
+  0.5 s; at most :data:`MAX_PARALLEL_CHECKS` at once, each child under a 1 GiB
+  address-space limit, killed when it overruns). The helper dies with the trainer.
 
 Adversarial answers (``9^{9^{9^{9}}}``, ``100000!``, huge sums) cost at most the time limit
-and score 0. Range: {0.0, 1.0}; ``None`` where the gold answer is ``None``.
+and score 0, and a batch of them costs about the slowest one, not their sum. Range:
+{0.0, 1.0}; ``None`` where the gold answer is ``None``.
 """
 
 from __future__ import annotations
@@ -56,9 +60,12 @@ __all__ = [
 
 MAX_ANSWER_CHARS = 1_000
 DEFAULT_MATH_STYLES = ("boxed", "tag", "last_number")
-WORKER_MEMORY_BYTES = 4 << 30
+WORKER_MEMORY_BYTES = 2 << 30
+CHECK_MEMORY_BYTES = 1 << 30  # per forked check: a batch's checks run side by side
 WORKER_STARTUP_SECONDS = 120.0
 WORKER_GRACE_SECONDS = 2.0  # on top of the per-sample limit, for the pipe round trip
+FAST_SECONDS = 0.02  # the in-process first try of each check; slower ones go to the helper
+MAX_PARALLEL_CHECKS = max(16, min(32, 8 * (os.cpu_count() or 1)))
 DEADLINE_REPEAT_SECONDS = 0.05  # the timer re-fires until the check has stopped
 
 MATH_ISOLATION: Registry[str] = Registry("math isolation")
@@ -109,17 +116,42 @@ def math_reward(
             f"math_reward: timeout_seconds must be a number in (0, 3600), got {timeout_seconds!r}"
         )
     gold_texts = [None if gold is None else _gold_text(gold) for gold in golds]
+    in_process = mode == "auto" and threading.current_thread() is threading.main_thread()
+    slow: dict[int, tuple[str, str]] = {}  # row -> (gold, answer) for the helper
 
-    def score(row: tuple[str, str | None]) -> float | None:
-        text, gold = row
+    def score(row: tuple[int, str, str | None]) -> float | None:
+        index, text, gold = row
         if gold is None:
             return None
         answer = extract_answer(text, order)
         if answer is None or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
-        return 1.0 if check_math_answer(gold, answer, timeout_seconds, mode) else 0.0
+        verdict = _first_try(gold, answer, min(FAST_SECONDS, timeout_seconds)) \
+            if in_process else None
+        if verdict is None:  # too slow here (or no timer here): checked in parallel below
+            slow[index] = (gold, answer)
+            return 0.0
+        return 1.0 if verdict else 0.0
 
-    return score_each("math_reward", zip(texts, gold_texts, strict=True), score)
+    rows = zip(range(len(texts)), texts, gold_texts, strict=True)
+    scores = score_each("math_reward", rows, score)
+    if slow:
+        verdicts = _POOL.check_many(list(slow.values()), timeout_seconds)
+        for index, verdict in zip(slow, verdicts, strict=True):
+            scores[index] = 1.0 if verdict else 0.0
+    return scores
+
+
+def _first_try(gold: str, answer: str, seconds: float) -> bool | None:
+    """The verdict within ``seconds`` in this process, ``None`` when it takes longer (or
+    no signal timer can be used here)."""
+    _warm_up()
+    try:
+        return _with_deadline(lambda: _verify(gold, answer), seconds)
+    except (_NoTimerError, _Deadline):
+        return None
+    except Exception:  # math-verify or sympy cannot complete on the model's answer
+        return False
 
 
 def check_math_answer(
@@ -141,7 +173,7 @@ def check_math_answer(
             pass
         except (_Deadline, Exception):
             return False
-    return _WORKER.check(gold, answer, timeout_seconds)
+    return _POOL.check_many([(gold, answer)], timeout_seconds)[0]
 
 
 def _gold_text(gold: Any) -> str:
@@ -234,33 +266,51 @@ def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
             signal.setitimer(signal.ITIMER_REAL, left, old_interval)
 
 
-class _MathWorker:
-    """A helper process that runs checks in its own main thread, one at a time."""
+class _MathPool:
+    """The helper process (:mod:`~mtgrpo.rewards.verifiers._math_worker`): checks in
+    parallel, each in a child forked from a process where math-verify is already loaded."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
         self._buffer = b""
+        self._requests = 0
 
-    def check(self, gold: str, answer: str, timeout_seconds: float) -> bool:
+    def check_many(self, pairs: Sequence[tuple[str, str]], timeout_seconds: float) -> list[bool]:
+        """math-verify's verdict on each ``(gold, answer)``, at most ``MAX_PARALLEL_CHECKS``
+        at once, each within ``timeout_seconds``; ``False`` where it could not finish."""
+        if not pairs:
+            return []
         with self._lock:
             process = self._ensure()
             if process is None:
-                return False
+                return [False] * len(pairs)
             assert process.stdin is not None
-            request = {"gold": gold, "answer": answer, "timeout": timeout_seconds}
+            ids = []
+            lines = []
+            for gold, answer in pairs:
+                self._requests += 1
+                ids.append(str(self._requests))
+                lines.append(json.dumps({"id": ids[-1], "gold": gold, "answer": answer,
+                                         "timeout": timeout_seconds}))  # fmt: skip
             try:
-                process.stdin.write(json.dumps(request).encode() + b"\n")
+                process.stdin.write(("\n".join(lines) + "\n").encode())
                 process.stdin.flush()
             except OSError:
                 self._stop()
-                return False
-            reply = self._read_line(time.monotonic() + timeout_seconds + WORKER_GRACE_SECONDS)
-            if reply is None:
-                self._stop()
-                return False
-            return reply.strip() == b"1"
+                return [False] * len(pairs)
+            rounds = -(-len(pairs) // MAX_PARALLEL_CHECKS)
+            deadline = time.monotonic() + rounds * (timeout_seconds + WORKER_GRACE_SECONDS)
+            verdicts: dict[str, bool] = {}
+            while len(verdicts) < len(pairs):
+                reply = self._read_line(deadline)
+                if reply is None:  # late or gone: start afresh next time
+                    self._stop()
+                    break
+                rid, _, verdict = reply.decode().strip().partition(" ")
+                verdicts[rid] = verdict == "1"
+            return [verdicts.get(rid, False) for rid in ids]
 
     def _ensure(self) -> subprocess.Popen[bytes] | None:
         if self._owner != os.getpid():  # forked: the handle belongs to the parent process
@@ -269,11 +319,12 @@ class _MathWorker:
             return self._process
         self._buffer = b""
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _worker_bootstrap()],
+            [sys.executable, "-c", _worker_bootstrap(), str(os.getpid()),
+             str(MAX_PARALLEL_CHECKS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         if self._read_line(time.monotonic() + WORKER_STARTUP_SECONDS) != b"ready\n":
             self._stop()
             return None
@@ -313,7 +364,8 @@ def _worker_bootstrap() -> str:
     """Source run by the helper process: :func:`_light_imports_source`, then ``serve()``."""
     return (
         _light_imports_source()
-        + "from mtgrpo.rewards.verifiers._math_worker import serve\nserve()\n"
+        + "from mtgrpo.rewards.verifiers._math_worker import serve\n"
+        + "serve(int(sys.argv[1]), int(sys.argv[2]))\n"
     )
 
 
@@ -340,5 +392,5 @@ def _light_imports_source() -> str:
     )
 
 
-_WORKER = _MathWorker()
-atexit.register(_WORKER.close)
+_POOL = _MathPool()
+atexit.register(_POOL.close)
