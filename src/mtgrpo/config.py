@@ -151,6 +151,10 @@ class GRPOConfig(TRLCompatibleFields):
     resume_from_checkpoint: str | bool | None = _help(
         "Checkpoint directory to resume from, or true for the newest in output_dir.",
         default=None)
+    resume_allow_changes: list[str] | None = _help(
+        "Settings a resume may change from the checkpoint's (e.g. [learning_rate], or [all]); "
+        "any other difference is refused. Accepted changes are recorded in "
+        "config_history.jsonl.", default=None)
     load_best_model_at_end: bool = _help(
         "After training, load the checkpoint with the best metric_for_best_model.",
         default=False)
@@ -1011,7 +1015,17 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"config file {str(file)!r} does not exist")
-        loaded = yaml.safe_load(file.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{file} is not UTF-8 text (byte {error.start}): save the run "
+                             "file as UTF-8") from None  # fmt: skip
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"{file}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(file)
+            problem = getattr(error, "problem", None) or str(error)
+            raise ValueError(f"{where}: not valid YAML ({problem}); fix the run file there") \
+                from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{file}: a run config must be a mapping of options")
         raw = loaded

@@ -1,6 +1,8 @@
-"""Run a short training in a subprocess; optionally SIGKILL itself at the start of a step.
+"""Run a short training in a subprocess; optionally SIGKILL (or SIGTERM) itself at the start
+of a step.
 
-Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--resume]
+Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
+    [--resume] [--num-generations G] [--allow FIELD ...]
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from mtgrpo import GRPOTrainer
 
 class KillingTrainer(GRPOTrainer):
     kill_at: int | None = None
+    term_at: int | None = None
 
     def training_step(self):
         if self.kill_at is not None and self.step + 1 == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no cleanup, no final save
+        if self.term_at is not None and self.step + 1 == self.term_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption, as a cluster sends it
         return super().training_step()
 
 
@@ -28,7 +33,10 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("output_dir")
     parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--term-at", type=int)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--allow", nargs="*")
     options = parser.parse_args()
     args = trainer_helpers.args(
         options.output_dir, max_steps=6, save_steps=2, save_total_limit=None,
@@ -36,8 +44,9 @@ def main() -> None:
         batch_construction="ratio_preserving",
         batch_construction_params={"max_resample_rounds": 2},
         resume_from_checkpoint=True if options.resume else None,
+        num_generations=options.num_generations, resume_allow_changes=options.allow,
     )
-    KillingTrainer.kill_at = options.kill_at
+    KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(
         options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
         train_dataset=trainer_helpers.rows(), peft_config={"r": 4},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -69,6 +70,44 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
     assert final_full.keys() == final_resumed.keys()
     for name, tensor in final_full.items():
         assert torch.equal(tensor, final_resumed[name]), name
+
+
+def test_sigterm_stops_cleanly_and_the_resumed_run_equals_the_uninterrupted_one(
+    tiny_model_dir, tmp_path
+):
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    with ThreadPoolExecutor(2) as pool:
+        done, terminated = pool.map(lambda args: _run(tiny_model_dir, *args),
+                                    [(full,), (stopped, "--term-at", "3")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the step in flight finished, was checkpointed, and the exit status says SIGTERM
+    assert terminated.returncode == 128 + signal.SIGTERM, terminated.stderr[-3000:]
+    assert (stopped / "checkpoint-3").is_dir()  # save_steps is 2: written because of the stop
+    assert "SIGTERM: training stopped after step 3 of 6" in terminated.stderr
+    assert "--resume_from_checkpoint true" in terminated.stderr
+    assert [r["step"] for r in _steps(stopped)] == [1, 2, 3]
+    resumed = _run(tiny_model_dir, stopped, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [_comparable(r) for r in _steps(stopped)] == [_comparable(r) for r in _steps(full)]
+
+
+def test_resume_refuses_a_different_run_unless_told(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    first = _run(tiny_model_dir, run, "--term-at", "3")
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-3000:]
+    refused = _run(tiny_model_dir, run, "--resume", "--num-generations", "2")
+    assert refused.returncode == 1
+    assert "was written by a different run (num_generations: 4 in the checkpoint, 2 now" \
+        in refused.stderr
+    assert "resume_allow_changes: [num_generations]" in refused.stderr
+    assert [r["step"] for r in _steps(run)] == [1, 2, 3]  # nothing was trained or rewritten
+    allowed = _run(tiny_model_dir, run, "--resume", "--num-generations", "2",
+                   "--allow", "num_generations")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
+    assert [entry["from_step"] for entry in history] == [0, 3]
+    assert history[1]["changes"] == {"num_generations": {"checkpoint": 4, "now": 2}}
+    assert history[0]["config"]["num_generations"] == 4
 
 
 def test_stale_checkpoint_temporaries_are_removed_and_nothing_else(tmp_path):

@@ -430,6 +430,19 @@ class RewardSuite:
             for task in task_names
         }
 
+    def check_routes_have_rows(self, task_names: Collection[str]) -> None:
+        """A routing entry for a task the data never holds (a typo, or a task left out) is a
+        :class:`RewardError` naming it and the tasks there are, before any model loads."""
+        known = set(task_names)
+        routed = {t for route in self._routes or () if route is not None for t in route}
+        empty = sorted(routed - known)
+        if empty:
+            raise RewardError(
+                f"the reward routing table names task(s) {empty} that no row of the data has; "
+                f"the data's tasks are {sorted(known)}. Fix the task names in the routing "
+                "table (or the dataset's task column), or remove the entries"
+            )
+
     def _check_task_labels(
         self, labels: Collection[str], row_tasks: Sequence[str] | None = None
     ) -> None:

@@ -30,8 +30,15 @@ FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv")
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not UTF-8 (byte {error.start} of the line); JSONL is "
+                    "UTF-8 text: re-encode the file (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -44,6 +51,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_file(path: Path) -> Any:
+    try:
+        return _read_by_suffix(path)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text (byte {error.start}): re-encode the file "
+                         "as UTF-8") from None  # fmt: skip
+
+
+def _read_by_suffix(path: Path) -> Any:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         return _read_jsonl(path)

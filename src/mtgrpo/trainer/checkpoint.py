@@ -18,7 +18,9 @@ the temporary directories such a crash leaves are removed when a run starts or r
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import re
 import shutil
@@ -30,6 +32,8 @@ import numpy as np
 import torch
 
 __all__ = [
+    "check_output_dir",
+    "damaged_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_rng_state",
@@ -38,6 +42,7 @@ __all__ = [
     "remove_stale_temporaries",
     "rng_state",
     "rotate_checkpoints",
+    "save_failure",
     "save_trainable",
     "set_rng_state",
 ]
@@ -148,3 +153,64 @@ def load_rng_state(checkpoint: Path, rank: int) -> None:
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def check_output_dir(output_dir: str | Path) -> None:
+    """Refuse, before any model loads, an ``output_dir`` the run cannot write: a file, or a
+    directory (or the nearest existing parent of one to create) without write access."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(
+            f"output_dir {str(path)!r} is a file; give a directory (it is created if missing)"
+        )
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"output_dir {str(path)!r} cannot be written ({str(existing)!r} is not writable by "
+            "this user); choose a directory you can write, or fix its permissions"
+        )
+
+
+def save_failure(target: Path, error: BaseException, previous: Path | None) -> OSError:
+    """The error for a checkpoint that could not be written: where, how much space there is
+    and roughly how much a checkpoint takes, and what is still safe."""
+    free = shutil.disk_usage(target.parent).free if target.parent.exists() else 0
+    needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file()) if previous else 0
+    full = (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "enforce fail" in \
+        str(error) or "No space" in str(error)
+    cause = "the disk is full" if full or (needed and free < needed) else f"{error}"
+    size = f"; a checkpoint takes about {_size(needed)}" if needed else ""
+    kept = f"; the previous checkpoint {previous} is intact" if previous else ""
+    return OSError(
+        errno.ENOSPC if full else getattr(error, "errno", None) or errno.EIO,
+        f"writing {target} failed: {cause} ({_size(free)} free in {target.parent}{size}){kept}."
+        " Free space there, lower save_total_limit, or set output_dir to a larger disk; nothing "
+        "already written was lost",
+    )
+
+
+def _size(count: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} bytes"
+
+
+def damaged_checkpoint(path: Path, error: BaseException) -> ValueError:
+    """The error for a checkpoint file that cannot be read: the file, and the previous
+    complete checkpoint to resume from instead."""
+    checkpoint = path.parent
+    older = [c for c in list_checkpoints(checkpoint.parent) if c != checkpoint and
+             _step_of(c) < _step_of(checkpoint)]  # fmt: skip
+    instead = (f"resume from the previous complete checkpoint instead: "
+               f"resume_from_checkpoint={str(older[-1])!r}" if older
+               else "there is no earlier checkpoint: train from scratch")
+    return ValueError(f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}); {instead}")
+
+
+def _step_of(checkpoint: Path) -> int:
+    match = _NAME.match(checkpoint.name)
+    return int(match.group(1)) if match else -1

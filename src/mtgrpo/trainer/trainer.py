@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import random
+import signal
 import tempfile
 import time
 from collections import defaultdict, deque
@@ -58,6 +59,7 @@ from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
+from mtgrpo.trainer.identity import check_resumable, record_history, run_identity
 from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
 from mtgrpo.trainer.setup import (
     TrainingData,
@@ -67,6 +69,7 @@ from mtgrpo.trainer.setup import (
     reward_processing_list,
     training_rows,
 )
+from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
 from mtgrpo.trainer.update import PolicyUpdater, pad_policy_batch
 from mtgrpo.weighting import TaskStats, improvement_by_task, make_weighting
 
@@ -127,6 +130,19 @@ def _set_aside_previous_run(output_dir: Path) -> Path | None:
     logger.warning("%s held an earlier run; its logs and checkpoints were moved to %s "
                    "(use resume_from_checkpoint to continue it instead)", output_dir, target)
     return target
+
+
+def _read(path: Path, load: Any) -> Any:
+    """``load(path)``; a damaged file is an error naming it and the checkpoint to use instead
+    (a missing one keeps its own message)."""
+    try:
+        return load(path)
+    except FileNotFoundError:
+        raise
+    except Exception as error:
+        if isinstance(error, ValueError) and "does not match the model" in str(error):
+            raise
+        raise ckpt.damaged_checkpoint(path, error) from error
 
 
 def _seed_everything(seed: int) -> None:
@@ -222,6 +238,7 @@ class GRPOTrainer:
     ) -> None:
         _refuse_unsupported(tools, rollout_func, environment_factory, quantization_config)
         self.args = args = args if args is not None else GRPOConfig()
+        ckpt.check_output_dir(args.output_dir)  # before any model loads
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: a Dataset, a list of dicts or a path")
         if reward_funcs is None:
@@ -256,6 +273,7 @@ class GRPOTrainer:
         self._build_optimisation(generation_backend, optimizers)
         self._build_trainer_surface(callbacks)
         self.step = 0
+        self._accepted_changes: dict[str, Any] = {}  # settings a resume was allowed to change
         self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
         self.output_dir = Path(args.output_dir)
         _seed_everything(args.seed + self.rank)  # distinct sampling streams per process
@@ -296,8 +314,11 @@ class GRPOTrainer:
         self.reward_func_names = [str(rf.name) for rf in self.rewards.functions]
         self.task_names = _task_names(data.train)
         self.rewards.validate_tasks(self.task_names)
+        every_task = set(self.task_names)
         for rows in data.evals.values():
             self.rewards.validate_tasks(_task_names(rows))
+            every_task |= set(_task_names(rows))
+        self.rewards.check_routes_have_rows(every_task)
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.accuracy_reward)
 
@@ -942,7 +963,17 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "entropy": self.updater.entropy.state_dict(),
             "hf_state": dataclasses.asdict(self.state),
+            "identity": self._identity(),
         }
+
+    def _identity(self) -> dict[str, Any]:
+        """What this run's steps mean (:mod:`mtgrpo.trainer.identity`)."""
+        config = getattr(self.unwrapped, "config", None)
+        parameters = sum(p.numel() for p in self.unwrapped.parameters())
+        model = f"{getattr(config, 'model_type', type(self.unwrapped).__name__)}, " \
+                f"{parameters} parameters"
+        return run_identity(self.args, tasks=self.task_names, channels=self.rewards.channel_names,
+                            model=model)  # fmt: skip
 
     def save_checkpoint(self) -> Path | None:
         """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones.
@@ -964,7 +995,11 @@ class GRPOTrainer:
 
             if self.state.best_global_step == self.step:
                 self.state.best_model_checkpoint = str(final)
-            write_atomically(final, write)
+            previous = ckpt.latest_checkpoint(self.output_dir)
+            try:
+                write_atomically(final, write)
+            except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
+                raise ckpt.save_failure(final, error, previous) from error
             best = self.state.best_model_checkpoint
             ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
                                     keep=Path(best) if best else None)
@@ -1012,7 +1047,8 @@ class GRPOTrainer:
                 f"no checkpoint to resume from ({target!r} in {self.output_dir}); train from "
                 "scratch by leaving resume_from_checkpoint unset"
             )
-        state = ckpt.read_trainer_state(checkpoint)
+        state = _read(checkpoint / "trainer_state.json",
+                      lambda p: ckpt.read_trainer_state(p.parent))
         if not (checkpoint / "trainable.safetensors").is_file():
             raise ValueError(f"{checkpoint} was written with save_only_model=True and holds no "
                              "optimizer or sampler state; it cannot be resumed from")
@@ -1021,11 +1057,14 @@ class GRPOTrainer:
                 f"{checkpoint} was written by {state['world_size']} process(es) for tasks "
                 f"{state['task_names']}; resume with the same processes and tasks"
             )
-        ckpt.load_trainable(self.unwrapped, checkpoint / "trainable.safetensors")
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt",
-                                                  weights_only=False))
-        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt",
-                                                  weights_only=False))
+        self._accepted_changes = check_resumable(checkpoint, state.get("identity"),
+                                                 self._identity(),
+                                                 self.args.resume_allow_changes)  # fmt: skip
+        _read(checkpoint / "trainable.safetensors",
+              lambda p: ckpt.load_trainable(self.unwrapped, p))
+        for name, target in (("optimizer.pt", self.optimizer), ("scheduler.pt", self.scheduler)):
+            saved = _read(checkpoint / name, lambda p: torch.load(p, weights_only=False))
+            _read(checkpoint / name, lambda _, s=saved, t=target: t.load_state_dict(s))
         self.weighting.load_state_dict(state["weighting"])
         self.sampler.load_state_dict(state["sampler"])
         if "entropy" in state:
@@ -1033,7 +1072,8 @@ class GRPOTrainer:
         if "hf_state" in state:
             self._restore_state(state["hf_state"])
         self.step = int(state["step"])
-        ckpt.load_rng_state(checkpoint, self.rank)
+        _read(checkpoint / f"rng_state_{self.rank}.pt",
+              lambda p: ckpt.load_rng_state(p.parent, self.rank))
         if self.is_main_process:
             MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
@@ -1121,6 +1161,8 @@ class GRPOTrainer:
         if not self.is_main_process:
             return
         self._write_config()
+        config = self.run_config if self.run_config is not None else self.args.to_dict()
+        record_history(self.output_dir, self.step, config, self._accepted_changes)
         self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
         self._writer.write(self.run_record())
         if args.report_to:
@@ -1143,7 +1185,8 @@ class GRPOTrainer:
 
         args, handler, last = self.args, self.callback_handler, {}
         shown = self.is_main_process and not args.disable_tqdm
-        with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar:
+        with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
+                StopRequests() as stop:
             if self.eval_sets and args.eval_on_start and self.step == 0 \
                     and args.eval_strategy != "no":
                 self.evaluate()
@@ -1162,7 +1205,29 @@ class GRPOTrainer:
                     self.control = handler.on_epoch_end(args, self.state, self.control)
                 self._log_save_evaluate(last)
                 bar.advance(self.step, last)
+                if self._agreed(stop.requested is not None):
+                    self._stop_on_signal(stop.requested or signal.SIGTERM)
         return last
+
+    def _agreed(self, local: bool) -> bool:
+        """True on every process when any process has it true (one small collective)."""
+        return any(self._gather_objects([local])) if self.world > 1 else local
+
+    def _stop_on_signal(self, signum: int) -> None:
+        """After a SIGTERM/SIGINT: a checkpoint of the step just finished, then a
+        :class:`~mtgrpo.trainer.stopping.TrainingInterrupted` that says how to resume."""
+        checkpoint = self.output_dir / f"checkpoint-{self.step}"
+        if self.step > 0 and not (checkpoint / "trainer_state.json").is_file():
+            self.save_checkpoint()
+        name = signal.Signals(signum).name
+        where = str(checkpoint) if checkpoint.exists() else None
+        message = (f"{name}: training stopped after step {self.step} of {self.max_steps}; "
+                   + (f"the checkpoint {where} resumes it: run the same command with "
+                      "--resume_from_checkpoint true (resume_from_checkpoint=True in Python)"
+                      if where else "no step had finished, so there is nothing to resume"))
+        if self.is_main_process:
+            logger.warning("%s", message)
+        raise TrainingInterrupted(signum, where, message)
 
     def _after_step(self) -> None:
         """TRL's per-step extras: the reference-model sync and the CUDA cache."""
