@@ -53,13 +53,14 @@ def test_long_prompt_error_and_truncation(tiny_model_dir, tmp_path, caplog):
     assert "truncated to their last 32 tokens" in caplog.text
 
 
-def test_a_reward_function_missing_a_column_fails_at_the_first_scoring(tiny_model_dir, tmp_path):
+def test_a_reward_function_missing_a_column_fails_before_anything_is_generated(tiny_model_dir,
+                                                                              tmp_path):
     def needs_answer(prompts, completions, answer, **kwargs):
         return [1.0 for _ in completions]
 
-    trainer = _trainer(tiny_model_dir, tmp_path, rewards=[needs_answer])
-    with pytest.raises(RewardError, match="needs_answer"):
-        trainer.train()
+    with pytest.raises(RewardError, match=r"'needs_answer' needs the dataset column\(s\) "
+                                          r"\['answer'\]"):
+        _trainer(tiny_model_dir, tmp_path, rewards=[needs_answer])
     assert not list(tmp_path.glob("checkpoint-*")), "no training happened"
 
 

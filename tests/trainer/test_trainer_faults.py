@@ -114,3 +114,14 @@ def test_config_history_is_not_lost_by_a_run_that_starts_over(tiny_model_dir: Pa
     _trainer(tiny_model_dir, tmp_path, max_steps=1).train()
     history = (tmp_path / "config_history.jsonl").read_text().splitlines()
     assert [json.loads(line)["from_step"] for line in history] == [0]
+
+
+def test_a_reward_function_s_missing_column_is_named_before_anything_runs(tmp_path) -> None:
+    def echo_reward(prompts, completions, word, **kwargs):
+        return [1.0] * len(completions)
+
+    # the model path does not exist: the column check comes first
+    with pytest.raises(RewardError, match=r"'echo_reward' needs the dataset column\(s\) "
+                                          r"\['word'\].*columns: \['prompt', 'target', 'task'\]"):
+        GRPOTrainer(str(tmp_path / "no-model-here"), echo_reward, args=common.args(tmp_path),
+                    train_dataset=common.rows())  # fmt: skip

@@ -430,6 +430,24 @@ class RewardSuite:
             for task in task_names
         }
 
+    def check_columns(self, columns: Collection[str], extras: Collection[str] = ()) -> None:
+        """Every parameter a function requires must be something it will be called with (the
+        dataset's ``columns``, TRL's ``extras``, ``prompts``, ``completions``,
+        ``completion_ids``): a missing column is a :class:`RewardError` naming it and the
+        function before anything is generated, not a ``TypeError`` from inside the first
+        call."""
+        available = {"prompts", "completions", "completion_ids", *columns, *extras}
+        for rf in self._functions:
+            missing = [name for name in _required_keywords(rf.fn) if name not in available]
+            if missing:
+                shown = sorted(c for c in columns if not c.startswith("_"))
+                raise RewardError(
+                    f"reward function '{rf.name}' needs the dataset column(s) {missing}, which "
+                    f"the training data does not have (its columns: {shown}). Add the column, "
+                    "give the parameter a default, or take it from **kwargs",
+                    function=str(rf.name),
+                )
+
     def check_routes_have_rows(self, task_names: Collection[str]) -> None:
         """A routing entry for a task the data never holds (a typo, or a task left out) is a
         :class:`RewardError` naming it and the tasks there are, before any model loads."""
@@ -576,6 +594,18 @@ class RewardSuite:
             where = "every task" if route is None else ", ".join(sorted(route))
             parts.append(f"{rf.name} -> {rf.column_names} on {where}")
         return f"RewardSuite({'; '.join(parts)}; on_unscorable={self._on_unscorable!r})"
+
+
+def _required_keywords(fn: Callable[..., Any]) -> list[str]:
+    """Parameters of ``fn`` a keyword call must supply (no default); none when its
+    signature cannot be read."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters
+            if p.kind in kinds and p.default is inspect.Parameter.empty]  # fmt: skip
 
 
 @UNSCORABLE_POLICIES.register("raise")

@@ -132,6 +132,17 @@ def _set_aside_previous_run(output_dir: Path) -> Path | None:
     return target
 
 
+def _column_names(rows: Any, task_column: str) -> set[str]:
+    """The columns reward functions receive: a dataset's, the keys of row dicts (the first
+    thousand), or a task suite's row schema; always ``task``."""
+    names = getattr(rows, "column_names", None)
+    if names is None and isinstance(rows, list):
+        names = {key for row in rows[:1000] if isinstance(row, Mapping) for key in row}
+    if names is None:  # a task suite's lazy split: its fixed row schema
+        names = {"id", "prompt", "answer", "metadata", "split"}
+    return {*names, "task", task_column}
+
+
 def _read(path: Path, load: Any) -> Any:
     """``load(path)``; a damaged file is an error naming it and the checkpoint to use instead
     (a missing one keeps its own message)."""
@@ -319,6 +330,8 @@ class GRPOTrainer:
             self.rewards.validate_tasks(_task_names(rows))
             every_task |= set(_task_names(rows))
         self.rewards.check_routes_have_rows(every_task)
+        self.rewards.check_columns(_column_names(data.train, args.task_column),
+                                   extras=("trainer_state", "log_extra", "log_metric"))
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.accuracy_reward)
 
