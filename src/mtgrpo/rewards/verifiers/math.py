@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -133,9 +134,14 @@ def math_reward(
             return 0.0
         return 1.0 if verdict else 0.0
 
+    if in_process:
+        _POOL.start_in_background()
     rows = zip(range(len(texts)), texts, gold_texts, strict=True)
     scores = score_each("math_reward", rows, score)
-    if slow:
+    if slow and in_process and not _POOL.ready():  # the helper is still starting: as before,
+        for index, (gold, answer) in slow.items():  # each check here within its own limit
+            scores[index] = 1.0 if check_math_answer(gold, answer, timeout_seconds) else 0.0
+    elif slow:
         verdicts = _POOL.check_many(list(slow.values()), timeout_seconds)
         for index, verdict in zip(slow, verdicts, strict=True):
             scores[index] = 1.0 if verdict else 0.0
@@ -276,6 +282,7 @@ class _MathPool:
         self._owner = os.getpid()
         self._buffer = b""
         self._requests = 0
+        self._spawner: threading.Thread | None = None
 
     def check_many(self, pairs: Sequence[tuple[str, str]], timeout_seconds: float) -> list[bool]:
         """math-verify's verdict on each ``(gold, answer)``, at most ``MAX_PARALLEL_CHECKS``
@@ -315,20 +322,59 @@ class _MathPool:
     def _ensure(self) -> subprocess.Popen[bytes] | None:
         if self._owner != os.getpid():  # forked: the handle belongs to the parent process
             self._process, self._owner, self._buffer = None, os.getpid(), b""
+            self._spawner = None
         if self._process is not None and self._process.poll() is None:
             return self._process
         self._buffer = b""
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _worker_bootstrap(), str(os.getpid()),
-             str(MAX_PARALLEL_CHECKS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        self._process = self._spawn()
         if self._read_line(time.monotonic() + WORKER_STARTUP_SECONDS) != b"ready\n":
             self._stop()
             return None
         return self._process
+
+    def ready(self) -> bool:
+        """Whether the helper is running (without starting it)."""
+        return (self._owner == os.getpid() and self._process is not None
+                and self._process.poll() is None)  # fmt: skip
+
+    def start_in_background(self) -> None:
+        """Start the helper without waiting (the first slow check then finds it warm)."""
+        if self.ready() or self._lock.locked():
+            return
+        threading.Thread(target=self._warm, name="mtgrpo-math-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        with self._lock:
+            self._ensure()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the helper from one long-lived thread: the helper dies with the thread that
+        started it (``PR_SET_PDEATHSIG``), so a short-lived caller thread must not be it."""
+        if self._spawner is None or not self._spawner.is_alive():
+            self._requests_queue: queue.Queue = queue.Queue()
+            self._spawner = threading.Thread(target=self._spawn_forever,
+                                             name="mtgrpo-math-helper", daemon=True)  # fmt: skip
+            self._spawner.start()
+        reply: queue.Queue = queue.Queue()
+        self._requests_queue.put(reply)
+        outcome = reply.get()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _spawn_forever(self) -> None:
+        while True:
+            reply = self._requests_queue.get()
+            try:
+                reply.put(subprocess.Popen(
+                    [sys.executable, "-c", _worker_bootstrap(), str(os.getpid()),
+                     str(MAX_PARALLEL_CHECKS)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                ))  # fmt: skip
+            except BaseException as error:  # handed to the caller
+                reply.put(error)
 
     def _read_line(self, deadline: float) -> bytes | None:
         assert self._process is not None
