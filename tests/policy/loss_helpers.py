@@ -45,6 +45,7 @@ def trl_compute_loss(
     max_len: int,
     entropies: torch.Tensor | None = None,
     args: dict | None = None,
+    extra_inputs: dict | None = None,
     **trainer_options,
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Run TRL's own ``GRPOTrainer._compute_loss`` on given log-probabilities.
@@ -99,6 +100,7 @@ def trl_compute_loss(
         "old_per_token_logps": old,
         "ref_per_token_logps": ref,
         "num_items_in_batch": mask.sum(),
+        **(extra_inputs or {}),
     }
     loss = trl_trainer._compute_loss(trainer, None, inputs)
     return loss, dict(metrics["train"])

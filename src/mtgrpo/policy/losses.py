@@ -313,6 +313,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     token_mask: Tensor | None = None,
     sampling_logps: Tensor | None = None,
+    token_weight: Tensor | None = None,
 ) -> LossOutput:
     """The GRPO loss family, aggregated by ``loss_type`` (see the module docstring).
 
@@ -324,7 +325,9 @@ def policy_loss(
     ``entropy [n, L]``: the policy's token entropy, with its graph when the entropy bonus is
     on. ``token_mask [n, L]``: the tokens to train on (the high-entropy mask; None: all).
     ``sampling_logps``: the policy that sampled the completions, for the off-policy mask
-    (default ``old_logps``, else ``logps`` detached).
+    (default ``old_logps``, else ``logps`` detached). ``token_weight [n, L]`` or ``[n, 1]``:
+    multiplies each trained token's policy term before the KL penalty is added (the
+    engine's importance-sampling correction, :mod:`mtgrpo.policy.engine_correction`).
     """
     aggregate = LOSS_TYPES.get(loss_type)
     loss_type = LOSS_TYPES.canonical(loss_type)
@@ -353,6 +356,8 @@ def policy_loss(
         keep = off_policy_mask(advantages, logps, sampler, mask, options.off_policy_threshold)
         trained = trained & keep.unsqueeze(-1)
     per_token_loss = torch.where(trained, per_token_loss, torch.zeros_like(per_token_loss))
+    if token_weight is not None:
+        per_token_loss = per_token_loss * token_weight.detach().to(per_token_loss.dtype)
     kl = None if ref_logps is None else _k3_kl(logps, ref_logps)  # [n, L]
     if kl is not None and options.use_bias_correction_kl:
         kl = kl * ratio
