@@ -47,6 +47,11 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "compare runs: worst-task / average accuracy, steps to threshold, Δm%, seeds",
         (),
     ),
+    "vllm-serve": (
+        "mtgrpo.cli.vllm_serve",
+        "a vLLM generation server for trainers on other devices or machines (vllm_mode: server)",
+        (),
+    ),
     "tiny-model": (
         "mtgrpo.cli.tiny_model",
         "build the tiny local model (offline: Llama or Qwen2, byte-level tokenizer, ChatML)",
