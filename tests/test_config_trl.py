@@ -74,7 +74,7 @@ def test_trl_value_forms_are_accepted():
 
 
 REFUSED_VALUES = {
-    "use_vllm": True, "use_liger_kernel": True, "liger_kernel_config": {"rope": True},
+    "use_liger_kernel": True, "liger_kernel_config": {"rope": True},
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_queue": 2}, "use_transformers_paged": True,
     "torch_compile": True, "torch_compile_backend": "inductor", "torch_compile_mode": "default",
@@ -83,7 +83,7 @@ REFUSED_VALUES = {
     "activation_checkpointing_kwargs": {"every_n_layers": 2}, "auto_find_batch_size": True,
     "neftune_noise_alpha": 5.0, "log_completions_hub_repo": "me/completions",
 }
-ALTERNATIVES = {"use_vllm": "generation_backend", "use_liger_kernel": "chunks",
+ALTERNATIVES = {"use_liger_kernel": "chunks",
                 "deepspeed": "accelerate launch", "fsdp": "accelerate launch",
                 "auto_find_batch_size": "max_tokens_per_microbatch",
                 "activation_checkpointing": "gradient_checkpointing"}
@@ -125,8 +125,7 @@ def test_no_effect_fields_are_accepted_and_named_in_a_warning(name, caplog):
     value = {"accelerator_config": {"split_batches": True}}.get(name, _other(default, annotation))
     with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
         GRPOConfig(**{name: value})
-    vllm_only = name.startswith("vllm_")  # read only with use_vllm, as in TRL: no warning
-    assert (name in caplog.text) != vllm_only
+    assert name in caplog.text
 
 
 def test_implemented_fields_are_documented_and_validated():

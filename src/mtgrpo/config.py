@@ -329,6 +329,11 @@ class GRPOConfig(TRLCompatibleFields):
         "None: only from a backend that computes them at no cost (static; an engine with "
         "cheap_logprobs = True); true: from any (hf then keeps every step's scores); false: "
         "never.", default=None)
+    task_generation: dict[str, dict[str, Any]] | None = _help(
+        "Per-task generation settings, {task: {max_completion_length: N}}: that task's "
+        "completions stop at N tokens (at most max_completion_length); other tasks use the "
+        "run's settings. Every backend honours it (vLLM receives it in its sampling "
+        "parameters).", default=None)
     mask_truncated_completions: bool = _help(
         "Leave completions cut at max_completion_length out of the loss.", default=False)
     min_p: float | None = _help(
@@ -463,6 +468,7 @@ class GRPOConfig(TRLCompatibleFields):
         check_option_types(self)
         self._merge_aliases()
         self._check_ranges()
+        self._check_task_generation()
         self._check_loss_options()
         self._check_choices()
         self._check_batch_shape()
@@ -598,6 +604,29 @@ class GRPOConfig(TRLCompatibleFields):
                 "temperature=0 (greedy) gives identical completions, so every group has zero "
                 "gradient; use a temperature > 0 for training (eval_temperature may be 0)"
             )
+
+    def _check_task_generation(self) -> None:
+        """``task_generation``: {task: {max_completion_length: N}}, 1 <= N <= the run's."""
+        if self.task_generation is None:
+            return
+        if not isinstance(self.task_generation, dict):
+            raise ValueError(
+                f"task_generation must map task names to settings, got {self.task_generation!r}"
+            )
+        for task, fields in self.task_generation.items():
+            if not isinstance(fields, dict) or set(fields) != {"max_completion_length"}:
+                raise ValueError(
+                    f"task_generation[{task!r}]={fields!r}: the per-task setting is "
+                    "max_completion_length (sampling temperature and nucleus stay the run's, "
+                    "because the update's log-probs use them)"
+                )
+            value = fields["max_completion_length"]
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    not 1 <= value <= self.max_completion_length:
+                raise ValueError(
+                    f"task_generation[{task!r}].max_completion_length={value!r} must be an int "
+                    f"in [1, max_completion_length={self.max_completion_length}]"
+                )
 
     def _check_loss_options(self) -> None:
         if self.delta is not None and self.delta <= 1 + self.resolved_epsilon_high:

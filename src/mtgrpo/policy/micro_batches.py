@@ -45,6 +45,7 @@ class PolicyBatch:
     advantages: Tensor  # [N]
     old_logps: Tensor | None = None  # [N, L]
     ref_logps: Tensor | None = None  # [N, L]
+    sampling_logps: Tensor | None = None  # [N, L] the engine's, for its importance correction
 
     def __post_init__(self) -> None:
         _check_policy_batch(self)
@@ -106,6 +107,7 @@ class PolicyBatch:
             advantages=self.advantages[index],
             old_logps=completion_part(self.old_logps),
             ref_logps=completion_part(self.ref_logps),
+            sampling_logps=completion_part(self.sampling_logps),
         )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from mtgrpo.advantages import AdvantageResult, compute_advantages
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
-from mtgrpo.rollout.base import GenerationBackend, SamplingParams
+from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams
 from mtgrpo.sampling import ScoredGroup
 from mtgrpo.tasks import PromptSet, is_conversational
 
@@ -75,6 +75,10 @@ class RolloutWorker:
 
     ``estimate`` is the advantage estimator (default: :func:`compute_advantages` with the
     suite's reward weights, gates and ``on_unscorable`` policy, and its other defaults).
+    ``expected_version``: the weights version generation must report (the trainer's step); a
+    backend that reports another one is a stale engine, an error. ``task_params``: sampling
+    parameters of the tasks (by task id) that do not sample with ``params``; prompts of such a
+    task are generated in a call of their own.
     """
 
     def __init__(
@@ -91,6 +95,8 @@ class RolloutWorker:
         shard: Shard | None = None,
         extra: dict[str, Any] | None = None,
         estimate: Estimate | None = None,
+        expected_version: Callable[[], int] | None = None,
+        task_params: dict[int, SamplingParams] | None = None,
     ) -> None:
         self.prompts = prompts
         self.backend = backend
@@ -103,6 +109,8 @@ class RolloutWorker:
         self.shard = shard or Shard()
         self.extra = extra or {}
         self.estimate = estimate or self._suite_estimate
+        self.expected_version = expected_version
+        self.task_params = dict(task_params or {})
         self.seconds = {"generate": 0.0, "score": 0.0}
         self.tokens_generated = 0
 
@@ -132,10 +140,54 @@ class RolloutWorker:
         return compute_advantages(rewards, group_size, reward_weights=suite.reward_weights,
                                   gates=suite.gates, on_unscorable=suite.on_unscorable)
 
+    def _generate(self, ids: list[int]) -> GenerationOutput:
+        """Completions of ``ids`` (grouped by prompt, in order): one call per sampling setting."""
+        g = self.group_size
+        by_params: dict[SamplingParams, list[int]] = {}
+        for index, i in enumerate(ids):
+            task = int(self.prompts.prompt_tasks[i])
+            by_params.setdefault(self.task_params.get(task, self.params), []).append(index)
+        outputs = []
+        for params, indices in by_params.items():
+            out = self.backend.generate([self.prompts.tokens(ids[k]) for k in indices], params, g)
+            self._check_version(out)
+            outputs.append((indices, out))
+        if len(outputs) == 1:
+            return outputs[0][1]
+        rows: list[Any] = [None] * len(ids)
+        for indices, out in outputs:
+            for j, k in enumerate(indices):
+                rows[k] = [(out.prompt_ids[j * g + r], out.completion_ids[j * g + r],
+                            out.finished[j * g + r],
+                            None if out.logprobs is None else out.logprobs[j * g + r])
+                           for r in range(g)]
+        flat = [row for group in rows for row in group]
+        has_logprobs = all(out.logprobs is not None for _, out in outputs)
+        return GenerationOutput(
+            prompt_ids=[r[0] for r in flat], completion_ids=[r[1] for r in flat],
+            finished=[r[2] for r in flat],
+            logprobs=[r[3] for r in flat] if has_logprobs else None,
+            weights_version=outputs[0][1].weights_version,
+        )
+
+    def _check_version(self, out: GenerationOutput) -> None:
+        if self.expected_version is None or out.weights_version is None:
+            return
+        expected = self.expected_version()
+        if out.weights_version != expected:
+            from mtgrpo.rollout.vllm.errors import StaleEngineError
+
+            raise StaleEngineError(
+                f"the generation engine sampled with weights version {out.weights_version}, "
+                f"but the trainer is at step {expected}: its weights were not pushed after the "
+                "last optimizer step (or a push was lost); the completions would come from "
+                "another policy than the one trained"
+            )
+
     def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
         g = self.group_size
         begin = time.perf_counter()
-        out = self.backend.generate([self.prompts.tokens(i) for i in ids], self.params, g)
+        out = self._generate(ids)
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         self.seconds["generate"] += time.perf_counter() - begin
         self.tokens_generated += sum(out.completion_lengths)

@@ -252,6 +252,10 @@ def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig,
     model's; other backends ignore it."""
     from mtgrpo.rollout import build_backend as select
 
+    if args.use_vllm and backend is None:
+        from mtgrpo.rollout.vllm import backend_from_config
+
+        return backend_from_config(args, model, tokenizer)
     return select(
         args.generation_backend if backend is None else backend, model, tokenizer,
         max_batch_size=args.generation_batch_size, generation_options=generation_options(args),

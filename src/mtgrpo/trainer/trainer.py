@@ -44,6 +44,11 @@ from mtgrpo.config import GRPOConfig
 from mtgrpo.metrics import logprob_mismatch, scalar_rewards
 from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
+from mtgrpo.policy.engine_correction import (
+    correction_figures,
+    correction_metrics,
+    importance_weights,
+)
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
@@ -70,7 +75,7 @@ from mtgrpo.trainer.setup import (
     training_rows,
 )
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
-from mtgrpo.trainer.update import PolicyUpdater, pad_policy_batch
+from mtgrpo.trainer.update import PolicyUpdater, engine_correction, pad_policy_batch
 from mtgrpo.weighting import TaskStats, improvement_by_task, make_weighting
 
 logger = logging.getLogger(__name__)
@@ -475,8 +480,23 @@ class GRPOTrainer:
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
             args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
-            estimate=self._estimate,
+            estimate=self._estimate, expected_version=lambda: self.step,
+            task_params=self._task_sampling_params(),
         )
+
+    def _task_sampling_params(self) -> dict[int, SamplingParams]:
+        """Each task's sampling parameters where ``task_generation`` overrides them (task ids
+        of the training prompts; a task not named samples with the run's)."""
+        overrides = self.args.task_generation or {}
+        unknown = sorted(set(overrides) - set(self.task_names))
+        if unknown:
+            raise ValueError(
+                f"task_generation names tasks {unknown} that the training data does not have; "
+                f"its tasks: {self.task_names}"
+            )
+        return {self.task_names.index(task): dataclasses.replace(
+            self.sampling_params, max_new_tokens=int(fields["max_completion_length"]))
+            for task, fields in overrides.items()}
 
     def _reward_extras(self) -> dict[str, Any]:
         """TRL's extra keyword arguments of every reward call."""
@@ -688,10 +708,37 @@ class GRPOTrainer:
             [p.prompt_ids for p in payloads for _ in range(g)],
             [c for p in payloads for c in p.completion_ids], rows,
             self.tokenizer.pad_token_id, completion_weight=weight,
-            device=self.accelerator.device,
+            device=self.accelerator.device, sampling_logps=self._engine_logps(payloads),
         )
         tasks = np.repeat([groups[i].task for i in local], g)
         return batch, tasks, has_rows
+
+    def _engine_logps(self, payloads: list[GroupPayload]) -> list[list[float]] | None:
+        """The engine's log-probs of the rows, for its importance correction (vLLM), or None
+        when the correction is off. Every row must have them: the engine returns them."""
+        if engine_correction(self.args) is None:
+            return None
+        rows = [row for p in payloads for row in (p.logprobs or [None] * len(p.completion_ids))]
+        if any(row is None for row in rows):
+            raise RuntimeError(
+                f"vllm_importance_sampling_correction needs the engine's log-probs, and the "
+                f"generation backend ({type(self.backend).__name__}) returned none"
+            )
+        return rows
+
+    def _correction_metrics(self, batch: Any, at_start: torch.Tensor) -> dict[str, float]:
+        """TRL's ``sampling/*`` figures of the engine's importance correction, pooled over the
+        trained tokens (or completions) of every process."""
+        correction = engine_correction(self.args)
+        if correction is None or batch.sampling_logps is None:
+            return {}
+        mask = batch.completion_mask
+        weights = importance_weights(at_start.float(), batch.sampling_logps, mask, correction)
+        local = correction_figures(at_start.float(), batch.sampling_logps, mask, weights,
+                                   correction)
+        pairs = self._gather_objects([local]) if self.world > 1 else [local]
+        return correction_metrics(np.concatenate([p[0] for p in pairs]),
+                                  np.concatenate([p[1] for p in pairs]))
 
     def _improvement(self, tasks: np.ndarray, before: np.ndarray, after: np.ndarray,
                      has_rows: bool) -> np.ndarray:
@@ -721,6 +768,7 @@ class GRPOTrainer:
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
+            metrics.update(self._correction_metrics(batch, out.old_logps))
         # Prompt and completion tokens trained on, over every process (TRL counts them at
         # every step and logs the total as num_tokens, whatever include_num_input_tokens_seen)
         seen = int(batch.prompt_mask.sum() + batch.completion_mask.sum()) if has_rows else 0

@@ -29,10 +29,22 @@ from mtgrpo.policy import (
     resolve_logprob_path,
     sequence_logprobs,
 )
+from mtgrpo.policy.engine_correction import EngineCorrection, importance_weights
 from mtgrpo.policy.losses import LossOptions, loss_value_needs_logps
 from mtgrpo.policy.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
 
-__all__ = ["PolicyUpdater", "UpdateOutput", "loss_options", "pad_policy_batch"]
+__all__ = ["PolicyUpdater", "UpdateOutput", "engine_correction", "loss_options",
+           "pad_policy_batch"]
+
+
+def engine_correction(args: GRPOConfig) -> EngineCorrection | None:
+    """The engine's importance correction the run asks for (TRL's ``use_vllm`` and
+    ``vllm_importance_sampling_*``), or None."""
+    if not (args.use_vllm and args.vllm_importance_sampling_correction):
+        return None
+    return EngineCorrection(args.vllm_importance_sampling_mode,
+                            args.vllm_importance_sampling_clip_min,
+                            args.vllm_importance_sampling_clip_max)
 
 
 def loss_options(args: GRPOConfig, entropy_coef: float = 0.0) -> LossOptions:
@@ -57,6 +69,7 @@ def pad_policy_batch(
     *,
     completion_weight: list[bool] | None = None,
     device: torch.device | None = None,
+    sampling_logps: list[list[float]] | None = None,
 ) -> PolicyBatch:
     """Left-pad prompts and right-pad completions into a :class:`PolicyBatch` (TRL's layout).
 
@@ -79,10 +92,16 @@ def pad_policy_batch(
     if completion_weight is not None:
         keep = torch.tensor(completion_weight, dtype=torch.long).unsqueeze(1)
         completion_mask = completion_mask * keep
+    engine = None
+    if sampling_logps is not None:
+        engine = torch.zeros((n, length), dtype=torch.float32)
+        for i, row in enumerate(sampling_logps):
+            engine[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        engine = engine.to(device)
     return PolicyBatch(
         prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device),
         completion_ids=completion.to(device), completion_mask=completion_mask.to(device),
-        advantages=advantages.to(device=device, dtype=torch.float32),
+        advantages=advantages.to(device=device, dtype=torch.float32), sampling_logps=engine,
     )
 
 
@@ -186,7 +205,8 @@ class PolicyUpdater:
                 ref = self.score(batch, self.reference_model or self.model)
         old = self.score(batch) if need_old else None
         return PolicyBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                           batch.completion_mask, batch.advantages, old_logps=old, ref_logps=ref)
+                           batch.completion_mask, batch.advantages, old_logps=old, ref_logps=ref,
+                           sampling_logps=batch.sampling_logps)
 
     # ------------------------------------------------------------------ the update
     def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
@@ -245,8 +265,19 @@ class PolicyUpdater:
             ref_logps=part.ref_logps, loss_type=args.loss_type, epsilon_low=args.epsilon,
             epsilon_high=args.resolved_epsilon_high, beta=args.beta, normalizer=normalizer,
             options=options, entropy=entropy if self.entropy.enabled else None,
-            token_mask=token_mask,
+            token_mask=token_mask, token_weight=self._engine_weights(scored, part),
         )
+
+    def _engine_weights(self, scored: Any, part: PolicyBatch) -> Tensor | None:
+        """The engine's importance-correction weights of a micro-batch (vLLM's
+        ``vllm_importance_sampling_correction``): from the log-probs at θ_t (the old ones, or
+        this forward's, which are θ_t's with one optimizer step per batch) and the engine's."""
+        correction = engine_correction(self.args)
+        if correction is None or part.sampling_logps is None:
+            return None
+        at_start = part.old_logps if part.old_logps is not None else scored.logps.detach()
+        return importance_weights(at_start.float(), part.sampling_logps, part.completion_mask,
+                                  correction)
 
     def _trained_entropy(self, outputs: list[LossOutput]) -> float:
         """Token mean of the trained tokens' entropy over one optimizer step, all processes."""

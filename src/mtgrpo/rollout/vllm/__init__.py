@@ -21,8 +21,14 @@ __all__ = ["EngineUnreachableError", "StaleEngineError", "WeightPushError",
 def backend_from_config(args: Any, model: Any, tokenizer: Any) -> Any:
     """The vLLM backend ``args`` (a :class:`~mtgrpo.config.GRPOConfig` with ``use_vllm``)
     asks for, with the policy's weights pushed as version 0."""
+    options: dict[str, Any] = {}  # TRL's generation options, as TRL hands them to vLLM
+    if args.min_p is not None:
+        options["min_p"] = args.min_p
+    if args.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.repetition_penalty
+    options.update(args.generation_kwargs or {})
     common = {"structured_outputs_regex": args.vllm_structured_outputs_regex,
-              "sampling_options": dict(args.generation_kwargs or {})}
+              "sampling_options": options}
     if args.vllm_mode == "server":
         from mtgrpo.rollout.vllm.client import VLLMServerBackend, server_url
 

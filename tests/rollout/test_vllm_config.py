@@ -1,0 +1,47 @@
+"""TRL's vLLM switches in the configuration: each acts, and a bad value is an error naming it
+when the config is built (no vLLM, model or engine needed)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mtgrpo import GRPOConfig
+from mtgrpo.config_compat import TRLCompatibleFields
+
+
+def test_vllm_fields_act_and_only_the_group_port_has_no_effect():
+    import dataclasses
+
+    effects = {f.name: f.metadata["effect"] for f in dataclasses.fields(TRLCompatibleFields)
+               if f.name.startswith("vllm_") or f.name == "use_vllm"}
+    assert {name for name, effect in effects.items() if effect != "vllm"} == {"vllm_group_port"}
+    GRPOConfig(use_vllm=True, vllm_mode="server", report_to="none")  # constructs
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"vllm_mode": "remote"}, r"vllm_mode must be 'colocate' or 'server', got 'remote'"),
+    ({"generation_backend": "hf"}, r"generation_backend='hf' asks for another engine"),
+    ({"vllm_importance_sampling_mode": "token"},
+     r"vllm_importance_sampling_mode='token' is not valid; use one of token_truncate"),
+    ({"vllm_importance_sampling_clip_min": 5.0},
+     r"clip_min=5\.0 exceeds clip_max=3\.0"),
+    ({"generation_logprobs": False}, r"needs the engine's log-probs.*generation_logprobs=False"),
+    ({"loss_type": "vespo"}, r"loss_type='vespo' with vllm_importance_sampling_correction"),
+    ({"vllm_server_timeout": 0}, r"vllm_server_timeout=0 must be a number of seconds > 0"),
+])
+def test_bad_vllm_settings_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(use_vllm=True, report_to="none", **fields)
+
+
+def test_without_use_vllm_the_correction_settings_are_not_checked():
+    GRPOConfig(vllm_importance_sampling_mode="token", report_to="none")  # read only with vLLM
+
+
+def test_the_deprecated_cap_sets_clip_max_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
+        args = GRPOConfig(use_vllm=True, vllm_importance_sampling_cap=2.0, report_to="none")
+    assert args.vllm_importance_sampling_clip_max == 2.0
+    assert "vllm_importance_sampling_cap is deprecated" in caplog.text
