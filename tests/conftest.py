@@ -12,6 +12,8 @@ import pytest
 
 from mtgrpo.models import build_tiny_model, write_tiny_gguf
 
+pytest_plugins = ["vllm_fixtures"]  # the real-vLLM tests' engines and server (marker vllm)
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -26,9 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except ImportError:  # pragma: no cover - torch is a core dependency
         has_cuda = False
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    from vllm_fixtures import vllm_available
+
+    has_vllm = vllm_available()
+    skip_vllm = pytest.mark.skip(reason="needs vLLM: ./test.sh runs these in .venv-vllm "
+                                        "(scripts/setup-vllm-env.sh)")
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(skip_vllm)
 
 
 @pytest.fixture(autouse=True)

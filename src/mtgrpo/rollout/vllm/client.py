@@ -33,6 +33,7 @@ from mtgrpo.rollout.base import (
 from mtgrpo.rollout.hf_generate import _special_ids
 from mtgrpo.rollout.vllm.errors import EngineUnreachableError, StaleEngineError, WeightPushError
 from mtgrpo.rollout.vllm.weights import (
+    check_weight_names,
     merged_named_weights,
     pack_weights,
     shared_memory_dir,
@@ -200,6 +201,7 @@ class VLLMServerBackend:
             with merged_named_weights(model_or_state) as named:
                 answer = self._push(named, version)
         elif isinstance(model_or_state, dict):
+            check_weight_names(self.model, model_or_state)
             answer = self._push(list(model_or_state.items()), version)
         else:
             raise TypeError(

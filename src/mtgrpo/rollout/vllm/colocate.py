@@ -12,6 +12,7 @@ pushed into the shared engine, or a push failed half way).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from mtgrpo.rollout.vllm.engine import (
     weights_version,
 )
 from mtgrpo.rollout.vllm.errors import StaleEngineError
-from mtgrpo.rollout.vllm.weights import merged_named_weights
+from mtgrpo.rollout.vllm.weights import check_weight_names, merged_named_weights
 
 __all__ = ["VLLMColocateBackend", "model_directory"]
 
@@ -48,6 +49,13 @@ def model_directory(model: Any) -> str:
             "(name_or_path is empty): save it with save_pretrained(dir) and pass dir as the "
             "model"
         )
+    if not Path(path).is_dir():  # a hub name: its snapshot in the local cache, if there
+        try:
+            from huggingface_hub import snapshot_download
+
+            return snapshot_download(str(path), local_files_only=True)
+        except Exception:  # not cached: vLLM resolves the name itself
+            return str(path)
     return str(path)
 
 
@@ -122,6 +130,7 @@ class VLLMColocateBackend:
             with merged_named_weights(model_or_state) as named:
                 load_weights(self.engine, named, version)
         elif isinstance(model_or_state, dict):
+            check_weight_names(self.model, model_or_state)
             load_weights(self.engine, list(model_or_state.items()), version)
         else:
             raise TypeError(

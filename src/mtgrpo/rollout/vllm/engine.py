@@ -113,11 +113,28 @@ class EngineOptions:
         if on_gpu():
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         else:
-            import psutil
-
-            kwargs["kv_cache_memory_bytes"] = int(
-                self.gpu_memory_utilization * psutil.virtual_memory().total)
+            kwargs["kv_cache_memory_bytes"] = self.cpu_kv_cache_bytes()
         return kwargs
+
+    def cpu_kv_cache_bytes(self) -> int:
+        """On a CPU: ``gpu_memory_utilization`` of host memory, but never more than a full
+        batch (``max_num_seqs``, default 256) of ``max_model_len``-token sequences needs."""
+        import psutil
+
+        budget = int(self.gpu_memory_utilization * psutil.virtual_memory().total)
+        try:
+            text = _read_config(self.model)
+        except ValueError:
+            return budget
+        text = text.get("text_config", text)
+        heads = text.get("num_attention_heads") or 1
+        head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
+        kv_heads = text.get("num_key_value_heads") or heads
+        layers = text.get("num_hidden_layers") or 1
+        tokens = (self.max_num_seqs or 256) * (self.max_model_len
+                                               or text.get("max_position_embeddings") or 2048)
+        need = 2 * layers * kv_heads * head_dim * 4 * tokens  # keys and values, float32
+        return max(min(budget, need), 16 << 20)
 
 
 def _read_config(model: str) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["merged_named_weights", "pack_weights", "shared_memory_dir", "unpack_weights",
-           "write_weights_file"]
+__all__ = ["check_weight_names", "merged_named_weights", "pack_weights", "shared_memory_dir",
+           "unpack_weights", "write_weights_file"]
 
 
 def _is_peft(model: Any) -> bool:
@@ -52,6 +52,20 @@ def merged_named_weights(model: torch.nn.Module) -> Iterator[list[tuple[str, tor
             yield named
         finally:
             model.unmerge_adapter()
+
+
+def check_weight_names(model: torch.nn.Module, state: Any) -> None:
+    """A state dict pushed instead of the model: its names must be the policy's (as vLLM loads
+    them), or the push would load nothing and the engine keep its old weights."""
+    with merged_named_weights(model) as named:
+        known = {name for name, _ in named}
+    unknown = sorted(set(state) - known)
+    if unknown:
+        raise ValueError(
+            f"the weights pushed hold {len(unknown)} name(s) the policy does not have, e.g. "
+            f"{unknown[:3]}; push the policy model itself, or a state dict in its "
+            f"transformers names (e.g. {sorted(known)[:2]})"
+        )
 
 
 def pack_weights(named: list[tuple[str, torch.Tensor]]) -> bytes:
