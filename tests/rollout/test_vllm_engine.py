@@ -37,8 +37,11 @@ def _model(path: Path, seed: int | None = None) -> torch.nn.Module:
 
 
 def _options(path: Path) -> EngineOptions:
+    """The options a float32 trainer with vllm_max_model_length=512 and
+    vllm_gpu_memory_utilization=0.01 starts (tests/trainer/test_trainer_vllm.py): one engine
+    serves both files."""
     return EngineOptions(model=str(path), dtype="float32", max_model_len=512,
-                         gpu_memory_utilization=0.01, enforce_eager=True, max_num_seqs=64)
+                         gpu_memory_utilization=0.01, enforce_eager=True, model_impl="vllm")
 
 
 @pytest.fixture(params=["colocate", "server"])
@@ -114,7 +117,6 @@ def test_lora_is_pushed_merged(make_backend, vllm_model_dir):
     with model.disable_adapter():  # the adapter matters: without it the completions differ
         plain = HFGenerateBackend(model).generate(PROMPTS, GREEDY, 1)
     assert plain.completion_ids != merged.completion_ids
-    assert not any("lora" in n for n, _ in model.named_parameters() if n.endswith("base_layer"))
 
 
 def test_a_second_backend_pushing_into_the_engine_makes_the_first_one_stale(make_backend,
