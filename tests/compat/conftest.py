@@ -77,10 +77,15 @@ def trl_standins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     import huggingface_hub.constants as hub_constants
     import transformers.dynamic_module_utils as dynamic
 
-    if not request.module.__name__.endswith(("test_trl_grpo_trainer", "test_seed_snippets")):
+    if not request.module.__name__.endswith(("test_trl_grpo_trainer", "test_seed_snippets",
+                                             "test_trl_grpo_vllm")):
         yield
         return
     full = request.node.originalname in FULL_VOCABULARY
+    if request.module.__name__.endswith("test_trl_grpo_vllm"):
+        from . import vllm_standins
+
+        vllm_standins.build(trl_hub.cache(full), trl_hub.tokenizers)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(trl_hub.cache(full)))
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     modules = tmp_path_factory.getbasetemp() / "trl-standin-modules"

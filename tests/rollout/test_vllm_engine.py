@@ -181,3 +181,36 @@ def test_a_weight_push_with_foreign_names_fails_loudly(make_backend, vllm_model_
     with pytest.raises(Exception, match=r"not_a_weight|refused|no attribute|weight"):
         backend.update_weights({"not_a_weight.weight": torch.zeros(3)}, 3)
     assert backend.weights_version == 0  # the failed push did not count
+
+
+@pytest.fixture(scope="session")
+def tied_model_dir(vllm_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with its head tied to the input embeddings (as Qwen2.5-0.5B's)."""
+    out = tmp_path_factory.getbasetemp() / "tiny-llama-vllm-tied"
+    if not (out / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        model = _model(vllm_model_dir)
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(vllm_model_dir).save_pretrained(out)
+    return out
+
+
+def test_a_tied_head_follows_the_pushed_embeddings(tied_model_dir):
+    """vLLM skips lm_head.weight of a tied model on a reload; its CPU matrix product keeps a
+    packed copy of the embeddings, which the push must refresh."""
+    from mtgrpo.rollout.vllm.colocate import VLLMColocateBackend
+
+    model = _model(tied_model_dir)
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    backend = VLLMColocateBackend(model, engine_options=_options(tied_model_dir))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(
+            torch.randn(model.get_input_embeddings().weight.shape,
+                        generator=torch.Generator().manual_seed(6)) * 0.05)
+    backend.update_weights(model, 1)
+    sampled = SamplingParams(max_new_tokens=12, temperature=1.0, return_logprobs=True, seed=7)
+    logps, engine, mask = _trainer_logps(model, backend.generate(PROMPTS, sampled, 2))
+    assert_close_f32(engine[mask], logps[mask], ulps=64)

@@ -244,8 +244,26 @@ def load_weights(engine: Any, named: Sequence[tuple[str, torch.Tensor]], version
     # (fused projections, the CPU kernels' weight layouts) as after a load from disk
     engine.collective_rpc("reload_weights", kwargs={
         "weights_iterator": iter(named), "is_checkpoint_format": True})
+    engine.llm_engine.apply_model(_refresh_tied_head)
     engine.reset_prefix_cache()
     engine.llm_engine.set_weight_version(str(version))
+
+
+def _refresh_tied_head(model: Any) -> bool:
+    """A head tied to the input embeddings is not among the weights loaded (vLLM skips
+    ``lm_head.weight`` then), so the reload does not re-process it; on a CPU its matrix
+    product keeps a packed copy of the old embeddings (``dispatch_cpu_unquantized_gemm``)
+    unless it is processed again here."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(
+            embed, "weight", None):
+        return False
+    method = getattr(head, "quant_method", None)
+    if method is None or not hasattr(method, "process_weights_after_loading"):
+        return False
+    method.process_weights_after_loading(head)
+    return True
 
 
 def vllm_sampling(params: SamplingParams, n: int, stop_ids: Sequence[int],
