@@ -1,6 +1,7 @@
 """Generation speed: the "hf" backend (transformers ``generate``) against the "static" backend.
 
     python benchmarks/generation_speed.py                          # CPU: tiny, llama-10m
+    .venv-vllm/bin/python benchmarks/generation_speed.py --backend vllm   # + vLLM, colocated
     python benchmarks/generation_speed.py --models llama-10m --rows 64 --new-tokens 128
     python benchmarks/generation_speed.py --prompts 16 --num-samples 8 --prompt-tokens 110
     python benchmarks/generation_speed.py --device cuda            # adds qwen2.5-0.5b-shape (bf16)
@@ -41,6 +42,13 @@ median wall time, the median CPU time of this process (on a shared machine it is
 number), tokens per second (generated tokens / median wall time), and each backend's speed-up
 over "hf". On CUDA the static backend also runs with ``use_cuda_graph=False``
 ("static-eager") to show what the graph capture itself buys.
+
+``--backend vllm`` adds vLLM beside them (the colocated backend: an in-process ``vllm.LLM``
+on the same weights, saved to a temporary directory, float32 or the model's dtype; run it
+with the vLLM environment's Python, ``.venv-vllm``). Its start-up and the weight push are not
+timed, its warm-up call is; on a CPU it runs eagerly, on CUDA with its CUDA graphs. Models
+vLLM's CPU attention cannot run (head size 16: "tiny") are skipped with a note; "tiny-vllm"
+is the tiny model with 64-wide heads.
 """
 
 from __future__ import annotations
@@ -102,6 +110,8 @@ class ModelShape:
 MODELS: Registry[ModelShape] = Registry("benchmark model")
 # mtgrpo's tiny model (mtgrpo.models.build_tiny_model defaults): about 0.1 M parameters.
 MODELS.add("tiny", ModelShape("llama", 259, 64, 2, 4, 2, 128))
+# The tiny model with 64-wide heads (width 128, 2 heads over 1): the shape the vLLM tests use.
+MODELS.add("tiny-vllm", ModelShape("llama", 259, 128, 2, 2, 1, 128))
 # The shape of the trainer benchmark's "cpu-tiny" workload (benchmarks/step_time_vs_trl.py):
 # width 256, 4 layers, the tiny tokenizer's 259 tokens; about 3 M parameters.
 MODELS.add("cpu-tiny-workload", ModelShape("llama", 259, 256, 4, 8, 4, 688))
@@ -172,7 +182,45 @@ def _contenders(
     if next(model.parameters()).device.type == "cuda":
         eager = StaticCacheBackend(model, use_cuda_graph=False, **options)
         contenders["static-eager"] = Contender(eager)
+    if "vllm" in args.backend:
+        vllm = _vllm_backend(model, args, stop)
+        if vllm is not None:
+            contenders["vllm"] = Contender(vllm)
     return contenders
+
+
+def _vllm_backend(model: torch.nn.Module, args: argparse.Namespace, stop: int) -> Any:
+    """The colocated vLLM backend on ``model``'s weights, or None (with a note) where vLLM's
+    attention cannot run the model here."""
+    import tempfile
+
+    from mtgrpo.rollout.vllm.colocate import VLLMColocateBackend
+    from mtgrpo.rollout.vllm.engine import EngineOptions, check_model_servable
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    directory = tempfile.mkdtemp(prefix="mtgrpo-bench-vllm-")
+    base.config.save_pretrained(directory)
+    options = EngineOptions(
+        model=directory, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        max_model_len=args.prompt_tokens + args.new_tokens + 8, gpu_memory_utilization=0.05
+        if next(model.parameters()).device.type == "cpu" else 0.5,
+        enforce_eager=next(model.parameters()).device.type == "cpu", skip_tokenizer_init=True,
+        max_num_seqs=max(args.prompts * args.num_samples, 1))
+    try:
+        check_model_servable(options)
+    except ValueError as error:
+        print(f"  (vllm skipped: {error})")
+        return None
+    from safetensors.torch import save_file
+
+    state = {n: t.detach().cpu().contiguous() for n, t in base.state_dict().items()}
+    if base.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, f"{directory}/model.safetensors")
+    # rows run to --new-tokens as for the other backends (vLLM would stop at the config's EOS)
+    extra = {} if args.stop_at_eos else {"ignore_eos": True}
+    return VLLMColocateBackend(model, engine_options=options, eos_token_ids=[stop],
+                               sampling_options=extra)
 
 
 def _with_lora(model: torch.nn.Module, rank: int, seed: int) -> torch.nn.Module:
@@ -259,6 +307,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", type=int, default=0,
                         help="LoRA rank on every projection, random B (default: 0, none)")
+    parser.add_argument("--backend", default="", help="vllm: also time the colocated vLLM "
+                        "backend (needs vLLM: run with .venv-vllm/bin/python)")
     return parser
 
 
@@ -276,6 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         if MODELS.get(name).needs_cuda and device.type != "cuda":
             raise SystemExit(f"model {name!r} runs on CUDA only; pass --device cuda")
+    if "vllm" in args.backend:
+        import vllm
+
+        print(f"vLLM {vllm.__version__}")
     print(f"torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
              f", {torch.get_num_threads()} CPU threads"))  # fmt: skip

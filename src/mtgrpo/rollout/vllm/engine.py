@@ -78,6 +78,7 @@ class EngineOptions:
     enforce_eager: bool = False
     trust_remote_code: bool = False
     enable_prefix_caching: bool | None = None
+    skip_tokenizer_init: bool = False  # token ids in and out only (a model saved without one)
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -108,6 +109,8 @@ class EngineOptions:
         }
         if self.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.max_num_seqs
+        if self.skip_tokenizer_init:
+            kwargs["skip_tokenizer_init"] = True
         if self.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = self.enable_prefix_caching
         if on_gpu():
@@ -293,6 +296,8 @@ def sample(engine: Any, prompts: list[list[int]], params: SamplingParams, n: int
            stop_ids: Sequence[int], regex: str | None = None,
            extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """``n`` samples per prompt, grouped by prompt: completion ids, finished flags, log-probs."""
+    vocab = engine.llm_engine.model_config.get_vocab_size()
+    stop_ids = [t for t in stop_ids if t < vocab]  # an id past the vocabulary never comes
     sampling = vllm_sampling(params, n, stop_ids, regex, extra)
     outputs = engine.generate([{"prompt_token_ids": p} for p in prompts], sampling,
                               use_tqdm=False)
