@@ -14,6 +14,13 @@
 #   generation  benchmarks/generation_speed.py --device cuda (hf, static, static-eager)
 #   profile     benchmarks/profile_step.py --workload gpu-qwen0.5b (one profiled step of ours,
 #               ours with the padded update and TRL: operators, launches, syncs per phase)
+#   vllm        (not in all) the tests marked vllm against vLLM's CUDA build, then
+#               benchmarks/generation_speed.py --device cuda --backend vllm on the Qwen2.5-0.5B
+#               shape (hf, static, static-eager and vllm side by side). It needs vLLM 0.32 for
+#               the image's torch already installed (MTGRPO_VLLM_PYTHON, default $python): its
+#               CUDA wheel and dependencies are far over what .whl/ can carry, so an image
+#               without it gets an error naming what is missing; about 4 minutes on an H100-class
+#               machine when present (engine starts included), not yet run on a GPU
 # and writes each part's output, with the machine and the versions, to gpu-check-<part>.md in
 # $OUT when set (the device tool brings that folder back) or else in benchmarks/results/.
 # Each part fits the device tool's 10-minute command limit on an H100; run them as separate
@@ -25,9 +32,9 @@ parts=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry=1 ;;
-        tests|step|generation|profile) parts+=("$arg") ;;
+        tests|step|generation|profile|vllm) parts+=("$arg") ;;
         all) parts+=(tests step generation profile) ;;
-        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|profile|all]" >&2
+        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|profile|vllm|all]" >&2
            exit 2 ;;
     esac
 done
@@ -44,6 +51,10 @@ if [ $dry -eq 1 ]; then
     profile_args=(--workload cpu-tiny --num-prompts 2 --group-size 2 --max-new-tokens 4
                   --prompt-tokens 8 --micro-batch 2 --hidden-size 64 --num-layers 2
                   --num-heads 4 --num-kv-heads 2 --intermediate-size 128 --warmup 1 --rows 10)
+    vllm_python="${MTGRPO_VLLM_PYTHON:-.venv-vllm/bin/python}"
+    vllm_tests=(tests/rollout/test_vllm_engine.py -k "greedy or logprobs")
+    vllm_generation_args=(--device cpu --models tiny-vllm --rows 4 --num-samples 2
+                          --new-tokens 8 --repeats 1 --backend vllm)
 else
     python="${MTGRPO_PYTHON:-python3}"
     if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -63,6 +74,10 @@ else
     generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
                      --prompt-tokens 48 --repeats 5)
     profile_args=(--workload gpu-qwen0.5b)
+    vllm_python="${MTGRPO_VLLM_PYTHON:-$python}"
+    vllm_tests=(tests/rollout/test_vllm_engine.py tests/trainer/test_trainer_vllm.py)
+    vllm_generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
+                          --prompt-tokens 48 --repeats 5 --backend vllm)
 fi
 export PYTHONUNBUFFERED=1
 
@@ -96,6 +111,17 @@ for part in "${parts[@]}"; do
             step) "$python" benchmarks/step_time_vs_trl.py "${step_args[@]}" ;;
             generation) "$python" benchmarks/generation_speed.py "${generation_args[@]}" ;;
             profile) "$python" benchmarks/profile_step.py "${profile_args[@]}" ;;
+            vllm)
+                if ! "$vllm_python" -c "import vllm" 2>/dev/null; then
+                    echo "vLLM does not import in $vllm_python: install vLLM 0.32 for this"
+                    echo "torch (pip install 'vllm==0.32.*', needs network) or set"
+                    echo "MTGRPO_VLLM_PYTHON to an interpreter that has it"
+                    false
+                else
+                    "$vllm_python" -m pytest -q -p no:cacheprovider -m vllm "${vllm_tests[@]}" \
+                        && "$vllm_python" benchmarks/generation_speed.py \
+                            "${vllm_generation_args[@]}"
+                fi ;;
         esac
         rc=$?
         echo '```'

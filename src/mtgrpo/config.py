@@ -1118,12 +1118,20 @@ def reference_markdown() -> str:
         for name, _, default, text in config_fields_help(cls, own_only=True):
             lines.append(f"| `{name}` | `{default}` | {text} |")
         lines.append("")
+    rows = compatibility_rows()
+    lines += ["#### vLLM: TRL's `use_vllm` and `vllm_*` (`GRPOConfig`; docs/engines.md)", "",
+              "| option | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{name}` | `{default}` | {text} |" for name, default, effect, text in rows
+              if effect == "vllm"]
+    lines.append("")
     lines += ["#### Accepted for TRL compatibility (`GRPOConfig`)", "",
               "TRL 1.16 / transformers fields that mtgrpo does not act on. *no effect*: any "
               "value is accepted (a non-default value is named in a warning); *refused*: only "
               "the default is accepted, anything else is an error that names the alternative.",
               "", "| option | default | effect |", "|---|---|---|"]
-    for name, default, effect, text in compatibility_rows():
+    for name, default, effect, text in rows:
+        if effect == "vllm":
+            continue
         label = "refused" if effect == "refused" else "no effect"
         reason = text.removeprefix("no effect: ").removeprefix("no effect ")
         lines.append(f"| `{name}` | `{default}` | {label}: {reason} |")
