@@ -45,3 +45,25 @@ def test_the_deprecated_cap_sets_clip_max_with_a_warning(caplog):
         args = GRPOConfig(use_vllm=True, vllm_importance_sampling_cap=2.0, report_to="none")
     assert args.vllm_importance_sampling_clip_max == 2.0
     assert "vllm_importance_sampling_cap is deprecated" in caplog.text
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"alpha": {"temperature": 0.5}}, r"task_generation\['alpha'\].*per-task setting is "
+                                      r"max_completion_length"),
+    ({"alpha": {"max_completion_length": 300}},
+     r"max_completion_length=300 must be an int in \[1, max_completion_length=256\]"),
+    ({"alpha": {"max_completion_length": 0}}, r"max_completion_length=0 must be an int"),
+])
+def test_bad_task_generation_is_named(value, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(task_generation=value, report_to="none")
+
+
+def test_task_generation_of_another_type_is_named():
+    with pytest.raises(TypeError, match=r"task_generation: \['alpha'\] \(list\) is not a mapping"):
+        GRPOConfig(task_generation=["alpha"], report_to="none")
+
+
+def test_task_generation_within_the_runs_limit_is_accepted():
+    args = GRPOConfig(task_generation={"alpha": {"max_completion_length": 32}}, report_to="none")
+    assert args.task_generation == {"alpha": {"max_completion_length": 32}}
