@@ -24,12 +24,14 @@ __all__ = [
     "AGGREGATIONS",
     "BACKENDS",
     "IMPORTANCE_SAMPLING_LEVELS",
+    "IS_CORRECTION_MODES",
     "LOSS_TYPES",
     "NONE_HANDLING",
     "ON_UNSCORABLE",
     "SCALE_REWARDS",
     "SCHEDULERS",
     "TRACKERS",
+    "check_is_correction",
     "check_optimizer_name",
     "check_scheduler_name",
     "resolve_aggregation",
@@ -71,6 +73,31 @@ mtgrpo's extra (``pip install 'mtgrpo[wandb]'``); ``metrics.jsonl`` is always wr
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 """One importance ratio per token, or one per completion (GSPO)."""
+
+IS_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""TRL's ``vllm_importance_sampling_mode``: the engine's importance-correction ratio per token or
+per completion, clamped to or masked outside its bounds (:mod:`mtgrpo.policy.engine_correction`)."""
+
+
+def check_is_correction(mode: str, clip_min: float | None, clip_max: float | None) -> None:
+    """TRL's ``vllm_importance_sampling_mode`` and its bounds, or an error naming the value."""
+    if mode not in IS_CORRECTION_MODES:
+        raise ValueError(
+            f"vllm_importance_sampling_mode={mode!r} is not valid; use one of "
+            f"{', '.join(IS_CORRECTION_MODES)}"
+        )
+    for name, value in (("clip_min", clip_min), ("clip_max", clip_max)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value >= 0):
+            raise ValueError(
+                f"vllm_importance_sampling_{name}={value!r} must be a number >= 0 or None "
+                "(no bound on that side)"
+            )
+    if clip_min is not None and clip_max is not None and clip_min > clip_max:
+        raise ValueError(
+            f"vllm_importance_sampling_clip_min={clip_min} exceeds clip_max={clip_max}; the "
+            "bounds [clip_min, clip_max] would admit no ratio"
+        )
 
 BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend", provider="mtgrpo.rollout")
 """Generation backends by name (:mod:`mtgrpo.rollout`); ``auto`` picks ``static`` where the

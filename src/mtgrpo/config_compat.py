@@ -274,11 +274,11 @@ def check_vllm_fields(config: Any) -> None:
             f"{config.generation_backend!r} asks for another engine; set only one of them"
         )
     if config.vllm_importance_sampling_correction:
-        from mtgrpo.policy.engine_correction import EngineCorrection
+        from mtgrpo.choices import check_is_correction
 
-        EngineCorrection(config.vllm_importance_sampling_mode,
-                         config.vllm_importance_sampling_clip_min,
-                         config.vllm_importance_sampling_clip_max)
+        check_is_correction(config.vllm_importance_sampling_mode,
+                            config.vllm_importance_sampling_clip_min,
+                            config.vllm_importance_sampling_clip_max)
         if config.generation_logprobs is False:
             raise ValueError(
                 "vllm_importance_sampling_correction needs the engine's log-probs, and "

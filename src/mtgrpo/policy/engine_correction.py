@@ -31,10 +31,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtgrpo.choices import IS_CORRECTION_MODES, check_is_correction
+
 __all__ = ["IS_MODES", "EngineCorrection", "correction_figures", "correction_metrics",
            "importance_weights"]
 
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+IS_MODES = IS_CORRECTION_MODES
 
 
 @dataclass(frozen=True)
@@ -46,25 +48,7 @@ class EngineCorrection:
     clip_max: float | None = 3.0
 
     def __post_init__(self) -> None:
-        if self.mode not in IS_MODES:
-            raise ValueError(
-                f"vllm_importance_sampling_mode={self.mode!r} is not valid; use one of "
-                f"{', '.join(IS_MODES)}"
-            )
-        for name in ("clip_min", "clip_max"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not value >= 0):
-                raise ValueError(
-                    f"vllm_importance_sampling_{name}={value!r} must be a number >= 0 or None "
-                    "(no bound on that side)"
-                )
-        if (self.clip_min is not None and self.clip_max is not None
-                and self.clip_min > self.clip_max):
-            raise ValueError(
-                f"vllm_importance_sampling_clip_min={self.clip_min} exceeds clip_max="
-                f"{self.clip_max}; the bounds [clip_min, clip_max] would admit no ratio"
-            )
+        check_is_correction(self.mode, self.clip_min, self.clip_max)
 
     @property
     def sequence_level(self) -> bool:
