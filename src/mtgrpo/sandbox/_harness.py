@@ -29,7 +29,6 @@ anyway.
 from __future__ import annotations
 
 import builtins
-import marshal
 import os
 import sys
 
@@ -80,7 +79,7 @@ def main() -> None:
     import _signal
 
     install_handler = _signal.signal  # before hardening replaces it; used once, pre-program
-    job = _read_job()
+    job = _wire.read_job(JOB_FD)
     try:
         program = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
@@ -96,24 +95,6 @@ def main() -> None:
     if job["mode"] == "serve":
         _serve(program, job, clock)
     _run_io(program)
-
-
-def _read_job() -> dict:
-    header = _read_exactly(8)
-    job = marshal.loads(_read_exactly(int.from_bytes(header, "little")))
-    os.close(JOB_FD)
-    return job
-
-
-def _read_exactly(size: int) -> bytes:
-    chunks, remaining = [], size
-    while remaining:
-        chunk = os.read(JOB_FD, min(remaining, 1 << 20))
-        if not chunk:
-            raise SystemExit("sandbox harness: job truncated")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 def _refuse(name: str):

@@ -25,7 +25,6 @@ descriptor 4 (``P<unit>``) for the launcher. ``L`` means the program's process w
 from __future__ import annotations
 
 import builtins
-import marshal
 import os
 import select
 import sys
@@ -60,7 +59,7 @@ class ProgramError(Exception):
 
 
 def main() -> None:
-    job = _read_job()
+    job = _wire.read_job(JOB_FD)
     units = [(kind, compile(source, f"<test {index}>", "exec", dont_inherit=True), names)
              for index, (kind, source, names) in enumerate(job["units"])]  # fmt: skip
     binds = [frozenset(names) for names in job["binds"]]
@@ -121,22 +120,6 @@ def _run_case(owner: object, name: str) -> None:
     if setup is not None:
         setup(method)
     method()
-
-
-def _read_job() -> dict:
-    def exactly(size: int) -> bytes:
-        chunks = []
-        while size:
-            chunk = os.read(JOB_FD, min(size, 1 << 20))
-            if not chunk:
-                raise SystemExit("sandbox judge: job truncated")
-            chunks.append(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
-
-    job = marshal.loads(exactly(int.from_bytes(exactly(8), "little")))
-    os.close(JOB_FD)
-    return job
 
 
 def _describer():
