@@ -8,7 +8,9 @@
 #                         (not needed where a local CPU wheel is on pip's find-links)
 #   MTGRPO_PYTHON         interpreter for the venv (default: python3; 3.11 or newer)
 #   MTGRPO_VENV           where the venv lives (default: .venv in the repository)
-# The set-up re-runs when pyproject.toml, the lock or this script change.
+# The set-up re-runs when pyproject.toml, the lock or this script change. It says what it
+# installs and shows pip's progress: its download bars in a terminal, its "Collecting ..." and
+# "Downloading ..." lines (no bars) in a log or CI job. Nothing is asked interactively.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MTGRPO_VENV:-$root/.venv}"
@@ -20,8 +22,9 @@ want="$(cat "$root/pyproject.toml" "$lock" "$root/scripts/setup-env.sh" | sha1su
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
+begin=$SECONDS
 if [ ! -x "$venv/bin/python" ]; then
-    echo "[setup] creating $venv" >&2
+    echo "[setup] creating $venv (first run only; later runs reuse it)" >&2
     "$py" -m venv "$venv"
 fi
 "$venv/bin/python" - <<'PY' || exit 1
@@ -31,15 +34,20 @@ if sys.version_info < (3, 11):
              f"has {sys.version.split()[0]}: set MTGRPO_PYTHON to a newer interpreter and "
              "remove the venv")
 PY
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+if [ ! -t 1 ]; then
+    pip+=(--progress-bar off)  # a log gets pip's lines, not bars redrawn into it
+fi
 torch_version="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$lock" | head -1)"
 installed="$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)"
 if [ "$installed" != "$torch_version" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        echo "[setup] NVIDIA GPU found: installing torch==$torch_version with CUDA" >&2
+        echo "[setup] NVIDIA GPU found: installing torch==$torch_version with CUDA into $venv" \
+             "(first run only; ~2.5 GB, ~3-10 min)" >&2
         "${pip[@]}" install "torch==$torch_version"
     else
-        echo "[setup] no GPU: installing the CPU build torch==$torch_version first" >&2
+        echo "[setup] no GPU: installing the CPU build torch==$torch_version into $venv first" \
+             "(first run only; ~200 MB, ~1-3 min)" >&2
         if [ -n "${MTGRPO_TORCH_INDEX:-}" ]; then
             "${pip[@]}" install "torch==$torch_version" --index-url "$MTGRPO_TORCH_INDEX"
         else
@@ -47,8 +55,10 @@ if [ "$installed" != "$torch_version" ]; then
         fi
     fi
 fi
-echo "[setup] installing mtgrpo (editable) with the locked versions of its dependencies," \
-     "its test tools, gguf and TRL (for the parity tests)" >&2
+echo "[setup] installing mtgrpo (editable) and the locked versions of its dependencies into" \
+     "$venv, with its test tools, gguf and TRL (first run only; ~2-5 min)" >&2
 "${pip[@]}" install --constraint "$lock" -e "$root[dev,gguf,bench]"
 "$venv/bin/python" -c "import mtgrpo, torch"
 echo "$want" > "$stamp"
+echo "[setup] $venv ready in $((SECONDS - begin)) s; later runs skip the set-up until" \
+     "pyproject.toml, requirements/lock.txt or this script change" >&2

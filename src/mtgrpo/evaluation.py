@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mtgrpo._progress import accuracy_status, progress
 from mtgrpo.metrics import scalar_rewards, task_accuracy, worst_and_average
 
 __all__ = ["EvaluationResult", "TaskResult", "answer_concentration", "answer_warnings",
@@ -251,9 +252,6 @@ def evaluate_prompts(
     :class:`~mtgrpo.tasks.PromptSet`) and score them with ``rewards`` (``extra``: the
     keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``; ``estimate``:
     the advantage estimator, see :class:`~mtgrpo.rollout.RolloutWorker`)."""
-    import torch
-
-    from mtgrpo.rewards.accuracy import accuracy_values
     from mtgrpo.rollout import RolloutWorker
 
     worker = RolloutWorker(
@@ -262,8 +260,31 @@ def evaluate_prompts(
         extra=extra, estimate=estimate,
     )
     begin = time.perf_counter()
-    groups = [group for chunk in _chunks(len(prompts), prompts_per_call)
-              for group in worker(chunk)]
+    # a bar (plain lines in a log): a few hundred prompts at 8 samples take minutes; one
+    # process of several shows it
+    unit = f"prompts ({num_samples} sample{'s' if num_samples > 1 else ''} each)"
+    with progress("eval", len(prompts), unit=unit,
+                  enabled=getattr(shard, "rank", 0) == 0) as phase:
+        groups: list[Any] = []
+        for chunk in _chunks(len(prompts), prompts_per_call):
+            groups.extend(worker(chunk))
+            phase.update(advance=len(chunk))
+        result = EvaluationResult(
+            _task_results(prompts, groups, rewards, num_samples, accuracy_channel),
+            seconds=time.perf_counter() - begin, groups=groups)
+        # the last line in a log, and the enclosing GRPO bar's "eval:" status
+        phase.summary = accuracy_status("eval", result.worst_accuracy, result.worst_task,
+                                        result.average_accuracy)
+    return result
+
+
+def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: int,
+                  accuracy_channel: int | None) -> dict[str, TaskResult]:
+    """Each task's :class:`TaskResult` from the scored groups."""
+    import torch
+
+    from mtgrpo.rewards.accuracy import accuracy_values
+
     group_tasks = np.array([g.task for g in groups], dtype=np.int64)
     rows = np.repeat(group_tasks, num_samples)  # [n] task of each completion
     accuracy = task_accuracy(rows, np.concatenate([g.correct for g in groups]) if groups
@@ -284,7 +305,7 @@ def evaluate_prompts(
             format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
             mean_length=float(np.mean(lengths)), **concentration.get(k, {}),
         )
-    return EvaluationResult(results, seconds=time.perf_counter() - begin, groups=groups)
+    return results
 
 
 def run_evaluation(

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from mtgrpo._files import write_atomically
+from mtgrpo._progress import progress
 from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.policy import (
     build_optimizer,
@@ -414,7 +415,8 @@ def _train_loop(
                                 warmup_ratio=config.warmup_ratio)
     steps: list[tuple[float, int]] = []
     eval_loss, window, seen = None, _Window(), 0
-    with MetricsWriter(out / "metrics.jsonl") as writer:
+    # a bar with the loss and ETA (plain lines in a log); the logger keeps its logging_steps
+    with MetricsWriter(out / "metrics.jsonl") as writer, progress("warm start", total) as bar:
         schedule = step_schedule(len(train), config.examples_per_step, total, config.seed)
         for step, indices in enumerate(schedule, start=1):
             stats = _optimizer_step(model, [train[i] for i in indices], config, optimizer,
@@ -427,6 +429,7 @@ def _train_loop(
             steps.append((stats.loss_sum / stats.target_tokens, stats.target_tokens))
             window.steps.append(stats)
             seen += len(indices)
+            bar.update(step, status=f"loss {steps[-1][0]:.4f}  lr {stats.learning_rate:.3g}")
             if step % config.logging_steps == 0 or step == total:
                 record = window.record(step, seen / len(train))
                 writer.write(record)

@@ -1,58 +1,49 @@
-"""The live progress bar: step, ETA, worst-task and average accuracy."""
+"""The GRPO progress: step, ETA, the training batch's worst task and average, and the last
+evaluation's (a live bar in a terminal, plain periodic lines in a log: :mod:`mtgrpo._progress`).
+
+The two accuracies are labelled because they measure different things: ``train batch`` is the
+share of correct completions among the ones just sampled for training (a few prompts per task,
+at the training temperature), ``eval`` the held-out set's at the last evaluation; a task can be
+the worst of a batch while the evaluation ranks it best.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import Any
+
+from mtgrpo._progress import Phase, accuracy_status, progress
 
 __all__ = ["TrainingProgress"]
 
 
-def _percent(value: Any) -> str:
-    return "  -  " if not isinstance(value, float) or math.isnan(value) else f"{100 * value:5.1f}%"
-
-
 class TrainingProgress:
-    """A rich progress bar (no-op when ``enabled`` is False, e.g. on non-main processes)."""
+    """The GRPO phase's progress (shows nothing when ``enabled`` is False, e.g. on non-main
+    processes; evaluations run inside it are then quiet too)."""
 
     def __init__(self, total: int, completed: int = 0, *, enabled: bool = True) -> None:
         self.total, self.completed, self.enabled = total, completed, enabled
-        self._progress: Any = None
+        self._stack = ExitStack()
+        self._phase: Phase | None = None
 
     def __enter__(self) -> TrainingProgress:
-        if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                TextColumn("{task.fields[status]}"),
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task(
-                "train", total=self.total, completed=self.completed, status=""
-            )
+        self._phase = self._stack.enter_context(
+            progress("train", self.total, completed=self.completed, enabled=self.enabled))
         return self
 
     def advance(self, step: int, metrics: Mapping[str, Any]) -> None:
-        if self._progress is None:
+        if self._phase is None:
             return
-        worst = metrics.get("accuracy/worst")
-        status = (
-            f"worst {_percent(worst)} ({metrics.get('accuracy/worst_task', '-')})  "
-            f"avg {_percent(metrics.get('accuracy/average'))}  "
-            f"{metrics.get('time/step', math.nan):.1f}s/step"
-        )
-        self._progress.update(self._task, completed=step, status=status)
+        parts = [accuracy_status("train batch", metrics.get("accuracy/worst"),
+                                 metrics.get("accuracy/worst_task"),
+                                 metrics.get("accuracy/average"))]
+        if self._phase.last_child_summary:  # set by the evaluation run inside this phase
+            parts.append(self._phase.last_child_summary)
+        parts.append(f"{metrics.get('time/step', math.nan):.1f}s/step")
+        self._phase.update(step, status="  ".join(parts))
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
+        self._phase = None
+        self._stack.__exit__(*exc)
