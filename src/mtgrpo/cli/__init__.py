@@ -1,7 +1,9 @@
 """The ``mtgrpo`` command line: thin sub-commands that parse arguments and call the library.
 
 Each sub-command lives in its own module of this package and exposes
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). An exception that
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). Options are written with
+hyphens (``--num-samples``) and a run file's fields as in the file (``--max_steps``); either
+spelling is accepted everywhere. Help shows each option's default. An exception that
 escapes a command is printed as one line (its message) with exit status 1; ``--debug``
 (before or after the command) lets it propagate with its traceback. A command module
 imports nothing heavy at module level (torch, transformers, ...): those imports go
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # command name -> (module, one-line help, aliases)
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -63,6 +67,26 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 DEBUG_HELP = "on an error, show the full traceback (default: the error's message only)"
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each option's help ends with its default, unless the help
+    already says it or there is none to say (no value, a switch that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text.lower() or default is None
+                or default is False or default is argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as help text: reStructuredText's ``literal`` and :role:`target` marks
+    dropped (``quickstart`` -> quickstart), the words kept."""
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mtgrpo",
@@ -77,16 +101,50 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(
             name, help=help_text.replace("%", "%%"), aliases=list(aliases),
-            description=module.__doc__ or "",  # argparse %-formats it only if it has %(prog)
-            formatter_class=argparse.RawDescriptionHelpFormatter, parents=[debug],
+            description=plain_text(module.__doc__ or ""),  # %-formatted only with %(prog)
+            formatter_class=HelpFormatter, parents=[debug],
         )
         module.add_arguments(command_parser)
         command_parser.set_defaults(_module=module_name)
     return parser
 
 
+def _command_index(argv: Sequence[str]) -> int | None:
+    """Where the command name is in ``argv`` (after the global options), None without one."""
+    for i, token in enumerate(argv):
+        if not token.startswith("-"):
+            return i
+    return None
+
+
+def normalize_argv(argv: Sequence[str], commands: Any = COMMANDS) -> list[str]:
+    """Both spellings of an option, one meaning: a command's options to their hyphenated form
+    (``--num_samples`` -> ``--num-samples``), ``train``'s run-file fields to the file's
+    (``--max-steps`` -> ``--max_steps``); and ``train --field ...`` without a CONFIG runs the
+    default one, as the usage says, rather than reading the field's value as the CONFIG."""
+    out = list(argv)
+    at = _command_index(out)
+    if at is None:
+        return out
+    aliases = {alias: name for name, (_, _, names) in commands.items() for alias in names}
+    command = aliases.get(out[at], out[at])
+    if command == "train":
+        from mtgrpo.cli import train
+
+        return out[:at + 1] + train.normalize(out[at + 1:])
+    for i in range(at + 1, len(out)):
+        token = out[i]
+        if token == "--":
+            break
+        if token.startswith("--"):
+            name, sep, value = token[2:].partition("=")
+            out[i] = f"--{name.replace('_', '-')}{sep}{value}"
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = normalize_argv(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

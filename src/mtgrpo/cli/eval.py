@@ -76,16 +76,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="JSONL/JSON/parquet/CSV file with prompt and task columns")
     parser.add_argument("--rewards", help="reward names or module:function, comma-separated "
                         "(required with --data; added to the task rewards with --tasks)")
-    parser.add_argument("--num-samples", type=int, default=8)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int,
-                        help="default: 512, or the config's max_completion_length")
+    parser.add_argument("--num-samples", type=int, default=8, metavar="N",
+                        help="completions sampled per prompt; a task's accuracy is the mean "
+                        "over them (the papers: 8)")
+    parser.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                        help="sampling temperature (0: greedy, then one sample is enough)")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+                        help="most tokens per completion (default: 512, or the config's "
+                        "max_completion_length)")
     parser.add_argument("--prompt-format", help="plain (default, or the config's), chat or "
                         "paper")
     parser.add_argument("--answer-format", help="answer_tag (default, or the config's) or boxed")
-    parser.add_argument("--baseline", help="results.json of a baseline model, for Δm%%")
+    parser.add_argument("--baseline", metavar="RESULTS_JSON",
+                        help="results.json of a baseline model, for Δm%%")
     parser.add_argument("--backend", default="auto", help="generation backend (auto, hf, ...)")
-    parser.add_argument("--out", default="runs/eval", help="output directory")
+    parser.add_argument("--out", default="runs/eval", metavar="DIR",
+                        help="output directory (results.json)")
 
 
 @dataclass

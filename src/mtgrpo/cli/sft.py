@@ -107,9 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="task generation processes (0: in this process)")
 
     data = parser.add_argument_group("--data: column names")
-    data.add_argument("--prompt-column", default="prompt")
-    data.add_argument("--completion-column", default="completion")
-    data.add_argument("--messages-column", default="messages")
+    data.add_argument("--prompt-column", default="prompt", help="the prompt column")
+    data.add_argument("--completion-column", default="completion",
+                      help="the completion column")
+    data.add_argument("--messages-column", default="messages",
+                      help="the chat column, used when a row has no prompt column (its last "
+                      "turn, the assistant's, is the completion)")
 
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--lora", action="store_true", help="train a LoRA adapter")
@@ -172,8 +175,14 @@ def _task_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _prepare(args: argparse.Namespace) -> tuple[SFTConfig, list[dict[str, Any]], Any, str]:
     """Everything that can fail on user input, before any weights are read."""
     from mtgrpo.models import ensure_tiny_model
+    from mtgrpo.sft.train import earlier_run_files
 
     config = _config(args)
+    taken = earlier_run_files(config.output_dir)
+    if taken and not config.overwrite_output_dir:  # said in the flags the user types
+        raise ValueError(f"--output {config.output_dir} already holds an SFT run "
+                         f"({', '.join(taken)}); pass another --output, or add "
+                         "--overwrite-output-dir to replace it")
     rows = _task_rows(args) if args.tasks else _read_data(args.data)
     peft = {"r": args.lora_r, "lora_alpha": args.lora_alpha} if args.lora else None
     model = str(ensure_tiny_model(args.model)) if args.tiny else args.model

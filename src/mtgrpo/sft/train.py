@@ -263,13 +263,21 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def earlier_run_files(output_dir: str | PathLike) -> list[str]:
+    """What of an earlier SFT run ``output_dir`` holds (``metrics.jsonl``, ``model``,
+    ``adapter``): a new run refuses to mix with them unless told to replace them."""
+    out = Path(output_dir)
+    return [name for name in ("metrics.jsonl", "model", "adapter") if (out / name).exists()]
+
+
 def _prepare_output_dir(config: SFTConfig) -> Path:
     out = Path(config.output_dir)
-    taken = [name for name in ("metrics.jsonl", "model", "adapter") if (out / name).exists()]
+    taken = earlier_run_files(out)
     if taken and not config.overwrite_output_dir:
         raise ValueError(
             f"output_dir {str(out)!r} already holds an SFT run ({', '.join(taken)}); pass a new "
-            "output_dir, or set overwrite_output_dir=True to replace it"
+            "output_dir, or set overwrite_output_dir=True (mtgrpo sft: --overwrite-output-dir) "
+            "to replace it"
         )
     for name in taken:  # overwrite_output_dir: nothing of the earlier run may mix in
         path = out / name
