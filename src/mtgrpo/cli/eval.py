@@ -302,20 +302,23 @@ def _share(answer: str | None, share: float) -> str:
 
 def _print(result) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from mtgrpo.evaluation import answer_warnings
+    from mtgrpo.reporting.tables import FittedTable
 
-    table = Table(title="per-task evaluation")
-    for column in ("task", "prompts", "accuracy", "mean reward", "format rate", "length",
-                   "top answer", "constant answer"):
-        table.add_column(column, justify="left" if column == "task" else "right")
+    headers = ["task", "prompts", "accuracy", "mean reward", "format rate", "length",
+               "top answer", "constant answer"]
+    rows = []
     for name, r in result.tasks.items():
         marker = " (worst)" if name == result.worst_task else ""
-        table.add_row(name + marker, str(r.prompts), f"{100 * r.accuracy:.1f}%",
-                      f"{r.mean_reward:.3f}", f"{100 * r.format_rate:.1f}%",
-                      f"{r.mean_length:.1f}", _share(r.top_answer, r.top_answer_share),
-                      _share(r.baseline_answer, r.constant_baseline))
+        rows.append([name + marker, str(r.prompts), f"{100 * r.accuracy:.1f}%",
+                     f"{r.mean_reward:.3f}", f"{100 * r.format_rate:.1f}%",
+                     f"{r.mean_length:.1f}", _share(r.top_answer, r.top_answer_share),
+                     _share(r.baseline_answer, r.constant_baseline)])
+    # task names stay whole (countdown:2x20 and countdown:3x9 must not both read countd…)
+    table = FittedTable(headers, rows, title="per-task evaluation", kept_in="results.json",
+                        drop_order=("length", "format rate", "mean reward", "prompts",
+                                    "constant answer", "top answer"))
     console = Console()
     console.print(table)
     for _, _, message in answer_warnings(result):

@@ -47,6 +47,7 @@ import numpy as np
 from mtgrpo.metrics import DeltaM, delta_m, worst_and_average
 from mtgrpo.metrics import steps_to_threshold as first_step_reaching
 from mtgrpo.reporting.metrics import read_metrics
+from mtgrpo.reporting.tables import FittedTable
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -475,7 +476,11 @@ def run_report(summary: RunSummary, tasks: Sequence[TaskSummary]) -> Group:
     rows = [[task.task, *(row[i] for i in shown)] for task, row in zip(tasks, cells, strict=True)]
     method = f", {summary.method}" if summary.method else ""
     title = f"{summary.label}{method}: accuracy in % ({summary.split} split), train means"
-    return Group(_rich_table(headers, rows, title=title), *_rich_notes(_report_lines(summary)))
+    # at 80 columns the task stays whole and the diagnostics go first
+    table = FittedTable(headers, rows, title=title, kept_in="metrics.jsonl",
+                        drop_order=("zero-grad rate", "target share", "best at step",
+                                    "batch share", "final weight", "best acc"))
+    return Group(table, *_rich_notes(_report_lines(summary)))
 
 
 def _report_lines(s: RunSummary) -> list[str]:
@@ -595,9 +600,20 @@ class ComparisonTable:
         """A renderable for ``rich.console.Console.print``: both tables and the notes."""
         from rich.console import Group
 
-        return Group(_rich_table(*self.headline_rows(), title=f"Runs ({self.split} split)"),
-                     _rich_table(*self.task_rows(), title="Final accuracy per task (%)"),
-                     *_rich_notes(self.notes()))
+        headers, rows = self.headline_rows()
+        # names stay whole; what goes first when the terminal is narrow: timing, then the
+        # later thresholds, the method, the best values
+        drop = ["prompts/inf. group", "s/step",
+                *(f"steps→{t * 100:g}%" for t in self.thresholds[1:][::-1]), "method",
+                "best avg", "best worst (step)", "steps"]
+        headline = FittedTable(headers, rows, title=f"Runs ({self.split} split)",
+                               whole=[i for i, h in enumerate(headers)
+                                      if h in ("run", "method", "worst task")],
+                               drop_order=drop, kept_in="comparison.md")
+        task_headers, task_rows = self.task_rows()
+        per_task = FittedTable(task_headers, task_rows, title="Final accuracy per task (%)",
+                               whole=range(len(task_headers)), transpose=True)
+        return Group(headline, per_task, *_rich_notes(self.notes()))
 
 
 def compare_runs(
@@ -845,8 +861,13 @@ class SeedAggregateTable:
     def to_rich(self) -> Group:
         from rich.console import Group
 
-        return Group(_rich_table(*self.rows(), title=f"Methods over seeds ({self.split} split)"),
-                     *_rich_notes([_SPREAD_NOTE]))
+        headers, _ = self.rows()
+        drop = ["prompts/inf. group", "s/step",
+                *(h for h in headers[6:][::-1] if h.startswith("steps→")), "best avg",
+                "best worst"]
+        table = FittedTable(*self.rows(), title=f"Methods over seeds ({self.split} split)",
+                            drop_order=drop, kept_in="comparison.md")
+        return Group(table, *_rich_notes([_SPREAD_NOTE]))
 
 
 def method_of_label(label: str) -> str:
@@ -968,21 +989,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
 
     align = ["---", *(("---:" if numeric else "---") for _ in headers[1:])]
     return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, rows)])
-
-
-def _rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for i, header in enumerate(headers):
-        names = i == 0 or header in ("method", "worst task")  # keep names on one line
-        table.add_column(escape(header), justify="left" if names else "right",
-                         style="bold" if i == 0 else None, no_wrap=names, overflow="fold")
-    for row in rows:
-        # "[min–max]" is text, not markup; on its own line a spread cell stays narrow
-        table.add_row(*(escape(cell.replace(" [", "\n[")) for cell in row))
-    return table
 
 
 def _rich_notes(notes: Iterable[str]) -> list[Any]:
