@@ -478,3 +478,36 @@ def test_commands_through_main(tmp_path: Path) -> None:
     run = hand_run(tmp_path / "r")
     assert main(["report", str(run), "--no-plots"]) == 0
     assert main(["compare", str(run), str(tmp_path / "missing"), "--no-plots"]) == 2
+
+
+def test_the_summary_words_cannot_be_read_as_the_best_task_and_name_the_lagging_one(
+    tmp_path: Path,
+) -> None:
+    from rich.console import Console
+
+    from mtgrpo.reporting.compare import run_report
+
+    history = load_run(hand_run(tmp_path / "r"))
+    console = Console(width=300, record=True, color_system=None)
+    console.print(run_report(summarize_run(history), summarize_tasks(history)))
+    out = console.export_text()
+    # the worst-task curve peaks at .42 (step 20, b:easy the worst then); final worst c .38
+    assert ("worst task: 38.0% (c) at step 30; highest worst-task accuracy: 42.0% at step 20 "
+            "(worst task then: b:easy)") in out
+    assert "best 42.0% (b:easy)" not in out
+    # c's final weight .2 is below the uniform 1/3
+    assert ("lagging on eval: c (38.0% at step 30); final task weight 0.200 (uniform share "
+            "0.333): the task weighting gave it less than a uniform share") in out
+
+
+def test_a_lagging_task_given_its_share_has_no_note(tmp_path: Path) -> None:
+    from mtgrpo.reporting.compare import _report_lines
+
+    records = [eval_record(10, {"a": 0.2, "b": 0.4}),
+               train_record(10, {"a": 0.2, "b": 0.4}, **{
+                   "tasks/a/weight": 0.7, "tasks/b/weight": 0.3,
+                   "tasks/a/batch_share": 0.6, "tasks/b/batch_share": 0.4})]
+    history = load_run(write_run(tmp_path / "r", records))
+    lines = _report_lines(summarize_run(history), summarize_tasks(history))
+    assert ("lagging on eval: a (20.0% at step 10); final task weight 0.700, mean batch share "
+            "0.600 (uniform share 0.500)") in lines
