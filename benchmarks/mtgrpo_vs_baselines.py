@@ -65,7 +65,7 @@ Grid mechanics:
   model built under the old ``<out>`` moves with it, so a tiny grid's start is reused too).
   Every run then loads ``<out>/warm_start/sft/model`` with the ``sft`` section removed, so
   all methods and seeds start from one checkpoint. The runs' processes ask for the warm
-  start again and take turns on its lock file (``<out>/warm_start/sft.lock``): a warm start
+  start again and take turns on its lock file (``<cache root>/warm-start/<key>.lock``): a warm start
   whose settings changed under a running grid is trained once, not once per process.
 - Run ``<method>-seed<k>`` writes to ``<out>/<method>-seed<k>/`` with ``seed: k``. A run whose
   ``checkpoint-<max_steps>`` exists, or whose ``metrics.jsonl`` holds the final step, is

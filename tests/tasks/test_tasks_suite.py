@@ -280,6 +280,21 @@ def test_position_fails_when_every_source_index_is_rejected() -> None:
             suite.train.get(1)
 
 
+def test_thousands_of_in_process_replacements_fill_a_position() -> None:
+    # without workers an attempt settles inside submit: the retries must not nest on the stack
+    # (chained, 2,000 of them raised RecursionError). Position 1 draws 1, 3, ..., 4001.
+    for last in (4001, 4003):
+        spec = toy(fail=list(range(1, last, 2)))
+        with TaskSuite([spec], train_size=2, eval_size=1, workers=0, max_retries=2000,
+                       use_cache=False) as suite:
+            if last == 4001:  # accepted at the last index allowed
+                assert suite.train.get(1)["answer"] == "4001"
+                continue
+            with pytest.raises(GenerationError, match=r"position 1: every allowed source index "
+                               r"\[1, 3, \.\.\., 4001\] \(2001 in all\) was rejected"):
+                suite.train.get(1)
+
+
 def test_a_problem_space_too_small_for_the_splits_names_the_fix() -> None:
     """37 distinct problems (one animal, one of it) cannot fill a training split that must
     avoid a 30-problem evaluation split: the error says so instead of only "raise max_retries"."""

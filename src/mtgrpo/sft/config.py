@@ -181,8 +181,9 @@ class SFTConfig:
 
 
 # Options of the warm start that are not SFTConfig's: where its examples come from.
-_WARM_START_OWN = ("num_examples", "template", "reasoning", "lora", "seed_offset")
-# SFTConfig fields the run sets itself: the warm start lives in <output_dir>/sft.
+_WARM_START_OWN = ("num_examples", "template", "reasoning", "lora", "seed_offset", "reuse")
+# SFTConfig fields the run sets itself: it trains the warm start in a shared cache directory
+# that <output_dir>/sft links to.
 _SET_BY_THE_RUN = ("output_dir", "overwrite_output_dir")
 
 
@@ -193,8 +194,11 @@ class WarmStartConfig:
 
     Its own options say which examples it trains on; every other key is an option of
     :class:`SFTConfig` (``learning_rate``, ``max_steps``, ...), checked when the configuration
-    is built. The result is written to ``<output_dir>/sft`` and reused by a later run with the
-    same settings; its seed defaults to the run's.
+    is built. Its seed defaults to the run's. The result is trained once per content (the base
+    model's files, the settings that choose its problems, its own settings) into
+    ``<task cache root>/warm-start/<key>/``, which ``<output_dir>/sft`` links to, and reused by
+    every later run with the same content, whatever its ``output_dir``; ``reuse: false`` trains
+    a new one (see :mod:`mtgrpo.trainer.warm_start`).
     """
 
     num_examples: int = option("Solved problems per task.", default=256)
@@ -207,8 +211,12 @@ class WarmStartConfig:
         "Train a LoRA adapter (peft options, as the peft section) and merge it (None: full "
         "fine-tuning).", default=None)
     seed_offset: int = option(
-        "The warm start's problems come from the task seed plus this: other problems than "
-        "GRPO trains on, and none of the evaluation split's.", default=1_000_003)
+        "The warm start's problems are drawn with the task seed plus this, leaving out every "
+        "problem of GRPO's training and evaluation splits.", default=1_000_003)
+    reuse: bool = option(
+        "Reuse a finished warm start with the same content (base model files, problem and "
+        "training settings) from the shared cache; false: train a new one and replace it.",
+        default=True)
     training: dict[str, Any] = option(
         "SFTConfig options (written at the section's top level in a run file): "
         "learning_rate, max_steps, per_device_train_batch_size, ...", default_factory=dict)
@@ -228,7 +236,8 @@ class WarmStartConfig:
         fixed = [k for k in self.training if k in _SET_BY_THE_RUN]
         if fixed:
             raise ValueError(f"sft.{fixed[0]} is set by the run (the warm start is written to "
-                             "<output_dir>/sft); remove it")
+                             "a shared cache directory that <output_dir>/sft links to); "
+                             "remove it")
         self.sft_config("<output_dir>/sft", seed=0)  # the SFT options' own checks
 
     @classmethod

@@ -231,6 +231,7 @@ class TaskData:
         self._complete_chunks: set[int] = set()
         self._missing_chunks: set[int] = set()
         self._urgent: set[int] = set()
+        self._retries = threading.local()
 
     def __len__(self) -> int:
         return self.size
@@ -331,6 +332,22 @@ class TaskData:
                 return
 
     def _attempt(self, position: int, attempt: int, priority: int, outer: Future) -> None:
+        # An in-process pool (workers=0) settles an attempt inside submit, whose callback may
+        # submit the next one: chained, hundreds of replacements would overflow the stack. A
+        # retry asked for while this thread is submitting is queued for its loop instead.
+        queued = getattr(self._retries, "queued", None)
+        if queued is not None:
+            queued.append((position, attempt, priority, outer))
+            return
+        self._retries.queued = queued = deque([(position, attempt, priority, outer)])
+        try:
+            while queued:
+                self._submit_attempt(*queued.popleft())
+        finally:
+            self._retries.queued = None
+
+    def _submit_attempt(self, position: int, attempt: int, priority: int,
+                        outer: Future) -> None:
         source = position + attempt * self.size
         family = self.spec.family
         with self._lock:
@@ -388,6 +405,9 @@ class TaskData:
             self._attempt(position, attempt + 1, priority, outer)
             return
         tried = [position + r * self.size for r in range(self.max_retries + 1)]
+        named = str(tried)
+        if len(tried) > 8:  # a long search is named by its ends, not by every index
+            named = f"[{tried[0]}, {tried[1]}, ..., {tried[-1]}] ({len(tried)} in all)"
         if error is None:  # the last one repeated an excluded problem
             fix = (f"The task's config may allow too few distinct problems for {self.size} "
                    f"beside the {len(self.exclude_keys)} excluded: widen the config, lower "
@@ -397,7 +417,7 @@ class TaskData:
         outer.set_exception(
             GenerationError(
                 f"{self.task_id} ({self.split}) position {position}: every allowed source index "
-                f"{tried} was rejected; last reason: {reason}. {fix}"
+                f"{named} was rejected; last reason: {reason}. {fix}"
             )
         )
 

@@ -122,17 +122,68 @@ def _model_kwargs(run: RunConfig) -> dict[str, Any]:
     return init
 
 
+# Replacements allowed per warm-start position. A warm start leaves out every problem GRPO
+# trains on, and a small problem space is mostly covered by those: measured on the quickstart's
+# tasks, 83 % (addition), 97 % (countdown 2x20) and 73 % (countdown 3x9) of generated problems
+# are among GRPO's 2,000 training problems or its evaluation problems. At 97 %, 800 draws leave
+# a position unfilled with probability 0.97^800 ~ 3e-11. A problem space GRPO covers entirely
+# fails after 800 draws per position, well under a second.
+_WARM_START_RETRIES = 799
+
+
 def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int,
                      tasks: Any = None) -> list[dict]:
-    """Problems for the warm start: generated with another seed than GRPO's training problems
-    (so GRPO trains on problems the warm start never answered) and excluding every problem of
-    the evaluation split (``tasks``: those of some of the suite's tasks only, the same rows)."""
-    from mtgrpo.tasks import TaskSuite
+    """Problems for the warm start (``tasks``: those of some of the suite's tasks only, the
+    same rows): drawn with another seed than GRPO's (the task seed plus ``offset``) and leaving
+    out, by content (a family's ``content_key``: countdown and the generic reasoning-gym
+    datasets), every problem of the suite's evaluation split and of its training split, so
+    that GRPO's training accuracy is measured on problems the warm start never answered. The
+    training split must exist first: this waits until it is generated (or read from the task
+    cache). Families without a content key (zebra puzzles, ARC-1D: practically unique problems)
+    are kept apart by their seeds (:func:`_check_seed_ranges`)."""
+    from mtgrpo.tasks import GenerationError, TaskSuite
 
+    specs = list(tasks or suite.tasks)
+    families = {spec.family.name for spec in specs}
+    trained = [row for spec in suite.tasks
+               if spec.family.content_key is not None and spec.family.name in families
+               for row in suite.train.task(spec.task_id).rows()]
+    retries = max(run.tasks.max_retries, _WARM_START_RETRIES)
+    # eval_size 1: the warm suite's own evaluation split is never read; it is drawn only
+    # because a content-keyed training split leaves out its own split's problems
     options = {**run.tasks.suite_options(), "seed": run.tasks.seed + offset,
-               "train_size": per_task}
-    with TaskSuite(tasks or suite.tasks, exclude=suite.eval.rows(), **options) as warm:
-        return warm.train.rows()
+               "train_size": per_task, "eval_size": 1, "max_retries": retries}
+    _check_seed_ranges(run, specs, per_task, offset, retries)
+    with TaskSuite(specs, exclude=[*suite.eval.rows(), *trained], **options) as warm:
+        try:
+            return warm.train.rows()
+        except GenerationError as error:
+            raise GenerationError(
+                f"the warm start found too few problems outside GRPO's training and evaluation "
+                f"splits ({run.tasks.train_size} and {run.tasks.eval_size} per task): {error}. "
+                "For the warm start: widen that task's config, lower tasks.train_size, or raise "
+                f"tasks.max_retries above {retries}") from error
+
+
+def _check_seed_ranges(run: RunConfig, specs: Any, per_task: int, offset: int,
+                       retries: int) -> None:
+    """Families without a content key are kept apart from GRPO's problems by their seeds only:
+    reasoning-gym draws item ``i`` of seed ``s`` from ``Random(s + i)``, so the warm start's
+    source indices (from ``seed + offset``) must not reach GRPO's training ones (from ``seed``,
+    up to ``(max_retries + 1) * train_size``) nor its evaluation ones (from ``seed`` plus the
+    split stride)."""
+    from mtgrpo.tasks.suite import SPLIT_SEED_STRIDE
+
+    keyless = [spec.task_id for spec in specs if spec.family.content_key is None]
+    grpo_span = (run.tasks.max_retries + 1) * run.tasks.train_size
+    warm_end = offset + (retries + 1) * per_task
+    if keyless and (offset < grpo_span or warm_end > SPLIT_SEED_STRIDE):
+        raise ValueError(
+            f"sft.seed_offset={offset} would let the warm start of {', '.join(keyless)} repeat "
+            f"GRPO's problems: GRPO's training split draws {grpo_span} source indices "
+            f"(tasks.train_size x (tasks.max_retries + 1)) and the warm start's end at "
+            f"{warm_end}, past the evaluation split's at {SPLIT_SEED_STRIDE}; set sft.seed_offset "
+            f"between {grpo_span} and {SPLIT_SEED_STRIDE - (retries + 1) * per_task}")
 
 
 # Replacements allowed per held-out position when seen problems are excluded: a small problem
@@ -219,62 +270,76 @@ def replaced_items(rows: Any) -> dict[str, int]:
     return counts
 
 
-def _warm_start_fingerprint(settings: dict[str, Any]) -> dict[str, Any]:
-    """A warm start's settings without its output directory (a copy of the mapping), so a run
-    directory moved or copied elsewhere finds its warm start again; markers written with the
-    directory in them still match."""
-    config = {key: value for key, value in (settings.get("config") or {}).items()
-              if key != "output_dir"}
-    return {**settings, "config": config}
-
-
-def _model_setting(model: str, run_dir: Path) -> str:
-    """How a warm start records its base model: a directory inside the run directory (the
-    tiny model a run or a grid builds there) by its place in it, ``{output_dir}/<relative>``,
-    so that it moves with the directory; any other name or path as given."""
-    path = Path(model)
-    if path.is_dir():
-        try:
-            inside = path.resolve().relative_to(run_dir.resolve())
-        except ValueError:
-            return model
-        return f"{{output_dir}}/{inside.as_posix()}"
-    return model
-
-
 def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     """Supervised warm start on generated problems with gold answers (the ``sft`` section,
-    :class:`~mtgrpo.sft.WarmStartConfig`). The result is cached in ``<output_dir>/sft``: a
-    finished warm start with the same settings is reused, also after the run directory was
-    moved or copied (where it lives is not one of its settings, nor is where a base model
-    built inside it lives: see :func:`_model_setting`). Runs that share the directory (a
-    grid's parallel runs) take turns on a lock file beside it: one trains, the others wait and
-    reuse its result."""
-    import json
+    :class:`~mtgrpo.sft.WarmStartConfig`); returns ``<output_dir>/sft/model``.
 
+    Trained once per content into a shared cache directory that ``<output_dir>/sft`` links to
+    (:mod:`mtgrpo.trainer.warm_start`): a run with the same base model contents, problem
+    settings and training settings reuses it, whatever its ``output_dir``; so does a copy of a
+    run directory. Runs asking for one warm start at once (a grid's parallel runs) take turns
+    on a lock file beside it: one trains, the others wait and reuse its result. ``sft.reuse:
+    false`` trains a new one and replaces the shared one."""
     from filelock import FileLock
 
+    from mtgrpo.trainer.warm_start import (
+        finished_warm_start,
+        link_run_directory,
+        warm_start_entry,
+        warm_start_key,
+        warm_start_settings,
+    )
+
+    settings = warm_start_settings(run, model)
+    key = warm_start_key(settings)
+    out = Path(run.training.output_dir) / "sft"
+    marker = finished_warm_start(out, key) if run.sft.reuse else None
+    if marker is not None:  # this run directory's own link, or a copy of a warm start
+        _log_reuse(out, marker)
+        return str(out / "model")
+    entry = warm_start_entry(run, key)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry.with_name(f"{key}.lock"))):
+        marker = finished_warm_start(entry, key) if run.sft.reuse else None
+        if marker is None:
+            _train_warm_start(run, model, suite, entry, {"key": key, "settings": settings})
+        else:
+            _log_reuse(entry, marker)
+        link_run_directory(out, entry)
+    return str(out / "model")
+
+
+def _log_reuse(directory: Path, marker: dict[str, Any]) -> None:
+    logger.info("reusing the warm start from %s (trained for %s); to train a new one, set "
+                "sft.reuse: false (--sft.reuse false) or delete that directory",
+                directory.resolve(), marker.get("trained_for", "an earlier run"))
+
+
+def _train_warm_start(run: RunConfig, model: str, suite: Any, entry: Path,
+                      marker: dict[str, Any]) -> None:
+    """Train the warm start into ``entry``, atomically: the directory appears whole, with its
+    marker (``warm_start.json``: key, settings, base model, the run it was trained for)."""
+    import json
+    import time
+
+    from mtgrpo._files import write_atomically
     from mtgrpo.sft import sft_train, solutions_from_rows
+    from mtgrpo.trainer.warm_start import MARKER
 
     warm = run.sft
-    out = Path(run.training.output_dir) / "sft"
-    config = warm.sft_config(str(out), seed=run.training.seed)
-    fingerprint = _warm_start_fingerprint(
-        {"model": _model_setting(model, out.parent), "config": config.to_dict(),
-         "data": warm.to_dict(), "tasks": run.tasks.to_dict()})
-    done = out / "warm_start.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out.parent / "sft.lock")):
-        if (done.is_file() and (out / "model").is_dir()
-                and _warm_start_fingerprint(json.loads(done.read_text())) == fingerprint):
-            logger.info("reusing the warm start in %s", out)
-            return str(out / "model")
-        rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
-        pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
-        logger.info("supervised warm start on %d solved problems -> %s", len(pairs), out)
-        result = sft_train(model, None, pairs, config, peft_config=warm.lora)
-        done.write_text(json.dumps(fingerprint))
-        return str(result.model_dir)
+    rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
+    pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
+    logger.info("supervised warm start on %d solved problems -> %s", len(pairs), entry)
+    marker = {**marker, "model": model,
+              "trained_for": str(Path(run.training.output_dir).resolve()),
+              "trained_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def train(directory: Path) -> None:
+        config = warm.sft_config(str(directory), seed=run.training.seed)
+        sft_train(model, None, pairs, config, peft_config=warm.lora)
+        (directory / MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+
+    write_atomically(entry, train)
 
 
 def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
@@ -323,16 +388,4 @@ def run_training(run: RunConfig) -> dict[str, Any]:
     finally:
         if suite is not None:
             suite.close()
-    if trainer.is_main_process:
-        _write_report(Path(run.training.output_dir))
-    return metrics
-
-
-def _write_report(run_dir: Path) -> None:
-    from mtgrpo.reporting import plot_run
-
-    try:
-        written = plot_run(run_dir, run_dir / "report")
-        logger.info("report figures: %s", ", ".join(str(p) for p in written))
-    except (ValueError, FileNotFoundError) as exc:  # a run too short to plot is not an error
-        logger.warning("no report figures: %s", exc)
+    return metrics  # train() wrote the report and printed the summary (report_at_end)
