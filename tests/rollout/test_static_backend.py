@@ -267,22 +267,22 @@ def test_packed_prefill_equals_the_model_forward(
 
 
 def test_packed_prefill_falls_back_where_the_packed_forward_cannot_serve(
-    tiny_model_dir: Path,
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mtgrpo.fast import disable_activation_checkpointing, enable_activation_checkpointing
+    from mtgrpo.fast import static_decoders
     from mtgrpo.fast.static_decoders import LlamaModulesDecoder, ModelForwardDecoder
 
     model = _model(tiny_model_dir)
     expected = _prefilled(model, ModelForwardDecoder(model).prefill, True)
-    enable_activation_checkpointing(model)  # the packed forward refuses checkpointed models
-    embedded: list[int] = []
-    hook = model.model.embed_tokens.register_forward_pre_hook(
-        lambda _module, inputs: embedded.append(inputs[0].numel()))
-    got = _prefilled(model, LlamaModulesDecoder(model).prefill, True)
-    hook.remove()
+    with monkeypatch.context() as patched:  # a backbone the packed forward cannot serve
+        patched.setattr(static_decoders, "packed_mismatch", lambda backbone: "a stand-in")
+        embedded: list[int] = []
+        hook = model.model.embed_tokens.register_forward_pre_hook(
+            lambda _module, inputs: embedded.append(inputs[0].numel()))
+        got = _prefilled(model, LlamaModulesDecoder(model).prefill, True)
+        hook.remove()
     assert embedded == [21]  # the padded forward ran
     assert torch.equal(got[0], expected[0])
-    disable_activation_checkpointing(model)
     ids = torch.tensor([[5, 6, 7], [5, 6, 8]], device="meta")
     ones = torch.ones_like(ids)  # off the CPU the forward prefills, before any packing work
     assert LlamaModulesDecoder(model)._packed_prefill(None, ids, ones, ones, None) is None

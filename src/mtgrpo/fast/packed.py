@@ -36,15 +36,23 @@ those of the model's padded forward up to float rounding (tests check them again
 The computation mirrors ``<Family>Model.forward``, ``<Family>DecoderLayer.forward`` and
 ``<Family>Attention.forward`` of transformers 5.23, calling the model's own submodules (so LoRA
 layers still apply) and its ``apply_rotary_pos_emb``; :func:`packed_mismatch` says when it does
-not apply (another architecture, a sliding-window layer, gradient checkpointing, an attention
-implementation other than ``sdpa``/``eager``, parameters sharded by FSDP2), and the caller
-then runs the padded forward.
+not apply (another architecture, a sliding-window layer, an attention implementation other than
+``sdpa``/``eager``, parameters sharded by FSDP2), and the caller then runs the padded forward.
+
+Gradient checkpointing (TRL's ``gradient_checkpointing`` and ``gradient_checkpointing_kwargs``,
+set on the model by ``activation_checkpointing_enable``) is honoured as the model's own forward
+honours it: a decoder layer whose ``gradient_checkpointing`` flag is set runs, in training mode
+with gradients on, under the layer's ``_gradient_checkpointing_func`` (``torch.utils.checkpoint``
+with the user's kwargs), so autograd keeps one ``[M, H]`` input per layer and the backward pass
+recomputes the rest.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -78,8 +86,6 @@ def packed_mismatch(backbone: nn.Module) -> str | None:
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
         return f"attn_implementation {implementation!r} is not one of {SUPPORTED_ATTENTION}"
-    if getattr(backbone, "gradient_checkpointing", False):
-        return "gradient checkpointing is on (the padded forward checkpoints each layer)"
     if _sharded(backbone):
         # FSDP2 gathers a layer's parameters in the layer's own forward, which is not called.
         return "parameters are sharded DTensors (FSDP2)"
@@ -304,47 +310,80 @@ def packed_states(
     key/value cache holds them."""
     rotary, attention = llama_functions(backbone)
     hidden = backbone.embed_tokens(layout.token_ids[None])  # [1, M, H]
-    cos_sin = backbone.rotary_emb(hidden, layout.positions[None])
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
-    masks = [g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups]
     if sdpa and hidden.device.type == "cpu" and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
-    # One gather per tensor and layer for all groups (and one gradient scatter in the
-    # backward, where a gather per group would sum a full-size gradient per group).
-    query_sizes = [g.query_index.numel() for g in layout.groups]
-    key_sizes = [g.key_index.numel() for g in layout.groups]
+    shared = _LayerInputs(
+        layout=layout, cos_sin=backbone.rotary_emb(hidden, layout.positions[None]),
+        rotary=rotary, attention=attention,
+        masks=[g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups],
+        # One gather per tensor and layer for all groups (and one gradient scatter in the
+        # backward, where a gather per group would sum a full-size gradient per group).
+        query_sizes=[g.query_index.numel() for g in layout.groups],
+        key_sizes=[g.key_index.numel() for g in layout.groups],
+        project=project, mlp=mlp, keys_values=keys_values,
+    )
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
-        attn = layer.self_attn
-        # query [heads, M, d]; key, value [kv_heads, M, d]
-        query, key, value = (
-            t.squeeze(0)
-            for t in attention_inputs(attn, layer.input_layernorm(hidden), cos_sin, rotary,
-                                      project)
-        )
-        if keys_values is not None:
-            keys_values.append((key, value))
-        queries = _gather(query, 1, layout.query_slots).split(query_sizes, 1)
-        keys = _gather(key, 1, layout.key_slots).split(key_sizes, 1)
-        values = _gather(value, 1, layout.key_slots).split(key_sizes, 1)
-        outputs = []
-        for group, mask, q, k, v in zip(layout.groups, masks, queries, keys, values, strict=True):
-            output, _ = attention(
-                attn,
-                _segments(q, group.query_index),  # [S, heads, Lq, d]
-                _segments(k, group.key_index),  # [S, kv_heads, Lk, d]
-                _segments(v, group.key_index),
-                mask,
-                dropout=attn.attention_dropout if attn.training else 0.0,
-                scaling=attn.scaling,
-            )  # [S, Lq, heads, d]
-            outputs.append(output.reshape(group.query_valid.shape[0], -1))
-        output = _gather(torch.cat(outputs), 0, layout.order)[None]  # [1, M, heads * d]
-        hidden = hidden + (attn.o_proj(output) if project is None
-                           else project(attn.o_proj, output))
-        normed = layer.post_attention_layernorm(hidden)
-        hidden = hidden + (layer.mlp(normed) if mlp is None else mlp(layer.mlp, normed))
+        run = functools.partial(_decoder_layer, layer, shared)
+        # Gradient checkpointing as the model's own forward does it (transformers'
+        # GradientCheckpointingLayer): the layer's checkpoint function, set by
+        # `activation_checkpointing_enable` with the user's kwargs (`use_reentrant`,
+        # offloading), keeps the layer's input only and runs the layer again in the backward
+        # pass. The hidden state goes positionally, as reentrant checkpointing needs.
+        checkpointed = (getattr(layer, "gradient_checkpointing", False) and layer.training
+                        and torch.is_grad_enabled() and keys_values is None)
+        hidden = layer._gradient_checkpointing_func(run, hidden) if checkpointed else run(hidden)
     return hidden.squeeze(0)
+
+
+@dataclass(frozen=True)
+class _LayerInputs:
+    """What every decoder layer of one :func:`packed_states` call reads besides its input."""
+
+    layout: PackedLayout
+    cos_sin: tuple[Tensor, Tensor]
+    rotary: Callable[..., tuple[Tensor, Tensor]]
+    attention: Callable[..., tuple[Tensor, Any]]
+    masks: list[Tensor]
+    query_sizes: list[int]
+    key_sizes: list[int]
+    project: Callable[[nn.Module, Tensor], Tensor] | None
+    mlp: Callable[[nn.Module, Tensor], Tensor] | None
+    keys_values: list[tuple[Tensor, Tensor]] | None
+
+
+def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Tensor:
+    """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [1, M, H]`` in and out."""
+    layout, project, attn = shared.layout, shared.project, layer.self_attn
+    # query [heads, M, d]; key, value [kv_heads, M, d]
+    query, key, value = (
+        t.squeeze(0)
+        for t in attention_inputs(attn, layer.input_layernorm(hidden), shared.cos_sin,
+                                  shared.rotary, project)
+    )
+    if shared.keys_values is not None:
+        shared.keys_values.append((key, value))
+    queries = _gather(query, 1, layout.query_slots).split(shared.query_sizes, 1)
+    keys = _gather(key, 1, layout.key_slots).split(shared.key_sizes, 1)
+    values = _gather(value, 1, layout.key_slots).split(shared.key_sizes, 1)
+    outputs = []
+    for group, mask, q, k, v in zip(layout.groups, shared.masks, queries, keys, values,
+                                    strict=True):
+        output, _ = shared.attention(
+            attn,
+            _segments(q, group.query_index),  # [S, heads, Lq, d]
+            _segments(k, group.key_index),  # [S, kv_heads, Lk, d]
+            _segments(v, group.key_index),
+            mask,
+            dropout=attn.attention_dropout if attn.training else 0.0,
+            scaling=attn.scaling,
+        )  # [S, Lq, heads, d]
+        outputs.append(output.reshape(group.query_valid.shape[0], -1))
+    output = _gather(torch.cat(outputs), 0, layout.order)[None]  # [1, M, heads * d]
+    hidden = hidden + (attn.o_proj(output) if project is None else project(attn.o_proj, output))
+    normed = layer.post_attention_layernorm(hidden)
+    return hidden + (layer.mlp(normed) if shared.mlp is None else shared.mlp(layer.mlp, normed))
 
 
 # ``enable_gqa`` arrived in torch 2.5; before it the CPU path keeps transformers' function.

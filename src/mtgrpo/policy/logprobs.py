@@ -19,7 +19,15 @@ product through the head per chunk; when the float32 logits of all the call's sc
 positions take at most :data:`KEEP_LOGITS_BYTES` (256 MiB: 1,365 positions of a 49,152-token
 vocabulary, 436 of a 151,936-token one), autograd keeps them instead and nothing is
 recomputed: on a CPU step of SmolLM2-135M with LoRA (200 positions), the head's forward and
-backward take 386 ms instead of 610 ms (2-core AMD EPYC, float32).
+backward take 386 ms instead of 610 ms (2-core AMD EPYC, float32). Under gradient
+checkpointing (the model's decoder layers checkpointed: TRL's ``gradient_checkpointing``) the
+user has chosen memory over time, so the chunks are always recomputed, as TRL's fused head
+always does.
+
+Gradient checkpointing is honoured on every route: the padded backbone and the model's own
+forward checkpoint their layers themselves, the padding-free forward checkpoints each layer with
+the layer's own checkpoint function (:mod:`mtgrpo.fast.packed`); only the shared-prompt forward,
+whose completions attend to a cache that checkpointed layers do not keep, is not used under it.
 
 Departures from TRL 1.16 (``GRPOTrainer._get_per_token_logps_and_entropies`` with its fused
 LM head, ``trl.trainer.utils.add_fused_lm_head``):
@@ -130,8 +138,7 @@ class LogprobRoute:
     ``backbone`` and ``head`` are the modules the ``"chunked_head"`` path calls (``None`` on
     the ``"model_forward"`` path); ``via`` is the DDP wrapper whose forward the computation
     runs inside, if any; ``packed``: the backbone can run the padding-free forward of
-    :mod:`mtgrpo.fast.packed` (Llama family, ``sdpa``/``eager`` attention, no sliding window,
-    no gradient checkpointing).
+    :mod:`mtgrpo.fast.packed` (Llama family, ``sdpa``/``eager`` attention, no sliding window).
     """
 
     path: LogprobPath
@@ -353,11 +360,18 @@ def _head_scorer(head: nn.Module, temperature: float, with_entropy: bool) -> _Sc
     return score
 
 
-def _recompute(positions: int, vocab: int | None) -> bool:
+def _recompute(positions: int, vocab: int | None, checkpointing: bool = False) -> bool:
     """Whether the chunks of a call over ``positions`` scored positions should be recomputed
-    in the backward pass: when their float32 logits would take more than
+    in the backward pass: under gradient checkpointing (``checkpointing``: the model's layers
+    are checkpointed), and otherwise when their float32 logits would take more than
     :data:`KEEP_LOGITS_BYTES` (or the vocabulary size is unknown)."""
-    return vocab is None or positions * vocab * 4 > KEEP_LOGITS_BYTES
+    return checkpointing or vocab is None or positions * vocab * 4 > KEEP_LOGITS_BYTES
+
+
+def _checkpointing(module: nn.Module) -> bool:
+    """Whether gradient checkpointing is on for ``module`` or any of its submodules (the flag
+    transformers' ``activation_checkpointing_enable`` sets on the backbone and its layers)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in module.modules())
 
 
 def _chunked_scores(
@@ -448,7 +462,8 @@ def _chunked_head_scores(
             hidden,
             targets[scored],  # [M]
             chunk_size,
-            recompute=_recompute(hidden.shape[0], getattr(head, "out_features", None)),
+            recompute=_recompute(hidden.shape[0], getattr(head, "out_features", None),
+                                 _checkpointing(backbone)),
         )
         logps_full = _scatter_scored(scored, logps)  # [N, L]
         return logps_full, (None if entropy is None else _scatter_scored(scored, entropy))
@@ -508,7 +523,8 @@ def _model_forward_scores(
     scorer = _logits_scorer(temperature, compute_entropy)
     row_logps: list[Tensor] = []
     row_entropies: list[Tensor] = []
-    recompute = _recompute(logits.shape[0] * logits.shape[1], logits.shape[-1])
+    recompute = _recompute(logits.shape[0] * logits.shape[1], logits.shape[-1],
+                           _checkpointing(model))
     # Row by row: logits[n] is a contiguous [L, V] slice, so no copy of the whole tensor.
     for row in range(logits.shape[0]):
         logps, entropy = _chunked_scores(scorer, logits[row], targets[row], chunk_size,
