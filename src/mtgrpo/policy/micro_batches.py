@@ -36,6 +36,11 @@ class PolicyBatch:
     row's last prompt column is a real token (the state that predicts the first completion
     token); completions are right-padded. ``old_logps`` are needed only with more than one
     update per generation batch, ``ref_logps`` only with a KL penalty.
+
+    ``tool_mask`` (multi-turn rollouts, TRL's ``tool_mask``): 1 where the model sampled the
+    completion token, 0 where a tool's reply put it there. Such tokens are attended to
+    (``completion_mask`` is the attention) but carry no loss and no log-probability:
+    the loss reads :attr:`loss_mask`.
     """
 
     prompt_ids: Tensor  # [N, P]
@@ -46,6 +51,7 @@ class PolicyBatch:
     old_logps: Tensor | None = None  # [N, L]
     ref_logps: Tensor | None = None  # [N, L]
     sampling_logps: Tensor | None = None  # [N, L] the engine's, for its importance correction
+    tool_mask: Tensor | None = None  # [N, L] 1 = sampled by the model, 0 = a tool's reply
 
     def __post_init__(self) -> None:
         _check_policy_batch(self)
@@ -58,6 +64,13 @@ class PolicyBatch:
     def completion_length(self) -> int:
         """``L``, the number of completion columns (what ``sequence_logprobs`` scores)."""
         return self.completion_ids.shape[1]
+
+    @property
+    def loss_mask(self) -> Tensor:  # [N, L]
+        """The completion tokens the loss trains on: the model's own, not the tools' replies."""
+        if self.tool_mask is None:
+            return self.completion_mask
+        return self.completion_mask * self.tool_mask.to(self.completion_mask.dtype)
 
     @property
     def input_ids(self) -> Tensor:  # [N, P + L]
@@ -108,6 +121,7 @@ class PolicyBatch:
             old_logps=completion_part(self.old_logps),
             ref_logps=completion_part(self.ref_logps),
             sampling_logps=completion_part(self.sampling_logps),
+            tool_mask=completion_part(self.tool_mask),
         )
 
 
@@ -141,6 +155,7 @@ def _check_policy_batch(batch: PolicyBatch) -> None:
         "completion_mask": batch.completion_mask,
         "old_logps": batch.old_logps,
         "ref_logps": batch.ref_logps,
+        "tool_mask": batch.tool_mask,
     }
     for name, tensor in named.items():
         if tensor is not None and (tensor.dim() != 2 or tuple(tensor.shape) != completion_shape):

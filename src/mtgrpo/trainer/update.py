@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -70,11 +70,13 @@ def pad_policy_batch(
     completion_weight: list[bool] | None = None,
     device: torch.device | None = None,
     sampling_logps: list[list[float]] | None = None,
+    tool_masks: list[list[int] | None] | None = None,
 ) -> PolicyBatch:
     """Left-pad prompts and right-pad completions into a :class:`PolicyBatch` (TRL's layout).
 
     ``completion_weight[i] = False`` masks row ``i`` out of the loss entirely (a truncated
-    completion under ``mask_truncated_completions``, or a padding row).
+    completion under ``mask_truncated_completions``, or a padding row). ``tool_masks[i]``:
+    row ``i``'s tool mask (1 = a model token; None: every token is the model's).
     """
     n = len(prompt_ids)
     p = max(len(ids) for ids in prompt_ids)
@@ -98,10 +100,18 @@ def pad_policy_batch(
         for i, row in enumerate(sampling_logps):
             engine[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
         engine = engine.to(device)
+    tools = None
+    if tool_masks is not None and any(m is not None for m in tool_masks):
+        tools = torch.ones((n, length), dtype=torch.long)
+        for i, row in enumerate(tool_masks):
+            if row is not None:
+                tools[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        tools = tools.to(device)
     return PolicyBatch(
         prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device),
         completion_ids=completion.to(device), completion_mask=completion_mask.to(device),
         advantages=advantages.to(device=device, dtype=torch.float32), sampling_logps=engine,
+        tool_mask=tools,
     )
 
 
@@ -204,13 +214,11 @@ class PolicyUpdater:
             with self.reference():
                 ref = self.score(batch, self.reference_model or self.model)
         old = self.score(batch) if need_old else None
-        return PolicyBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                           batch.completion_mask, batch.advantages, old_logps=old, ref_logps=ref,
-                           sampling_logps=batch.sampling_logps)
+        return replace(batch, old_logps=old, ref_logps=ref)
 
     # ------------------------------------------------------------------ the update
     def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
-        local = torch.tensor([len(rows), int(batch.completion_mask[rows].sum())],
+        local = torch.tensor([len(rows), int(batch.loss_mask[rows].sum())],
                              dtype=torch.float64)
         world = self.accelerator.num_processes
         total = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
@@ -237,7 +245,7 @@ class PolicyUpdater:
                 self.accelerator.backward(out.loss)
             outputs.append(out)
             if scored.entropy is not None:
-                mask = part.completion_mask.bool()
+                mask = part.loss_mask.bool()
                 entropies.append(scored.entropy.detach()[mask].float())
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
@@ -255,7 +263,7 @@ class PolicyUpdater:
 
     def _loss(self, scored: Any, part: PolicyBatch, normalizer: LossNormalizer,
               options: LossOptions) -> LossOutput:
-        args, mask = self.args, part.completion_mask
+        args, mask = self.args, part.loss_mask
         entropy = scored.entropy
         token_mask = None
         if args.top_entropy_quantile < 1.0:
@@ -276,7 +284,7 @@ class PolicyUpdater:
         if correction is None or part.sampling_logps is None:
             return None
         at_start = part.old_logps if part.old_logps is not None else scored.logps.detach()
-        return importance_weights(at_start.float(), part.sampling_logps, part.completion_mask,
+        return importance_weights(at_start.float(), part.sampling_logps, part.loss_mask,
                                   correction)
 
     def _trained_entropy(self, outputs: list[LossOutput]) -> float:
@@ -330,7 +338,7 @@ class PolicyUpdater:
         after = self.score(batch)
         self.model.train()
         objective = per_sequence_objective(
-            after, batch.advantages, batch.completion_mask, old_logps=logps_at_start,
+            after, batch.advantages, batch.loss_mask, old_logps=logps_at_start,
             epsilon_low=self.args.epsilon, epsilon_high=self.args.resolved_epsilon_high,
         )
         return objective.cpu().numpy().astype(np.float64)
@@ -383,7 +391,7 @@ class PolicyUpdater:
                      else torch.zeros(part.completion_mask.shape, dtype=torch.float32,
                                       device=part.completion_mask.device))
             total += float(policy_loss(
-                logps, part.advantages, part.completion_mask, ref_logps=part.ref_logps,
+                logps, part.advantages, part.loss_mask, ref_logps=part.ref_logps,
                 loss_type=self.args.loss_type, epsilon_low=self.args.epsilon,
                 epsilon_high=self.args.resolved_epsilon_high, beta=self.args.beta,
                 normalizer=normalizer, options=loss_options(self.args),
