@@ -101,6 +101,17 @@ def test_unknown_options_suggest_the_right_name():
         load_run_config("/nonexistent.yaml")
 
 
+def test_a_misspelled_keyword_names_the_closest_option():
+    # Python's own error says only "unexpected keyword argument 'num_generation'"
+    with pytest.raises(TypeError, match=r"unknown GRPOConfig option\(s\): 'num_generation' "
+                       r"\(did you mean 'num_generations'\?\); correct the name"):
+        GRPOConfig(output_dir="out", num_generation=4)
+    with pytest.raises(TypeError, match=r"'lerning_rate' \(did you mean 'learning_rate'\?\), "
+                       r"'beta2' \(did you mean 'beta'\?\)"):
+        GRPOConfig(lerning_rate=1e-5, beta2=0.1)
+    assert GRPOConfig(num_generations=4).num_generations == 4
+
+
 def test_every_field_has_help_text():
     rows = config_fields_help()
     assert len(rows) > 50

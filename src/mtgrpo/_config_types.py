@@ -30,17 +30,19 @@ def option(text: str, **kwargs: Any) -> Any:
     return dataclasses.field(metadata={"help": text}, **kwargs)
 
 
-def refuse_unknown(keys: Sequence[str], valid: Sequence[str], where: str) -> None:
-    """``ValueError`` naming every key of ``keys`` (not in ``valid``) with the closest valid
-    name, and the valid names when there are few enough to read; nothing when ``keys`` is
-    empty."""
+def refuse_unknown(keys: Sequence[str], valid: Sequence[str], where: str, *,
+                   error: type[Exception] = ValueError, fix: str = "") -> None:
+    """``error`` (``ValueError``; a keyword argument's is a ``TypeError``) naming every key of
+    ``keys`` (not in ``valid``) with the closest valid name, the valid names when there are few
+    enough to read, and ``fix``; nothing when ``keys`` is empty."""
     if keys:
         hints = []
         for key in keys:
             close = difflib.get_close_matches(str(key), list(valid), n=1)
             hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         listing = f"; valid: {', '.join(sorted(valid))}" if len(valid) <= 40 else ""
-        raise ValueError(f"unknown {where} option(s): {', '.join(hints)}{listing}")
+        raise error(f"unknown {where} option(s): {', '.join(hints)}{listing}"
+                    + (f"; {fix}" if fix else ""))
 
 
 def coerce_numbers(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ Batch sizes (the part TRL users most often ask about):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from collections.abc import Mapping, Sequence
@@ -94,6 +95,26 @@ def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
         )
 
 
+def _checked_init(cls: type) -> type:
+    """Wrap the dataclass ``__init__`` of ``cls``: a misspelled keyword is a ``TypeError`` that
+    names the closest options (the run file's check, :func:`refuse_unknown`), where Python
+    says only "unexpected keyword argument"."""
+    generated = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(generated)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        refuse_unknown(
+            [key for key in kwargs if key not in names], names, cls.__name__, error=TypeError,
+            fix=f"correct the name ({cls.__name__} takes TRL 1.16's GRPOConfig options and "
+                "mtgrpo's, listed in the README's configuration reference)")
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = checked_init  # type: ignore[assignment]
+    return cls
+
+
+@_checked_init
 @dataclass
 class GRPOConfig(TRLCompatibleFields):
     """Training options (TRL names where TRL has the option; see the module docstring).

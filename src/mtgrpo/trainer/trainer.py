@@ -90,29 +90,40 @@ def _task_names(rows: Any) -> list[str]:
 
 
 def _check_context_length(model: Any, args: GRPOConfig) -> None:
-    """Prompt + completion must fit the model's positions. With the default lengths (512 +
-    256) on a smaller model, the prompt limit shrinks to what fits, with a notice; lengths
-    set to other values that do not fit are an error."""
+    """Prompt + completion must fit the model's positions.
+
+    ``max_prompt_length`` left at its default (TRL 1.x scripts never set it) shrinks to what
+    the completion leaves, with a notice. "Left at its default" is the value, not whether the
+    keyword was passed: TRL's parser and ``dataclasses.replace`` pass every field. A value the
+    user chose that does not fit stays an error naming the one that does: shrinking it would
+    silently cut prompts they asked to keep. A completion that fills the context by itself is
+    an error."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if limit is None or args.max_prompt_length is None:
+    if limit is None:
         return
-    needed = args.max_prompt_length + args.max_completion_length
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    uses_defaults = all(getattr(args, name) == defaults[name]
-                        for name in ("max_prompt_length", "max_completion_length"))
-    if needed > limit and uses_defaults and limit > args.max_completion_length:
-        args.max_prompt_length = limit - args.max_completion_length
-        logger.warning(
-            "the model has %d positions: max_prompt_length lowered from its default %d to %d "
-            "(+ max_completion_length %d); set max_prompt_length to choose", limit,
-            defaults["max_prompt_length"], args.max_prompt_length, args.max_completion_length)
-        return
-    if needed > limit:
+    completion = args.max_completion_length
+    if completion >= limit:
         raise ValueError(
-            f"max_prompt_length ({args.max_prompt_length}) + max_completion_length "
-            f"({args.max_completion_length}) = {needed} tokens exceeds the model's "
-            f"max_position_embeddings={limit}; lower one of them"
-        )
+            f"max_completion_length={completion} leaves no room for a prompt in the model's "
+            f"max_position_embeddings={limit}; set max_completion_length below {limit} "
+            f"(e.g. {limit // 2})")
+    budget, prompt = limit - completion, args.max_prompt_length
+    if prompt is None or prompt <= budget:
+        return
+    default = next(f.default for f in dataclasses.fields(GRPOConfig)
+                   if f.name == "max_prompt_length")
+    if prompt != default:
+        raise ValueError(
+            f"max_prompt_length ({prompt}) + max_completion_length ({completion}) = "
+            f"{prompt + completion} tokens exceeds the model's max_position_embeddings="
+            f"{limit}; set max_prompt_length to at most {budget} (or leave it unset to fit "
+            "automatically), or lower max_completion_length")
+    args.max_prompt_length = budget
+    # a notice, not a warning: nothing to act on, and a prompt that is cut at the new limit
+    # gets the prompt set's own truncation warning
+    logger.info("the model has %d positions: max_prompt_length lowered from its default %d to "
+                "%d to leave room for max_completion_length=%d; set max_prompt_length to "
+                "choose", limit, default, budget, completion)
 
 
 _RUN_OUTPUTS = ("metrics.jsonl", "completions.jsonl", "rollouts.jsonl", "config.yaml")
