@@ -130,6 +130,42 @@ def test_eval_problems_are_removed_from_train_by_content() -> None:
         assert "duplicates a problem" in train.stats.skipped[0].reason
 
 
+def test_validation_split_is_held_out_from_eval_and_train_by_content() -> None:
+    # mod 50: eval residues 0..4; validation values 2e9 + 0..7 (2e9 = 0 mod 50) repeat eval's
+    # 0..4 at positions 0..4, which move to source indices 8..12; training then leaves out
+    # residues 0..12, so its positions 0..12 move to 20..32
+    with TaskSuite([toy(mod=50)], train_size=20, eval_size=5, validation_size=8,
+                   workers=0) as suite:
+        assert suite.validation is suite.split("validation")
+        validation = suite.validation.rows()
+        assert _values(validation) == [2 * SPLIT_SEED_STRIDE + v
+                                       for v in (8, 9, 10, 11, 12, 5, 6, 7)]
+        assert {row["split"] for row in validation} == {"validation"}
+        assert validation[0]["id"] == f"toy/validation/s{2 * SPLIT_SEED_STRIDE}/0"
+        assert _values(suite.train.rows()) == [*range(20, 33), *range(13, 20)]
+
+
+def test_without_a_validation_split_training_is_unchanged() -> None:
+    with TaskSuite([toy(mod=50)], train_size=20, eval_size=5, workers=0) as suite:
+        assert suite.validation is None
+        with pytest.raises(ValueError, match=r"no validation split; set validation_size"):
+            suite.split("validation")
+        assert _values(suite.train.rows()) == [20, 21, 22, 23, 24, *range(5, 20)]
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match=r"validation_size must be a positive integer or "
+                           r"0 \(no validation split\)"):
+            TaskSuite([toy()], validation_size=bad)
+
+
+def test_validation_split_of_keyless_families_is_apart_by_seed() -> None:
+    with TaskSuite(["arc_1d:easy"], train_size=30, eval_size=10, validation_size=10,
+                   workers=0, use_cache=False) as suite:
+        prompts = {name: {row["prompt"] for row in suite.split(name).rows()}
+                   for name in ("train", "eval", "validation")}
+    assert len(prompts["validation"]) == 10
+    assert not prompts["validation"] & (prompts["train"] | prompts["eval"])
+
+
 def test_excluded_rows_are_removed_from_train() -> None:
     with TaskSuite(["countdown:easy"], train_size=4, eval_size=2, workers=0) as suite:
         first = suite.train.get(0)

@@ -203,22 +203,25 @@ def _identity(spec, row) -> str:
 
 
 @pytest.mark.parametrize("family", [*FAMILIES.names(), "basic_arithmetic"])
-def test_warm_start_problems_are_new_to_grpo_in_every_family(tmp_path, family):
+def test_warm_start_and_validation_problems_are_new_to_grpo_in_every_family(tmp_path, family):
     # every built-in family, and a generic reasoning-gym one (one-digit addition: a small
     # space where GRPO's training problems are a large share of all)
     task = (f"{family}:easy" if family in FAMILIES else
             {"family": family, "name": "addition",
              "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
                         "operators": ["+"]}})
-    tasks = {"tasks": [task], "train_size": 40, "eval_size": 8, "workers": 0,
-             "prompt_format": "chat", "cache_dir": str(tmp_path / "cache")}
+    tasks = {"tasks": [task], "train_size": 40, "eval_size": 8, "validation_size": 8,
+             "workers": 0, "prompt_format": "chat", "cache_dir": str(tmp_path / "cache")}
     run = run_config_from_dict({"tasks": tasks, "model": "unused", "sft": {"num_examples": 40}})
     with build_suite(tasks) as suite:
         spec = suite.tasks[0]
         warm = _warm_start_rows(run, suite, per_task=40, offset=run.sft.seed_offset)
-        train = {_identity(spec, row) for row in suite.train.rows()}
-        evaluation = {_identity(spec, row) for row in suite.eval.rows()}
+        splits = {name: {_identity(spec, row) for row in suite.split(name).rows()}
+                  for name in ("train", "eval", "validation")}
     problems = {_identity(spec, row) for row in warm}
     assert len(warm) == 40
-    assert not problems & train
-    assert not problems & evaluation
+    assert not problems & splits["train"]
+    assert not problems & splits["eval"]
+    assert not problems & splits["validation"]
+    # the validation split is held out from GRPO's training and evaluation problems as well
+    assert not splits["validation"] & (splits["train"] | splits["eval"])

@@ -32,9 +32,9 @@ __all__ = ["TasksConfig"]
 _SUITE = {name: p.default for name, p in inspect.signature(TaskSuite).parameters.items()
           if p.default is not inspect.Parameter.empty}
 # The options handed to TaskSuite unchanged.
-_SUITE_OPTIONS = ("seed", "train_size", "eval_size", "prompt_format", "answer_format",
-                  "think_prefix", "system_prompt", "workers", "cache_dir", "item_timeout_s",
-                  "max_retries")
+_SUITE_OPTIONS = ("seed", "train_size", "eval_size", "validation_size", "prompt_format",
+                  "answer_format", "think_prefix", "system_prompt", "workers", "cache_dir",
+                  "item_timeout_s", "max_retries")
 
 
 @dataclass
@@ -49,6 +49,10 @@ class TasksConfig:
     train_size: int = option("Training items per task (generated lazily, cached on disk).",
                              default=_SUITE["train_size"])
     eval_size: int = option("Evaluation items per task.", default=_SUITE["eval_size"])
+    validation_size: int = option(
+        "Validation items per task, held out from training, the warm start and the evaluation "
+        "split (to read held-out accuracy during training without the evaluation split; 0: "
+        "none).", default=_SUITE["validation_size"])
     seed: int = option("Seed of the generated problems (train and eval splits differ).",
                        default=_SUITE["seed"])
     prompt_format: str = option("How a problem becomes a prompt: plain, chat or paper.",
@@ -93,8 +97,8 @@ class TasksConfig:
                 resolve_task(task)
         PROMPT_FORMATS.canonical(self.prompt_format)
         ANSWER_FORMATS.canonical(self.answer_format)
-        check_split_sizes({"train_size": self.train_size, "eval_size": self.eval_size},
-                          self.max_retries)
+        check_split_sizes({"train_size": self.train_size, "eval_size": self.eval_size,
+                           "validation_size": self.validation_size}, self.max_retries)
         self.scheme()
         if self.paper_test_per_task is not None and self.paper_test_per_task < 1:
             raise ValueError(f"tasks.paper_test_per_task={self.paper_test_per_task} must be >= 1 "

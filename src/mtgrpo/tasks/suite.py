@@ -2,8 +2,9 @@
 
 A :class:`TaskSuite` holds tasks (:class:`~mtgrpo.tasks.families.TaskSpec`), prompt
 options and a reward scheme, and exposes two splits, ``suite.train`` and ``suite.eval``
-(:class:`SuiteSplit`): the tasks' items concatenated task by task, so the task of every
-prompt id is known before any item exists (``split.prompt_tasks``, for the samplers).
+(:class:`SuiteSplit`), and a third when ``validation_size`` > 0, ``suite.validation``: the
+tasks' items concatenated task by task, so the task of every prompt id is known before any item
+exists (``split.prompt_tasks``, for the samplers).
 
 Laziness. ``len(split)`` is known up front; ``split.get(i)`` returns row ``i`` and blocks
 only until that item exists: from memory, from the disk cache, or generated on demand at
@@ -15,7 +16,8 @@ completed chunk to the cache (:mod:`mtgrpo.tasks.cache`). Training can start at 
 Determinism and disjoint splits. reasoning-gym draws item ``i`` of a dataset with seed
 ``s`` from ``Random(s + i)``, so seed 7's item 1 is seed 8's item 0. Split ``k`` of a
 suite with base seed ``s`` therefore uses the reasoning-gym seed
-``s + k * SPLIT_SEED_STRIDE`` (train k = 0, eval k = 1, stride 10⁹), and a split of
+``s + k * SPLIT_SEED_STRIDE`` (train k = 0, eval k = 1, validation k = 2, stride 10⁹), and a
+split of
 ``n`` items may use source indices ``[0, (max_retries + 1) · n)``, which must stay below
 the stride (checked). The splits' source ranges are disjoint for every base seed, and for
 base seeds ``s`` and ``s + 1`` as well. Families with a ``content_key`` (countdown,
@@ -26,6 +28,13 @@ such a task therefore generates its evaluation split first (countdown: well unde
 second for 200 items). An evaluation item whose problem occurs in rows passed as
 ``exclude_eval`` (the problems a model trained on, when its checkpoint is measured on a
 larger or reseeded held-out split than its run's) is replaced likewise.
+
+The validation split (``validation_size`` items per task, none by default) is held out like
+the evaluation split and drawn like it, from the whole distribution, so that its accuracy
+estimates held-out accuracy without reading the evaluation split (task weights driven by it):
+its items leave out the evaluation split's problems, and the training split leaves out its
+problems as well as the evaluation split's. With ``validation_size=0`` the training split is
+what it was without the option, item for item.
 
 Replacement rule (deterministic). Position ``p`` of a split of size ``n`` is filled
 from source index ``p``; if that item is rejected (generation raised, exceeded
@@ -48,7 +57,7 @@ Row schema (every row of every family, and of the papers' test sets, has these k
 ``metadata`` a JSON string: ``family``, ``level``, ``answer_format``, ``seed``,
             ``source_index`` and what the verifier needs (countdown: ``numbers`` and
             ``target``; ARC: ``arc_task``, ``size``; zebra: ``num_people``, …)
-``split``   ``"train"``, ``"eval"`` or ``"test"`` (papers' test sets: never train)
+``split``   ``"train"``, ``"eval"``, ``"validation"`` or ``"test"`` (papers' test sets)
 ========== ===================================================================
 """
 
@@ -100,7 +109,7 @@ __all__ = [
 ]
 
 SPLIT_SEED_STRIDE = 10**9
-SPLITS = {"train": 0, "eval": 1}
+SPLITS = {"train": 0, "eval": 1, "validation": 2}
 
 
 def split_seed(seed: int, split: str) -> int:
@@ -562,7 +571,8 @@ class TaskSuite:
     """Tasks, prompt options, reward scheme, and their lazily generated splits.
 
     ``suite.train`` / ``suite.eval`` are :class:`SuiteSplit` objects of ``train_size`` /
-    ``eval_size`` items per task; ``suite.reward_routing`` maps each task id to its
+    ``eval_size`` items per task, ``suite.validation`` one of ``validation_size`` (``None``
+    when it is 0, the default); ``suite.reward_routing`` maps each task id to its
     reward functions (TRL contract). Close the suite (or use ``with``) to stop its
     generation workers.
     """
@@ -574,6 +584,7 @@ class TaskSuite:
         seed: int = 0,
         train_size: int = 10_000,
         eval_size: int = 200,
+        validation_size: int = 0,
         prompt_format: str = "plain",
         answer_format: str = "answer_tag",
         think_prefix: bool = False,
@@ -594,8 +605,9 @@ class TaskSuite:
         duplicates = sorted({t for t in self.task_ids if self.task_ids.count(t) > 1})
         if duplicates:
             raise ValueError(f"duplicate task ids {duplicates}; give each task a distinct 'name'")
-        check_split_sizes({"train_size": train_size, "eval_size": eval_size}, max_retries)
-        self.sizes = {"train": train_size, "eval": eval_size}
+        check_split_sizes({"train_size": train_size, "eval_size": eval_size,
+                           "validation_size": validation_size}, max_retries)
+        self.sizes = {"train": train_size, "eval": eval_size, "validation": validation_size}
         self.seeds = {split: split_seed(seed, split) for split in SPLITS}
         self.seed = seed
         self.render = RenderOptions(prompt_format, answer_format, think_prefix, system_prompt)
@@ -623,9 +635,16 @@ class TaskSuite:
     def eval(self) -> SuiteSplit:
         return self.split("eval")
 
+    @property
+    def validation(self) -> SuiteSplit | None:
+        """The validation split, or ``None`` without one (``validation_size=0``)."""
+        return self.split("validation") if self.sizes["validation"] else None
+
     def split(self, name: str) -> SuiteSplit:
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; valid splits: {', '.join(SPLITS)}")
+        if not self.sizes[name]:
+            raise ValueError(f"this suite has no {name} split; set {name}_size (items per task)")
         with self._lock:
             existing = self._splits.get(name)
         if existing is not None:
@@ -634,16 +653,27 @@ class TaskSuite:
         with self._lock:
             return self._splits.setdefault(name, SuiteSplit(name, datas, self._pool.workers))
 
-    def _task_data(self, spec: TaskSpec, split: str) -> TaskData:
-        exclude: set[str] = set()
+    def _held_out_keys(self, spec: TaskSpec, split: str) -> set[str]:
+        """Content keys of ``spec``'s items in ``split`` (generating them)."""
         key = spec.family.content_key
-        if split == "train" and key is not None:
-            eval_items = self.split("eval").task(spec.task_id).all_items()
-            exclude = {key(item["metadata"]) for item in eval_items}
+        assert key is not None
+        return {key(item["metadata"]) for item in self.split(split).task(spec.task_id).all_items()}
+
+    def _excluded_keys(self, spec: TaskSpec, split: str) -> set[str]:
+        """The problems ``split`` of ``spec`` leaves out (see the module docstring)."""
+        if split == "eval":
+            return problem_keys(spec, self.exclude_eval_rows)
+        if spec.family.content_key is None:
+            return set()
+        exclude = self._held_out_keys(spec, "eval")
+        if split == "train":
             exclude |= problem_keys(spec, self.exclude_rows)
-        elif split == "eval":
-            exclude = problem_keys(spec, self.exclude_eval_rows)
-        excluded = frozenset(exclude)
+            if self.sizes["validation"]:
+                exclude |= self._held_out_keys(spec, "validation")
+        return exclude
+
+    def _task_data(self, spec: TaskSpec, split: str) -> TaskData:
+        excluded = frozenset(self._excluded_keys(spec, split))
         digest = (
             hashlib.sha256("\n".join(sorted(excluded)).encode()).hexdigest() if excluded else ""
         )
@@ -706,16 +736,21 @@ class TaskSuite:
 
 def check_split_sizes(sizes: Mapping[str, int], max_retries: int) -> None:
     """Split sizes (``{"train_size": n, ...}``) and ``max_retries`` a suite can draw: positive
-    integers whose source indices stay below the stride between split seeds."""
+    integers (``validation_size``: 0 for none) whose source indices stay below the stride
+    between split seeds."""
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
     for name, size in sizes.items():
+        if name == "validation_size" and size == 0 and not isinstance(size, bool):
+            continue  # no validation split
         _check_size(name, size, max_retries)
 
 
 def _check_size(name: str, size: int, max_retries: int) -> None:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"{name} must be a positive integer (items per task), got {size!r}")
+        none = " or 0 (no validation split)" if name == "validation_size" else ""
+        raise ValueError(f"{name} must be a positive integer{none} (items per task), got "
+                         f"{size!r}")
     if (max_retries + 1) * size > SPLIT_SEED_STRIDE:
         raise ValueError(
             f"{name}={size} with max_retries={max_retries} needs {(max_retries + 1) * size} "

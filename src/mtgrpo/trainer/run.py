@@ -136,7 +136,7 @@ def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int,
     """Problems for the warm start (``tasks``: those of some of the suite's tasks only, the
     same rows): drawn with another seed than GRPO's (the task seed plus ``offset``) and leaving
     out, by content (a family's ``content_key``: countdown and the generic reasoning-gym
-    datasets), every problem of the suite's evaluation split and of its training split, so
+    datasets), every problem of the suite's evaluation, validation and training splits, so
     that GRPO's training accuracy is measured on problems the warm start never answered. The
     training split must exist first: this waits until it is generated (or read from the task
     cache). Families without a content key (zebra puzzles, ARC-1D: practically unique problems)
@@ -149,12 +149,14 @@ def _warm_start_rows(run: RunConfig, suite: Any, per_task: int, offset: int,
                if spec.family.content_key is not None and spec.family.name in families
                for row in suite.train.task(spec.task_id).rows()]
     retries = max(run.tasks.max_retries, _WARM_START_RETRIES)
-    # eval_size 1: the warm suite's own evaluation split is never read; it is drawn only
-    # because a content-keyed training split leaves out its own split's problems
+    # eval_size 1, no validation: the warm suite's own held-out splits are never read (its
+    # evaluation split is drawn only because a content-keyed training split leaves it out)
     options = {**run.tasks.suite_options(), "seed": run.tasks.seed + offset,
-               "train_size": per_task, "eval_size": 1, "max_retries": retries}
+               "train_size": per_task, "eval_size": 1, "validation_size": 0,
+               "max_retries": retries}
     _check_seed_ranges(run, specs, per_task, offset, retries)
-    with TaskSuite(specs, exclude=[*suite.eval.rows(), *trained], **options) as warm:
+    held_out = [*suite.eval.rows(), *(suite.validation.rows() if suite.validation else [])]
+    with TaskSuite(specs, exclude=[*held_out, *trained], **options) as warm:
         try:
             return warm.train.rows()
         except GenerationError as error:

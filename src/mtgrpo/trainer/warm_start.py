@@ -48,11 +48,11 @@ __all__ = [
 WARM_START_VERSION = 2
 MARKER = "warm_start.json"
 # The tasks options that choose the warm start's problems and how they read: its own seed is
-# derived from `seed`, and it leaves out GRPO's training and evaluation problems, which
-# `train_size`, `eval_size` and `max_retries` choose. Workers, time limits and the cache's
-# place do not change a problem.
-_PROBLEM_SETTINGS = ("seed", "train_size", "eval_size", "max_retries", "prompt_format",
-                     "answer_format", "think_prefix", "system_prompt")
+# derived from `seed`, and it leaves out GRPO's training, evaluation and validation problems,
+# which `train_size`, `eval_size`, `validation_size` and `max_retries` choose. Workers, time
+# limits and the cache's place do not change a problem.
+_PROBLEM_SETTINGS = ("seed", "train_size", "eval_size", "validation_size", "max_retries",
+                     "prompt_format", "answer_format", "think_prefix", "system_prompt")
 # SFT options that say where the warm start is written, not what it learns.
 _PLACE_SETTINGS = ("output_dir", "overwrite_output_dir")
 
