@@ -142,6 +142,9 @@ class GRPOConfig(TRLCompatibleFields):
                            "critical.", default="passive")
     log_level_replica: str = _help("The same on the other processes.", default="warning")
     disable_tqdm: bool | None = _help("Hide the progress bar.", default=None)
+    report_at_end: bool = _help(
+        "When train() ends, the main process writes the report/ figures and prints the run "
+        "summary (as mtgrpo train does); false: neither.", default=True)
     report_to: str | list[str] = _help(
         "Trackers besides metrics.jsonl: any of tensorboard, wandb, trackio (or 'none').",
         default_factory=list)

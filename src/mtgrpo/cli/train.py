@@ -98,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging()
     from mtgrpo.trainer.run import run_training
 
-    run_training(run_config)
-    _print_summary(run_config.training.output_dir)
+    run_training(run_config)  # ends with the summary and report/ (report_at_end)
     return 0
 
 
@@ -112,13 +111,3 @@ def _configure_logging() -> None:
                         handlers=[RichHandler(show_path=False)])
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _print_summary(run_dir: str) -> None:
-    from rich.console import Console
-
-    from mtgrpo.reporting.compare import load_run, run_report, summarize_run, summarize_tasks
-
-    history = load_run(run_dir)
-    Console().print(run_report(summarize_run(history), summarize_tasks(history)))
-    print(f"run directory: {run_dir}  (metrics.jsonl, checkpoints, report/)")

@@ -4,7 +4,7 @@ accuracy, worst / average and zero gradient are :mod:`mtgrpo.metrics`'."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,16 @@ import numpy as np
 from mtgrpo.metrics import task_accuracy, worst_and_average
 from mtgrpo.sampling import SamplingReport, ScoredGroup
 
-__all__ = ["accuracy_summary", "channel_metrics", "length_metrics", "task_metrics"]
+__all__ = [
+    "NOTHING_LEARNED_STEPS",
+    "accuracy_summary",
+    "channel_metrics",
+    "length_metrics",
+    "nothing_learned_message",
+    "step_line",
+    "task_metrics",
+    "trained_nothing",
+]
 
 
 def _mean(values: np.ndarray) -> float:
@@ -106,3 +115,49 @@ def length_metrics(lengths: np.ndarray, finished: np.ndarray) -> dict[str, float
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(1.0 - finished.mean()),
     }
+
+
+# Steps in a row in which nothing was trained before the run warns: enough that a hard task's
+# unlucky first batches do not trip it (at 20% accuracy a group of 8 is all wrong 17% of the
+# time), few enough that a user hears it in the first minutes rather than at the end.
+NOTHING_LEARNED_STEPS = 10
+
+
+def trained_nothing(metrics: Mapping[str, Any]) -> bool:
+    """A step trained nothing: every generated group had zero gradient (rewards equal within
+    each group, so every advantage is 0), or the update's gradient norm was exactly 0."""
+    return metrics.get("frac_reward_zero_std") == 1.0 or metrics.get("grad_norm") == 0.0
+
+
+def nothing_learned_message(steps: str, metrics: Mapping[str, Any], temperature: float,
+                            num_generations: int) -> str:
+    """The warning for ``steps`` ("the last 10 steps", "all 3 steps of the run") that trained
+    nothing: the metrics that show it (those of the last such step) and the likely causes."""
+    shown = ["frac_reward_zero_std", "reward", "reward_std", "grad_norm"]
+    shown += sorted(k for k in metrics if k.endswith(("/zero_gradient_rate", "/accuracy"))
+                    and k.startswith("tasks/"))
+    values = ", ".join(f"{k}={metrics[k]:.3g}" for k in shown
+                       if isinstance(metrics.get(k), int | float))
+    return (
+        f"nothing was trained in {steps}: within every group of completions the rewards were "
+        f"equal, so every advantage was 0 ({values}). Likely causes: a reward function that "
+        "returns the same value for every completion (see rewards/<function>/std in "
+        f"metrics.jsonl); a temperature ({temperature}) too low for the completions to "
+        "differ; tasks too hard or too easy for the model (tasks/<task>/accuracy always 0 or "
+        f"1); num_generations ({num_generations}) too small to see a difference")
+
+
+def step_line(step: int, max_steps: int, record: Mapping[str, Any]) -> str:
+    """One logged step on a line (what TRL prints as the record's dict, shortened): loss,
+    mean reward, the training batch's worst and average task accuracy, gradient norm."""
+    def number(key: str, percent: bool = False) -> str:
+        value = record.get(key)
+        if not isinstance(value, int | float) or math.isnan(value):
+            return "-"
+        return f"{100 * value:.1f}%" if percent else f"{value:.4g}"
+
+    worst_task = record.get("accuracy/worst_task")
+    return (f"step {step}/{max_steps}  loss {number('loss')}  reward {number('reward')}  "
+            f"train batch: worst {number('accuracy/worst', True)}"
+            + (f" ({worst_task})" if worst_task else "")
+            + f" avg {number('accuracy/average', True)}  grad_norm {number('grad_norm')}")

@@ -65,7 +65,15 @@ from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.identity import check_resumable, record_history, run_identity
-from mtgrpo.trainer.metrics import channel_metrics, length_metrics, task_metrics
+from mtgrpo.trainer.metrics import (
+    NOTHING_LEARNED_STEPS,
+    channel_metrics,
+    length_metrics,
+    nothing_learned_message,
+    step_line,
+    task_metrics,
+    trained_nothing,
+)
 from mtgrpo.trainer.setup import (
     TrainingData,
     build_backend,
@@ -302,6 +310,8 @@ class GRPOTrainer:
         self.step = 0
         self._accepted_changes: dict[str, Any] = {}  # settings a resume was allowed to change
         self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
+        self._warned_idle = False  # the nothing-learned warning is given once per trainer
+        self._bar_is_live = False  # set by the loop: a live bar shows each step, not a log line
         self.output_dir = Path(args.output_dir)
         _seed_everything(args.seed + self.rank)  # distinct sampling streams per process
 
@@ -1211,6 +1221,7 @@ class GRPOTrainer:
             _set_aside_previous_run(self.output_dir)
         self._open_outputs()
         start, first_step = time.time(), self.step
+        self._idle_steps = self._idle_streak = 0  # steps that trained nothing (all, in a row)
         last: dict[str, Any] = {}
         try:
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -1225,7 +1236,35 @@ class GRPOTrainer:
             self._load_best_model()
         if args.push_to_hub and self.is_main_process:
             self.push_to_hub(commit_message="End of training")
+        steps = self.step - first_step
+        if steps and self._idle_steps == steps and self.is_main_process:
+            logger.warning("%s", nothing_learned_message(
+                f"all {steps} steps of this run", last, args.temperature, args.num_generations))
+        if args.report_at_end and self.is_main_process:
+            self._report_at_end()
         return hooks.TrainOutput(last, self.step, summary["train_loss"], summary)
+
+    def _report_at_end(self) -> None:
+        """What ``mtgrpo train`` shows when a run ends, for every ``train()``: the ``report/``
+        figures (a run too short to plot gets a warning instead) and the run summary."""
+        from rich.console import Console
+
+        from mtgrpo.reporting import plot_run
+        from mtgrpo.reporting.compare import load_run, run_report, summarize_run, summarize_tasks
+
+        # the training is done and saved: a report that cannot be made is a warning, not a
+        # failed train()
+        try:
+            written = plot_run(self.output_dir, self.output_dir / "report")
+            logger.info("report figures: %s", ", ".join(str(p) for p in written))
+        except (ValueError, FileNotFoundError) as exc:
+            logger.warning("no report figures: %s", exc)
+        try:
+            history = load_run(self.output_dir)
+            Console().print(run_report(summarize_run(history), summarize_tasks(history)))
+        except (ValueError, FileNotFoundError) as exc:
+            logger.warning("no run summary: %s", exc)
+        print(f"run directory: {self.output_dir}  (metrics.jsonl, checkpoints, report/)")
 
     def _open_outputs(self) -> None:
         args = self.args
@@ -1257,6 +1296,7 @@ class GRPOTrainer:
 
         args, handler, last = self.args, self.callback_handler, {}
         shown = self.is_main_process and not args.disable_tqdm
+        self._bar_is_live = shown and _on_a_terminal()
         with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
                 StopRequests() as stop:
             if self.eval_sets and args.eval_on_start and self.step == 0 \
@@ -1271,6 +1311,7 @@ class GRPOTrainer:
                 self.state.global_step = self.step
                 self.state.epoch = self.step / self.steps_per_epoch
                 self.log_window.add_step(last, args.logging_nan_inf_filter)
+                self._watch_learning(last)
                 self._after_step()
                 self.control = handler.on_step_end(args, self.state, self.control)
                 if self.step % self.steps_per_epoch == 0:
@@ -1280,6 +1321,19 @@ class GRPOTrainer:
                 if self._agreed(stop.requested is not None):
                     self._stop_on_signal(stop.requested or signal.SIGTERM)
         return last
+
+    def _watch_learning(self, metrics: Mapping[str, Any]) -> None:
+        """Warn once, on the main process, when :data:`NOTHING_LEARNED_STEPS` steps in a row
+        trained nothing; a shorter run is judged as a whole when it ends (:meth:`train`)."""
+        idle = trained_nothing(metrics)
+        self._idle_steps += idle
+        self._idle_streak = self._idle_streak + 1 if idle else 0
+        if self._idle_streak == NOTHING_LEARNED_STEPS and self.step < self.max_steps \
+                and self.is_main_process and not self._warned_idle:
+            self._warned_idle = True
+            logger.warning("%s", nothing_learned_message(
+                f"the last {NOTHING_LEARNED_STEPS} steps", metrics, self.args.temperature,
+                self.args.num_generations))
 
     def _agreed(self, local: bool) -> bool:
         """True on every process when any process has it true (one small collective)."""
@@ -1322,6 +1376,8 @@ class GRPOTrainer:
             record = self.log_window.record(metrics, self.state.epoch)
             self._write(record, "train")
             self._record(record)
+            if self.is_main_process and not self._bar_is_live:  # the bar shows the step
+                logger.info("%s", step_line(self.step, self.max_steps, record))
             self._print_completions()
             control.should_log = False
         if control.should_evaluate:
@@ -1400,6 +1456,14 @@ class GRPOTrainer:
             prof.export_chrome_trace(str(trace))
             logger.info("profiler trace of step %d written to %s", self.step, trace)
         return metrics
+
+
+def _on_a_terminal() -> bool:
+    """Whether the progress bar is drawn live: rich's console writes to a terminal."""
+    from rich import get_console
+
+    console = get_console()
+    return bool(console.is_terminal) and not console.is_dumb_terminal
 
 
 def _release_accelerator_state(precision: str) -> None:
