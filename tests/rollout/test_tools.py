@@ -360,3 +360,49 @@ def test_an_environments_tools_act_on_the_rollouts_own_instance(tokenizer: Any) 
     assert batch.environments[0].resets == [{"prompt": user("Start."), "level": 1}]
     assert batch.prompts[0] == user("Start. Count up.")
     assert batch.output.tool_calls == [1, 0]
+
+
+# ---------------------------------------------------------------------------------- the worker
+def test_the_worker_scores_tool_rollouts_and_counts_calls_per_task(tokenizer: Any) -> None:
+    from mtgrpo.rewards import RewardSuite
+    from mtgrpo.rollout import RolloutWorker
+    from mtgrpo.rollout.agent import AgentRollouts
+    from mtgrpo.tasks import PromptSet
+
+    def script(prompt: str, j: int) -> str:
+        if turn(prompt) == 0 and j == 0:
+            return call_text("increment", '{"step": 3}')
+        return "done"
+
+    seen: dict[str, Any] = {}
+
+    def count_reward(completions: list[Any], environments: list[Any], **_: Any) -> list[float]:
+        seen["completions"], seen["environments"] = completions, environments
+        return [float(getattr(e, "count", 0)) for e in environments]
+
+    loop, _ = _loop(tokenizer, script)
+    environments = Environments({"counter": Counter, "echo": Echo})
+    rows = [{"prompt": user("Go."), "task": "counter", "environment": "counter"},
+            {"prompt": user("Go."), "task": "echo", "environment": "echo"}]
+    prompts = PromptSet(rows, tokenizer)
+    worker = RolloutWorker(prompts, loop.backend, RewardSuite.from_user(count_reward), PARAMS,
+                           group_size=2, tokenizer=tokenizer,
+                           agent=AgentRollouts(loop, environments=environments,
+                                               hidden_columns=("task",)))
+    counter, echo = worker([0, 1])
+    assert counter.rewards[:, 0].tolist() == [3.0, 0.0]
+    assert echo.rewards[:, 0].tolist() == [0.0, 0.0]  # echo has no increment: a failed call
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant", "tool", "assistant"]
+    assert [type(e).__name__ for e in seen["environments"]] == ["Counter"] * 2 + ["Echo"] * 2
+    mask = counter.payload.tool_mask
+    assert 0 in mask[0]
+    assert set(mask[1]) == {1}
+    assert counter.payload.model_token_counts == [sum(m) for m in mask]
+    assert counter.payload.row_prompt_ids[0] == counter.payload.prompt_ids
+    assert worker.tool_metrics() == {
+        "tools/call_frequency": 0.5, "tools/failure_frequency": 0.5,
+        "tasks/counter/tool_call_frequency": 0.5, "tasks/counter/tool_failure_frequency": 0.0,
+        "tasks/echo/tool_call_frequency": 0.5, "tasks/echo/tool_failure_frequency": 1.0,
+    }
+    worker.reset()
+    assert worker.tool_metrics()["tools/call_frequency"] == 0.0

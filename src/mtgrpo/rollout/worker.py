@@ -5,6 +5,11 @@ groups and scores them with the reward suite; the scores are gathered so every p
 the same list, and the advantage estimator runs once on every gathered group, giving each its
 advantages and its zero-gradient verdict (filters, advantages and task weights then agree
 everywhere). The sampler returns every group it generated (``SampledBatch.generated``).
+
+With tools or environments (an :class:`~mtgrpo.rollout.agent.AgentRollouts`), generation is the
+multi-turn tool loop: completions are the conversation after the prompt (assistant turns and
+tool replies, as messages), each group carries its tool mask, and the reward functions also
+receive each completion's environment (``environments``, TRL's keyword).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 from mtgrpo.advantages import AdvantageResult, compute_advantages
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
+from mtgrpo.rollout.agent import AgentRollouts
 from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams
 from mtgrpo.sampling import ScoredGroup
 from mtgrpo.tasks import PromptSet, is_conversational
@@ -40,6 +46,23 @@ class GroupPayload:
     finished: list[bool]  # [G] ended with a stop token (vs. cut at max_completion_length)
     reward_errors: np.ndarray | None = None  # [G, R] a built-in verifier failed on the text
     logprobs: list[list[float]] | None = None  # [G] the engine's own token log-probs, if asked
+    tool_mask: list[list[int]] | None = None  # [G] 1 = a token the model sampled, 0 = a tool's
+    row_prompts: list[list[int]] | None = None  # [G] when the rollouts' prompts differ
+
+    @property
+    def row_prompt_ids(self) -> list[list[int]]:
+        """``[G]`` the prompt of each rollout (an environment's observation can make them
+        differ)."""
+        if self.row_prompts is not None:
+            return self.row_prompts
+        return [self.prompt_ids] * len(self.completion_ids)
+
+    @property
+    def model_token_counts(self) -> list[int]:
+        """``[G]`` completion tokens the model sampled (tool replies not counted)."""
+        if self.tool_mask is None:
+            return [len(ids) for ids in self.completion_ids]
+        return [sum(mask) for mask in self.tool_mask]
 
 
 @dataclass(frozen=True)
@@ -78,7 +101,8 @@ class RolloutWorker:
     ``expected_version``: the weights version generation must report (the trainer's step); a
     backend that reports another one is a stale engine, an error. ``task_params``: sampling
     parameters of the tasks (by task id) that do not sample with ``params``; prompts of such a
-    task are generated in a call of their own.
+    task are generated in a call of their own. ``agent``: generate with the multi-turn tool
+    loop (tools, environments).
     """
 
     def __init__(
@@ -97,6 +121,7 @@ class RolloutWorker:
         estimate: Estimate | None = None,
         expected_version: Callable[[], int] | None = None,
         task_params: dict[int, SamplingParams] | None = None,
+        agent: AgentRollouts | None = None,
     ) -> None:
         self.prompts = prompts
         self.backend = backend
@@ -111,13 +136,32 @@ class RolloutWorker:
         self.estimate = estimate or self._suite_estimate
         self.expected_version = expected_version
         self.task_params = dict(task_params or {})
-        self.seconds = {"generate": 0.0, "score": 0.0}
-        self.tokens_generated = 0
+        self.agent = agent
+        self.reset()
 
     def reset(self) -> None:
-        """Forget the previous step's timings and token count."""
+        """Forget the previous step's timings, token count and tool counts."""
         self.seconds = {"generate": 0.0, "score": 0.0}
         self.tokens_generated = 0
+        # per task: [rollouts, tool calls, failed calls] of this process since the last reset
+        self.tool_counts = np.zeros((self.prompts.num_tasks, 3), dtype=np.int64)
+
+    def tool_metrics(self) -> dict[str, float]:
+        """TRL's ``tools/call_frequency`` (calls per rollout) and ``tools/failure_frequency``
+        (failed calls per call, 0 without calls), over every process and per task
+        (``tasks/<task>/tool_call_frequency``, ``..._failure_frequency``) since the last
+        :meth:`reset`; empty without tools. Every process must call it (it gathers)."""
+        if self.agent is None:
+            return {}
+        counts = np.sum(self.shard.all([self.tool_counts]), axis=0)  # [K, 3]
+        metrics = _tool_frequencies("tools/call_frequency", "tools/failure_frequency",
+                                    counts.sum(0))
+        for k, name in enumerate(self.prompts.task_names):
+            if counts[k, 0]:
+                metrics.update(_tool_frequencies(f"tasks/{name}/tool_call_frequency",
+                                                 f"tasks/{name}/tool_failure_frequency",
+                                                 counts[k]))
+        return metrics
 
     def __call__(self, prompt_ids: Sequence[int]) -> list[ScoredGroup]:
         start, stop = self.shard.bounds(len(prompt_ids))
@@ -140,13 +184,18 @@ class RolloutWorker:
         return compute_advantages(rewards, group_size, reward_weights=suite.reward_weights,
                                   gates=suite.gates, on_unscorable=suite.on_unscorable)
 
-    def _generate(self, ids: list[int]) -> GenerationOutput:
-        """Completions of ``ids`` (grouped by prompt, in order): one call per sampling setting."""
-        g = self.group_size
+    def _by_params(self, ids: list[int]) -> dict[SamplingParams, list[int]]:
+        """Positions in ``ids`` by the sampling parameters of their task."""
         by_params: dict[SamplingParams, list[int]] = {}
         for index, i in enumerate(ids):
             task = int(self.prompts.prompt_tasks[i])
             by_params.setdefault(self.task_params.get(task, self.params), []).append(index)
+        return by_params
+
+    def _generate(self, ids: list[int]) -> GenerationOutput:
+        """Completions of ``ids`` (grouped by prompt, in order): one call per sampling setting."""
+        g = self.group_size
+        by_params = self._by_params(ids)
         outputs = []
         for params, indices in by_params.items():
             out = self.backend.generate([self.prompts.tokens(ids[k]) for k in indices], params, g)
@@ -184,22 +233,63 @@ class RolloutWorker:
                 "another policy than the one trained"
             )
 
-    def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
-        g = self.group_size
-        begin = time.perf_counter()
+    def _plain_generate(self, ids: list[int]) -> _Generated:
         out = self._generate(ids)
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
-        self.seconds["generate"] += time.perf_counter() - begin
-        self.tokens_generated += sum(out.completion_lengths)
-
-        begin = time.perf_counter()
-        prompts = [self.prompts.prompt(i) for i in ids for _ in range(g)]
+        prompts = [self.prompts.prompt(i) for i in ids for _ in range(self.group_size)]
         completions = [
             [{"role": "assistant", "content": t}] if is_conversational(p) else t
             for p, t in zip(prompts, texts, strict=True)
         ]
+        return _Generated(out, prompts, completions)
+
+    def _agent_generate(self, ids: list[int]) -> _Generated:
+        """The tool loop on ``ids`` (one run per sampling setting), rows in ``ids``' order."""
+        assert self.agent is not None
+        g = self.group_size
+        rows: list[Any] = [None] * (len(ids) * g)
+        version = None
+        for params, indices in self._by_params(ids).items():
+            batch = self.agent.run(self.prompts, [ids[k] for k in indices], params, g)
+            out = batch.output
+            self._check_version(out.generation)
+            version = out.generation.weights_version
+            for j, k in enumerate(indices):
+                for r in range(g):
+                    n = j * g + r
+                    rows[k * g + r] = (
+                        out.generation.prompt_ids[n], out.generation.completion_ids[n],
+                        out.generation.finished[n],
+                        None if out.generation.logprobs is None else out.generation.logprobs[n],
+                        batch.prompts[n], out.completions[n], out.tool_mask[n],
+                        None if batch.environments is None else batch.environments[n],
+                        out.tool_calls[n], out.tool_failures[n])
+        for k, i in enumerate(ids):  # [rollouts, calls, failures] of each task
+            task = int(self.prompts.prompt_tasks[i])
+            for row in rows[k * g:(k + 1) * g]:
+                self.tool_counts[task] += (1, row[8], row[9])
+        columns = list(zip(*rows, strict=True))
+        has_logprobs = all(lp is not None for lp in columns[3])
+        out = GenerationOutput(list(columns[0]), list(columns[1]), list(columns[2]),
+                               list(columns[3]) if has_logprobs else None, version)
+        environments = None if self.agent.environments is None else list(columns[7])
+        return _Generated(out, list(columns[4]), list(columns[5]), list(columns[6]),
+                          environments)
+
+    def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
+        g = self.group_size
+        begin = time.perf_counter()
+        made = self._plain_generate(ids) if self.agent is None else self._agent_generate(ids)
+        out = made.output
+        self.seconds["generate"] += time.perf_counter() - begin
+        self.tokens_generated += sum(made.model_token_counts)
+
+        begin = time.perf_counter()
+        columns = self.prompts.columns(ids, g)
+        if made.environments is not None:
+            columns["environments"] = made.environments
         scores = self.rewards.score(
-            prompts, completions, out.completion_ids, self.prompts.columns(ids, g),
+            made.prompts, made.completions, out.completion_ids, columns,
             [self.prompts.task(i) for i in ids for _ in range(g)], extra=self.extra,
         )
         correct = correct_completions(scores.values, self.accuracy_threshold,
@@ -210,11 +300,37 @@ class RolloutWorker:
         groups = []
         for b, prompt_id in enumerate(ids):
             rows = slice(b * g, (b + 1) * g)
+            prompts = out.prompt_ids[rows]
             payload = GroupPayload(
-                prompt_ids=out.prompt_ids[b * g], completion_ids=out.completion_ids[rows],
-                completions=completions[rows], finished=out.finished[rows],
+                prompt_ids=prompts[0], completion_ids=out.completion_ids[rows],
+                completions=made.completions[rows], finished=out.finished[rows],
                 reward_errors=None if errors is None else errors[rows],
                 logprobs=None if out.logprobs is None else out.logprobs[rows],
+                tool_mask=None if made.tool_mask is None else made.tool_mask[rows],
+                row_prompts=None if all(p == prompts[0] for p in prompts) else prompts,
             )
             groups.append(_Scored(prompt_id, values[rows], correct[rows], payload))
         return groups
+
+
+@dataclass
+class _Generated:
+    """``N`` rollouts before scoring: what the reward functions and the payloads need."""
+
+    output: GenerationOutput
+    prompts: list[Any]  # [N] as the model saw them (with an environment's observation)
+    completions: list[Any]  # [N] text, or messages for chat prompts
+    tool_mask: list[list[int]] | None = None  # [N]
+    environments: list[Any] | None = None  # [N]
+
+    @property
+    def model_token_counts(self) -> list[int]:
+        if self.tool_mask is None:
+            return self.output.completion_lengths
+        return [sum(mask) for mask in self.tool_mask]
+
+
+def _tool_frequencies(calls_key: str, failures_key: str, counts: np.ndarray) -> dict[str, float]:
+    """``counts``: [rollouts, calls, failed calls] -> calls per rollout, failures per call."""
+    rollouts, calls, failures = (int(c) for c in counts)
+    return {calls_key: calls / max(rollouts, 1), failures_key: failures / calls if calls else 0.0}
