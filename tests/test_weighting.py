@@ -15,16 +15,19 @@ from hypothesis import strategies as st
 from mtgrpo.weighting import (
     DEFAULT_ADAM_STEP_SIZE,
     DEFAULT_SGD_STEP_SIZE,
+    TASK_WEIGHTING_SIGNALS,
     WEIGHTINGS,
     FixedWeighting,
     MTGRPOWeighting,
     TaskStats,
+    ValidationSignal,
     WeightingStrategy,
     floored,
     gradient_parts,
     improvement_by_task,
     improvement_sizes,
     make_weighting,
+    reads_task_stats,
     simplex_gradient,
     softmax,
 )
@@ -1004,3 +1007,102 @@ def test_improvement_share_extremes_and_unobserved_tasks():
     assert abs(share - 0.4) <= 4 * np.finfo(np.float64).eps
     # strategies without diagnostics say nothing
     assert make_weighting("regularized", 3).diagnostics() == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# The held-out signal (task_weighting_signal: validation)
+
+
+def _validation(accuracy, count=(8, 8), mean_abs_advantage=None) -> TaskStats:
+    return TaskStats(accuracy=accuracy, count=list(count),
+                     mean_abs_advantage=mean_abs_advantage)
+
+
+def test_validation_signal_by_hand():
+    signal = ValidationSignal(2)
+    assert signal.task_stats() is None
+    assert signal.last_step is None
+    signal.observe(0, _validation([0.5, 0.25], mean_abs_advantage=[0.3, 0.1]))
+    first = signal.task_stats()
+    np.testing.assert_array_equal(first.accuracy, [0.5, 0.25])
+    np.testing.assert_array_equal(first.count, [8, 8])
+    assert np.isnan(first.improvement).all()  # nothing to compare with yet
+    np.testing.assert_array_equal(first.mean_abs_advantage, [0.3, 0.1])
+    signal.observe(4, _validation([0.75, 0.25]))
+    second = signal.task_stats()
+    assert signal.last_step == 4
+    # I_k = (a_k(4) − a_k(0)) / (4 − 0)
+    np.testing.assert_allclose(second.improvement, [0.25 / 4, 0.0], **TIGHT)
+    np.testing.assert_array_equal(second.accuracy, [0.75, 0.25])
+    assert second.mean_abs_advantage is None
+    # a task the last (or the previous) evaluation did not score has no improvement
+    signal.observe(6, _validation([NAN, 0.5], count=(0, 8)))
+    third = signal.task_stats()
+    assert np.isnan(third.improvement[0])
+    np.testing.assert_allclose(third.improvement[1], (0.5 - 0.25) / 2, **TIGHT)
+    signal.observe(9, _validation([0.5, 0.5]))
+    assert np.isnan(signal.task_stats().improvement[0])
+
+
+def test_mt_grpo_reads_the_validation_signal_by_hand():
+    signal = ValidationSignal(2)
+    signal.observe(0, _validation([0.5, 0.25]))
+    signal.observe(4, _validation([0.75, 0.25]))
+    strategy = make_weighting("mt_grpo", 2, lam=0.5, damping=0.0)  # sgd, β = 0.5
+    weights = strategy.update(signal.task_stats())
+    # s = I + λJ = [0.0625 + 0.375, 0 + 0.125]; g = z (s − z·s) with z = [½, ½]
+    s = np.array([0.0625 + 0.375, 0.125])
+    g = 0.5 * (s - s.mean())
+    np.testing.assert_allclose(strategy.logits, -0.5 * g, **TIGHT)
+    np.testing.assert_allclose(weights, softmax(-0.5 * g), **TIGHT)
+    assert weights[1] > weights[0]  # the task that lags on held-out problems gains weight
+    # until the next evaluation every step reads the same signal again
+    z = softmax(-0.5 * g)
+    g2 = z * (s - z @ s)
+    np.testing.assert_allclose(strategy.update(signal.task_stats()),
+                               softmax(-0.5 * g - 0.5 * g2), **TIGHT)
+
+
+def test_a_task_scoring_zero_on_validation_gets_the_formula_weight():
+    signal = ValidationSignal(2)
+    signal.observe(0, _validation([0.8, 0.0]))
+    strategy = make_weighting("worst_case", 2)  # β = 0.5
+    weights = strategy.update(signal.task_stats())
+    # g = ½ (J − 0.4) = [0.2, −0.2]; ξ = −β g = [−0.1, 0.1]
+    np.testing.assert_allclose(weights[1], 1.0 / (1.0 + math.exp(-0.2)), **TIGHT)
+
+
+def test_sec_reads_the_validation_advantages():
+    signal = ValidationSignal(2)
+    signal.observe(0, _validation([0.5, 0.5], mean_abs_advantage=[0.4, 0.0]))
+    strategy = make_weighting("sec", 2)  # α = 0.5, τ = 0.2
+    weights = strategy.update(signal.task_stats())
+    np.testing.assert_allclose(weights, softmax(np.array([0.2, 0.0]) / 0.2), **TIGHT)
+
+
+def test_validation_signal_state_round_trip_and_errors():
+    signal = ValidationSignal(2)
+    fresh = ValidationSignal(2)
+    fresh.load_state_dict(json.loads(json.dumps(signal.state_dict())))
+    assert fresh.task_stats() is None
+    signal.observe(0, _validation([0.5, NAN], count=(8, 0), mean_abs_advantage=[0.2, NAN]))
+    signal.observe(3, _validation([0.75, 0.5]))
+    fresh.load_state_dict(json.loads(json.dumps(signal.state_dict())))
+    ours, theirs = signal.task_stats(), fresh.task_stats()
+    assert fresh.last_step == 3
+    for field in ("accuracy", "count", "improvement"):
+        np.testing.assert_array_equal(getattr(theirs, field), getattr(ours, field))
+    assert theirs.mean_abs_advantage is None
+    with pytest.raises(ValueError, match="in step order: step 3 after step 3"):
+        signal.observe(3, _validation([0.5, 0.5]))
+    with pytest.raises(ValueError, match="has 3 tasks but the weights cover 2"):
+        signal.observe(4, _validation([0.5, 0.5, 0.5], count=(1, 1, 1)))
+    with pytest.raises(ValueError, match="not a validation-signal state over 3 tasks"):
+        ValidationSignal(3).load_state_dict(signal.state_dict())
+
+
+def test_which_strategies_read_task_stats():
+    assert TASK_WEIGHTING_SIGNALS == ("train", "validation")
+    assert not reads_task_stats("uniform")
+    assert not reads_task_stats("fixed")
+    assert all(reads_task_stats(n) for n in ("mt_grpo", "worst_case", "regularized", "sec"))

@@ -62,6 +62,13 @@ Numerical safety. ``softmax`` subtracts the maximum before ``exp``; logits are k
 ``±1e150`` and non-finite gradient entries (``inf · 0`` from an underflowed weight) are zeroed,
 so weights stay finite and on the simplex for any finite step size, ``K = 1`` included.
 
+Held-out signal (ours; neither paper does it). ``task_weighting_signal: validation`` feeds the
+strategies :class:`TaskStats` read from periodic evaluations of a validation split
+(:class:`ValidationSignal`) instead of the training batch's: ``J_k`` is the task's held-out
+accuracy, ``I_k`` its change per step between successive evaluations, SEC's ``|A|`` the mean
+over its held-out completions. See :class:`ValidationSignal` for the formula and where it
+departs from the paper.
+
 Deliberate choices where the sources are silent: the first observation of a task initialises
 its EMA (a zero-initialised EMA would make a new task look failing and pull weight to it); the
 default ``"sgd"`` step size is 0.5, which moves a logit by 0.005–0.05 per step for the typical
@@ -87,6 +94,7 @@ from mtgrpo.metrics import task_accuracy
 __all__ = [
     "DEFAULT_ADAM_STEP_SIZE",
     "DEFAULT_SGD_STEP_SIZE",
+    "TASK_WEIGHTING_SIGNALS",
     "WEIGHTINGS",
     "FixedWeighting",
     "MTGRPOWeighting",
@@ -94,6 +102,7 @@ __all__ = [
     "SECWeighting",
     "TaskStats",
     "UniformWeighting",
+    "ValidationSignal",
     "WeightingParam",
     "WeightingStrategy",
     "WorstCaseWeighting",
@@ -104,6 +113,7 @@ __all__ = [
     "improvement_share",
     "improvement_sizes",
     "make_weighting",
+    "reads_task_stats",
     "simplex_gradient",
     "softmax",
 ]
@@ -506,6 +516,7 @@ class WeightingStrategy(ABC):
     name: ClassVar[str]
     PARAMS: ClassVar[tuple[WeightingParam, ...]] = ()
     REQUIRES: ClassVar[tuple[str, ...]] = ()
+    READS_STATS: ClassVar[bool] = True  # False: the weights ignore what update() is given
 
     def __init__(
         self, num_tasks: int, *, task_names: Sequence[str] | None, params: Mapping[str, Any]
@@ -697,6 +708,12 @@ def make_weighting(
     return WEIGHTINGS.get(name)(num_tasks, task_names=task_names, **params)
 
 
+def reads_task_stats(name: str) -> bool:
+    """Whether the strategy registered as ``name`` moves its weights with what it measures
+    (``False`` for ``uniform`` and ``fixed``, whose weights never change)."""
+    return WEIGHTINGS.get(name).READS_STATS
+
+
 # ---------------------------------------------------------------------------------------------
 # Fixed strategies
 
@@ -706,6 +723,7 @@ class UniformWeighting(WeightingStrategy):
     """``z_k = 1/K`` at every step (plain multi-task GRPO's implicit weighting)."""
 
     name = "uniform"
+    READS_STATS = False
 
     def __init__(self, num_tasks: int, *, task_names: Sequence[str] | None = None) -> None:
         super().__init__(num_tasks, task_names=task_names, params={})
@@ -723,6 +741,7 @@ class FixedWeighting(WeightingStrategy):
     """
 
     name = "fixed"
+    READS_STATS = False
     PARAMS = (WeightingParam("weights", "the weight of each task", kind="weights"),)
 
     def __init__(
@@ -1177,3 +1196,120 @@ class SECWeighting(WeightingStrategy):
         if not np.isfinite(q).all():
             raise ValueError(f"state_dict['q'] must be finite; got {state['q']}")
         self._set_q(q)
+
+
+# ---------------------------------------------------------------------------------------------
+# The held-out signal (task_weighting_signal: validation)
+
+TASK_WEIGHTING_SIGNALS = ("train", "validation")
+
+
+class ValidationSignal:
+    """What the strategies read when the weights follow a held-out validation split.
+
+    The training batch's ``J_k`` flatters a task whose training problems are partly memorised
+    (a warm start) or easier than its held-out ones, so the weights turn away from the task
+    that really lags. With ``task_weighting_signal: validation`` the trainer evaluates the
+    validation split every ``validation_steps`` steps (step 0 included) and hands each result
+    to :meth:`observe`; :meth:`task_stats` gives every step's :class:`TaskStats`:
+
+    - ``J_k = a_k(t)``, task ``k``'s accuracy over its ``n_k(t)`` validation completions at
+      the latest evaluation step ``t``; ``count_k = n_k(t)`` (0: the task had none, absent);
+    - ``I_k = (a_k(t) − a_k(t')) / (t − t')`` with ``t'`` the evaluation before: the held-out
+      accuracy gained per training step, ``NaN`` (not measured, treated as no change) at the
+      first evaluation or where either evaluation scored none of the task's completions;
+    - ``|A|_k`` (SEC's arm reward) = mean ``|A|`` over task ``k``'s validation completions.
+
+    Departures from the paper (ours; neither MT-GRPO nor SEC reads held-out data):
+
+    1. ``J_k`` is held-out accuracy, not the batch's (nor its EMA; ``reward_ema`` still
+       applies on top).
+    2. ``I_k`` is not the change of task ``k``'s GRPO objective across one update on the same
+       samples, but the change of its held-out accuracy between successive evaluations,
+       divided by the steps between them.
+    3. Between evaluations the strategy still updates at every step, from the last
+       evaluation's ``J_k`` and ``I_k``. Why not hold the weights until the next evaluation:
+       then the logits would move once per ``validation_steps`` steps and ``step_size``,
+       ``λ`` and ``damping`` would need rescaling by it; updating every step keeps them on
+       the per-step scale of the paper's values. A held ``J_k`` is what the paper's slowly
+       moving ``J_k`` already is, and dividing ``I_k`` by the steps between evaluations makes
+       its repeated use add up to the change measured once.
+
+    :meth:`state_dict` carries the last two evaluations, so a resumed run reads what the
+    uninterrupted one did.
+    """
+
+    def __init__(self, num_tasks: int) -> None:
+        self.num_tasks = _check_num_tasks(num_tasks)
+        self._last: tuple[int, TaskStats] | None = None  # (step, measured)
+        self._before: tuple[int, TaskStats] | None = None
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the latest evaluation (``None`` before the first)."""
+        return None if self._last is None else self._last[0]
+
+    def observe(self, step: int, measured: TaskStats) -> None:
+        """Take the evaluation of the validation split after ``step`` training steps:
+        ``measured.accuracy [K]``, ``count [K]`` (completions scored per task) and, for SEC,
+        ``mean_abs_advantage [K]`` (:meth:`TaskStats.from_rollouts` of its rollouts)."""
+        if len(measured.count) != self.num_tasks:
+            raise ValueError(
+                f"the validation result has {len(measured.count)} tasks but the weights cover "
+                f"{self.num_tasks}; evaluate the validation split in the strategy's task order"
+            )
+        if self._last is not None and step <= self._last[0]:
+            raise ValueError(
+                f"validation results must come in step order: step {step} after step "
+                f"{self._last[0]}"
+            )
+        self._before, self._last = self._last, (int(step), measured)
+
+    def task_stats(self) -> TaskStats | None:
+        """The :class:`TaskStats` every update reads until the next evaluation (``None``
+        before the first)."""
+        if self._last is None:
+            return None
+        step, last = self._last
+        improvement = np.full(self.num_tasks, math.nan)  # [K]
+        if self._before is not None:
+            before_step, before = self._before
+            both = (last.count > 0) & (before.count > 0)  # [K]
+            with np.errstate(invalid="ignore"):
+                change = (last.accuracy - before.accuracy) / (step - before_step)
+            improvement = np.where(both, change, math.nan)
+        return TaskStats(accuracy=last.accuracy, count=last.count, improvement=improvement,
+                         mean_abs_advantage=last.mean_abs_advantage)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the last two evaluations (``None`` stands for NaN)."""
+        return {"num_tasks": self.num_tasks,
+                "evaluations": [_evaluation_state(e) for e in (self._before, self._last)
+                                if e is not None]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        if state.get("num_tasks") != self.num_tasks or not isinstance(
+                state.get("evaluations"), list) or len(state["evaluations"]) > 2:
+            raise ValueError(
+                f"not a validation-signal state over {self.num_tasks} tasks: {state!r}")
+        loaded = [_evaluation_from_state(e, self.num_tasks) for e in state["evaluations"]]
+        loaded = [None] * (2 - len(loaded)) + loaded
+        self._before, self._last = loaded[0], loaded[1]
+
+
+def _evaluation_state(evaluation: tuple[int, TaskStats]) -> dict[str, Any]:
+    step, stats = evaluation
+    advantage = stats.mean_abs_advantage
+    return {"step": step, "accuracy": _to_json(stats.accuracy),
+            "count": stats.count.tolist(),
+            "mean_abs_advantage": None if advantage is None else _to_json(advantage)}
+
+
+def _evaluation_from_state(state: Mapping[str, Any], size: int) -> tuple[int, TaskStats]:
+    advantage = state.get("mean_abs_advantage")
+    stats = TaskStats(
+        accuracy=_from_json(state, "accuracy", size), count=list(state["count"]),
+        mean_abs_advantage=None if advantage is None else _from_json(
+            state, "mean_abs_advantage", size))
+    return int(state["step"]), stats
