@@ -28,7 +28,7 @@ from mtgrpo.rollout.base import (
     check_weights_version,
     load_partial_state,
 )
-from mtgrpo.rollout.hf_generate import _eval_mode, _seeded, _special_ids
+from mtgrpo.rollout.hf_generate import HFGenerateBackend, _eval_mode, _seeded, _special_ids
 
 __all__ = ["StaticCacheBackend"]
 
@@ -105,6 +105,8 @@ class StaticCacheBackend:
         """Sample ``num_samples`` completions per prompt; rows grouped by prompt."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if "generate" in vars(self.model):
+            return self._replaced_generate(prompt_ids, params, num_samples)
         prompts = check_prompt_ids(prompt_ids, self.engine.vocab_size)
         group_size = check_num_samples(num_samples)
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
@@ -120,6 +122,18 @@ class StaticCacheBackend:
             logprobs=out.logprobs,
             weights_version=self.weights_version,
         )
+
+    def _replaced_generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                           num_samples: int) -> GenerationOutput:
+        """The model object's ``generate`` was replaced after this backend was chosen (a
+        custom decoder, a test's mock, as TRL's tests patch it): generation goes through it,
+        under transformers' contract, so the replacement is what samples."""
+        backend = HFGenerateBackend(self.model, max_batch_size=None,
+                                    eos_token_ids=self.eos_token_ids)
+        if self.pad_token_id is not None:
+            backend.pad_token_id = self.pad_token_id
+        backend.weights_version = self.weights_version
+        return backend.generate(prompt_ids, params, num_samples)
 
     def update_weights(self, model_or_state: Any, version: int) -> None:
         """Point the backend at new policy weights and record their version.
