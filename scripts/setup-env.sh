@@ -36,7 +36,9 @@ if sys.version_info < (3, 11):
 PY
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
 if [ ! -t 1 ]; then
-    pip+=(--progress-bar off)  # a log gets pip's lines, not bars redrawn into it
+    # a log gets pip's lines, not bars redrawn into it (an environment variable: the
+    # --progress-bar option belongs to pip's install command, not to pip itself)
+    export PIP_PROGRESS_BAR=off
 fi
 torch_version="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$lock" | head -1)"
 installed="$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)"

@@ -31,7 +31,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
 if [ ! -t 1 ]; then
-    pip+=(--progress-bar off)  # a log gets pip's lines, not bars redrawn into it
+    # a log gets pip's lines, not bars redrawn into it (an environment variable: the
+    # --progress-bar option belongs to pip's install command, not to pip itself)
+    export PIP_PROGRESS_BAR=off
 fi
 pin() { sed -n "s/^$1==\([^ ;]*\).*/\1/p" "$lock" | head -1; }
 torch_version="$(pin torch)"

@@ -8,14 +8,18 @@ nothing is installed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-echo "python $*" >> "$CALLS"
+echo "python $* [PIP_PROGRESS_BAR=${PIP_PROGRESS_BAR:-}]" >> "$CALLS"
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; fi
 if [ "$1" = "-" ]; then cat > /dev/null; fi
 exit 0
@@ -62,8 +66,23 @@ def test_each_install_phase_is_announced_as_first_run_only_and_pip_shows_its_lin
     assert len(pip_calls) == 2
     for call in pip_calls:
         assert " -q" not in call.split("install")[0]  # pip's own lines are shown
-        assert "--progress-bar off" in call  # off a terminal: lines, not redrawn bars
+        assert "[PIP_PROGRESS_BAR=off]" in call  # off a terminal: lines, not redrawn bars
         assert "--no-input" in call
     again = _setup(tree)
     assert again.returncode == 0
     assert again.stderr == ""
+
+
+@pytest.mark.parametrize("script", ["setup-env.sh", "setup-vllm-env.sh"])
+def test_the_real_pip_accepts_what_the_scripts_pass_it(script):
+    # The fake interpreter above records calls; this runs the real pip with the options the
+    # script puts before each command (an option of one pip command placed there is refused)
+    # and the environment it sets, for the commands the script runs.
+    text = (ROOT / "scripts" / script).read_text()
+    options = re.search(r'pip=\("\$venv/bin/python" -m pip ([^)]*)\)', text).group(1).split()
+    assert "export PIP_PROGRESS_BAR=off" in text
+    env = {**os.environ, "PIP_PROGRESS_BAR": "off"}
+    for command in (["install", "--help"], ["uninstall", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "pip", *options, *command], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
