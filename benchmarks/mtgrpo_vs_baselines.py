@@ -24,7 +24,18 @@ name                    weighting     batch              ε_high    paper
 ``mtgrpo_l<λ>``         mt_grpo       ratio_preserving   0.28      MT-GRPO, one per ``--lambdas``
 ``rp_uniform``          uniform       ratio_preserving   0.28      ablation: RP-sampler alone
 ``mtgrpo_no_rp``        mt_grpo (λ1)  dynamic            0.28      ablation: IWU without RP
+``mtgrpo_val``          mt_grpo (λ1)  ratio_preserving   0.28      ours: IWU on held-out accuracy
 ======================  ============  =================  ========  ==========================
+
+``mtgrpo_val`` (not in the paper; run only when named in ``--methods``) is MT-GRPO at the first
+λ with ``task_weighting_signal: validation``: its weights read ``J_k`` and ``I_k`` from an
+evaluation of the task suite's validation split every ``validation_steps`` steps instead of
+the training batch (``mtgrpo.weighting.ValidationSignal``). The split belongs to the base
+config (``--set tasks.validation_size=N``), so that every method trains on, and the shared
+warm start learns from, the same problems, none of them a validation problem::
+
+    python benchmarks/mtgrpo_vs_baselines.py --methods grpo,dapo,mtgrpo,mtgrpo_val \
+        --set tasks.validation_size=50
 
 Parameters a method does not fix are inherited from the base config so that the methods
 differ only where the table says: a method whose weighting is the base config's keeps the
@@ -179,6 +190,13 @@ class Method:
     epsilon_high: float | None  # None: symmetric clipping, ε_high = ε (GRPO)
     description: str
     weighting_params: Mapping[str, Any] = field(default_factory=dict)  # set on top of inherited
+    task_weighting_signal: str = "train"  # "validation": the weights read held-out accuracy
+    opt_in: bool = False  # run only when named in --methods (not in the default grid)
+
+    @property
+    def reads_validation(self) -> bool:
+        """Whether the weights read the validation split (the base config must have one)."""
+        return self.task_weighting_signal == "validation"
 
     @property
     def is_mtgrpo(self) -> bool:
@@ -209,6 +227,10 @@ def method_table(lambdas: Sequence[float] = DEFAULT_LAMBDAS) -> dict[str, Method
         Method("mtgrpo_no_rp", "mt_grpo", "dynamic", CLIP_HIGHER,
                f"ablation: IWU weights (λ {lambdas[0]:g}) with dynamic sampling, no RP",
                {"lam": lambdas[0]}),
+        Method("mtgrpo_val", "mt_grpo", "ratio_preserving", CLIP_HIGHER,
+               f"ours: IWU weights (λ {lambdas[0]:g}) read from held-out validation accuracy "
+               "+ RP-sampler", {"lam": lambdas[0]}, task_weighting_signal="validation",
+               opt_in=True),
     ]
     return {method.name: method for method in methods}
 
@@ -224,12 +246,14 @@ def _check_lambdas(lambdas: Sequence[float]) -> tuple[float, ...]:
 
 
 def select_methods(table: Mapping[str, Method], names: Sequence[str] | None) -> list[Method]:
-    """The methods named (all when ``names`` is None); ``mtgrpo`` stands for every λ."""
+    """The methods named (when ``names`` is None: all but the opt-in ones); ``mtgrpo`` stands
+    for every λ of the paper's MT-GRPO."""
     if names is None:
-        return list(table.values())
+        return [m for m in table.values() if not m.opt_in]
     chosen: dict[str, Method] = {}
     for name in names:
-        matches = ([m for m in table.values() if m.is_mtgrpo] if name == "mtgrpo"
+        matches = ([m for m in table.values() if m.is_mtgrpo and not m.opt_in]
+                   if name == "mtgrpo"
                    else [table[name]] if name in table else [])
         if not matches:
             raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(table)} "
@@ -277,7 +301,21 @@ def method_overrides(method: Method, base: Mapping[str, Any]) -> dict[str, Any]:
     }
     if released_code:
         overrides["improvement_reduction"] = MTGRPO_DEFAULT_REDUCTION
+    if method.reads_validation:
+        overrides["task_weighting_signal"] = method.task_weighting_signal
     return overrides
+
+
+def check_validation_split(methods: Sequence[Method], base: Mapping[str, Any]) -> None:
+    """A method whose weights read the validation split needs one in the base config."""
+    readers = [m.name for m in methods if m.reads_validation]
+    size = (base.get("tasks") or {}).get("validation_size") or 0
+    if readers and not size:
+        raise ValueError(
+            f"{', '.join(readers)} weight tasks by held-out validation accuracy, but the base "
+            f"config has no validation split (tasks.validation_size is {size}); add --set "
+            "tasks.validation_size=50 (on the base, so every method and the shared warm start "
+            "leave the same problems out)")
 
 
 # ----------------------------------------------------------------------------- options
@@ -486,7 +524,9 @@ def plan_grid(options: GridOptions) -> GridPlan:
     start = shared_start(base, options.out)
     max_steps = int(base["max_steps"])
     runs = []
-    for method in select_methods(method_table(options.lambdas), options.methods):
+    methods = select_methods(method_table(options.lambdas), options.methods)
+    check_validation_split(methods, base)
+    for method in methods:
         for seed in options.seeds:
             label = f"{method.name}-seed{seed}"
             run_dir = options.out / label

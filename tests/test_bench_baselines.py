@@ -63,7 +63,7 @@ def write_config(tmp_path: Path, model_path: Path | str, **extra: Any) -> Path:
 def test_method_table_sets_the_intended_weighting_sampler_and_clip() -> None:
     table = bench.method_table((0.25, 1.0))
     assert list(table) == ["grpo", "dapo", "sec_grpo", "sec_dapo", "mtgrpo_l0.25", "mtgrpo_l1",
-                           "rp_uniform", "mtgrpo_no_rp"]
+                           "rp_uniform", "mtgrpo_no_rp", "mtgrpo_val"]
     expected = {  # name: (weighting, batch construction, ε_high); None = symmetric (= ε)
         "grpo": ("uniform", "iid", None), "dapo": ("uniform", "dynamic", 0.28),
         "sec_grpo": ("sec", "iid", None), "sec_dapo": ("sec", "dynamic", 0.28),
@@ -71,6 +71,7 @@ def test_method_table_sets_the_intended_weighting_sampler_and_clip() -> None:
         "mtgrpo_l1": ("mt_grpo", "ratio_preserving", 0.28),
         "rp_uniform": ("uniform", "ratio_preserving", 0.28),
         "mtgrpo_no_rp": ("mt_grpo", "dynamic", 0.28),
+        "mtgrpo_val": ("mt_grpo", "ratio_preserving", 0.28),
     }
     base = {"task_weighting": "uniform", "batch_construction": "iid"}
     for name, (weighting, sampler, eps) in expected.items():
@@ -81,8 +82,12 @@ def test_method_table_sets_the_intended_weighting_sampler_and_clip() -> None:
             for name in table}
     assert lams == {"grpo": None, "dapo": None, "sec_grpo": None, "sec_dapo": None,
                     "mtgrpo_l0.25": 0.25, "mtgrpo_l1": 1.0, "rp_uniform": None,
-                    "mtgrpo_no_rp": 0.25}  # the ablation uses the first λ
-    assert [m.name for m in table.values() if m.is_mtgrpo] == ["mtgrpo_l0.25", "mtgrpo_l1"]
+                    "mtgrpo_no_rp": 0.25, "mtgrpo_val": 0.25}  # these use the first λ
+    assert [m.name for m in table.values() if m.is_mtgrpo] == ["mtgrpo_l0.25", "mtgrpo_l1",
+                                                               "mtgrpo_val"]
+    signals = {name: bench.method_overrides(table[name], base).get("task_weighting_signal")
+               for name in table}
+    assert signals == {name: "validation" if name == "mtgrpo_val" else None for name in table}
 
 
 def test_parameters_are_inherited_only_where_they_apply() -> None:
@@ -112,7 +117,10 @@ def test_every_method_resolves_to_a_valid_run_config() -> None:
     base = {"model": "m", "task_weighting": "mt_grpo", "batch_construction": "ratio_preserving",
             "batch_construction_params": {"oversample_factor": 2, "acceptance_aware": False}}
     for method in bench.method_table().values():
-        run = run_config_from_dict({**base, **bench.method_overrides(method, base)})
+        # a method reading the validation split needs one in the base config
+        split = {"tasks": {"tasks": list(TASKS), "validation_size": 2}} \
+            if method.reads_validation else {}
+        run = run_config_from_dict({**base, **split, **bench.method_overrides(method, base)})
         expected = 0.2 if method.epsilon_high is None else 0.28
         assert run.training.resolved_epsilon_high == expected, method.name
 
@@ -121,6 +129,21 @@ def test_select_methods_keeps_table_order_and_expands_mtgrpo() -> None:
     table = bench.method_table((0.25, 1.0))
     chosen = bench.select_methods(table, ["mtgrpo", "grpo"])
     assert [m.name for m in chosen] == ["grpo", "mtgrpo_l0.25", "mtgrpo_l1"]
+    # the held-out-signal method is ours, not the paper's: it runs when named
+    assert "mtgrpo_val" not in [m.name for m in bench.select_methods(table, None)]
+    assert [m.name for m in bench.select_methods(table, ["mtgrpo_val", "dapo"])] == [
+        "dapo", "mtgrpo_val"]
+
+
+def test_a_method_reading_the_validation_split_needs_one_in_the_base() -> None:
+    table = bench.method_table((0.25,))
+    with pytest.raises(ValueError, match=r"mtgrpo_val weight tasks by held-out validation "
+                                         r"accuracy, but the base config has no validation "
+                                         r"split \(tasks.validation_size is 0\); add --set "
+                                         r"tasks.validation_size=50"):
+        bench.check_validation_split([table["mtgrpo_val"]], {"tasks": {"validation_size": 0}})
+    bench.check_validation_split([table["mtgrpo_val"]], {"tasks": {"validation_size": 8}})
+    bench.check_validation_split([table["dapo"]], {})  # the others do not read it
     with pytest.raises(ValueError, match="unknown method 'grpp'; valid methods: grpo, dapo"):
         bench.select_methods(table, ["grpp"])
 

@@ -56,7 +56,13 @@ from mtgrpo.models import DTYPES, LoraSettings
 from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
 from mtgrpo.sft.config import SFTConfig, WarmStartConfig
 from mtgrpo.tasks.config import TasksConfig
-from mtgrpo.weighting import IMPROVEMENT_REDUCTIONS, WEIGHTINGS, check_weighting_params
+from mtgrpo.weighting import (
+    IMPROVEMENT_REDUCTIONS,
+    TASK_WEIGHTING_SIGNALS,
+    WEIGHTINGS,
+    check_weighting_params,
+    reads_task_stats,
+)
 
 __all__ = [
     "DataConfig",
@@ -74,6 +80,7 @@ INTERVALS = ("no", "steps", "epoch")
 SAVE_INTERVALS = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
+DEFAULT_VALIDATION_STEPS = 10  # validation_steps when neither it nor eval_steps says
 
 
 def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
@@ -479,6 +486,20 @@ class GRPOConfig(TRLCompatibleFields):
     improvement_reduction: str = _help(
         "MT-GRPO's I_k over a task's samples: mean (paper text) or sum (released code, use "
         "with improvement_clip).", default="mean")
+    task_weighting_signal: str = _help(
+        "What the task weights read: train (the training batch's accuracy, as the papers) or "
+        "validation (held-out accuracy on the task suite's validation split, evaluated every "
+        "validation_steps steps; J_k its last value, I_k its change per step; needs "
+        "tasks.validation_size > 0). For mt_grpo, worst_case, regularized and sec.",
+        default="train")
+    validation_steps: int | float | None = _help(
+        "With task_weighting_signal=validation: evaluate the validation split every N steps, "
+        "step 0 included (below 1: that fraction of all steps; None: eval_steps when "
+        "evaluating by steps, else 10). The weights update every step from the last result.",
+        default=None)
+    num_generations_validation: int | None = _help(
+        "Samples per validation prompt, at eval_temperature (None: num_generations; sec needs "
+        "2 or more).", default=None)
     batch_construction: str = _help("iid, dynamic (DAPO) or ratio_preserving (MT-GRPO).",
                                     default="iid")
     batch_construction_params: dict[str, Any] = _help(
@@ -497,6 +518,7 @@ class GRPOConfig(TRLCompatibleFields):
         self._check_choices()
         self._check_batch_shape()
         self._check_schedule()
+        self._check_weighting_signal()
         check_compatibility_fields(self)
         self._convert_accelerator_config()
 
@@ -686,6 +708,7 @@ class GRPOConfig(TRLCompatibleFields):
             "none_handling": (self.none_handling, NONE_HANDLING),
             "on_unscorable": (self.on_unscorable, ("auto", *ON_UNSCORABLE.names())),
             "improvement_reduction": (self.improvement_reduction, IMPROVEMENT_REDUCTIONS),
+            "task_weighting_signal": (self.task_weighting_signal, TASK_WEIGHTING_SIGNALS),
             "logging_strategy": (self.logging_strategy, INTERVALS),
             "eval_strategy": (self.eval_strategy, INTERVALS),
             "save_strategy": (self.save_strategy, SAVE_INTERVALS),
@@ -747,6 +770,48 @@ class GRPOConfig(TRLCompatibleFields):
                 f"num_generations={self.num_generations}; change one of them, or set "
                 "prompts_per_step explicitly"
             )
+
+    def _check_weighting_signal(self) -> None:
+        """``task_weighting_signal: validation`` needs weights that move, a positive interval
+        and, for sec, groups to read ``|A|`` from (the split itself: :class:`RunConfig`, or
+        the trainer's ``validation_dataset``)."""
+        samples = self.num_generations_validation
+        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
+                                    or samples < 1):
+            raise ValueError(f"num_generations_validation={samples!r} must be a positive "
+                             "integer, or null for num_generations")
+        steps = self.validation_steps
+        if steps is not None and (isinstance(steps, bool) or not steps > 0
+                                  or (steps >= 1 and steps != int(steps))):
+            raise ValueError(f"validation_steps={steps!r} must be a whole number of steps >= 1 "
+                             "or a fraction of the run below 1 (null: eval_steps)")
+        if self.task_weighting_signal != "validation":
+            return
+        if not reads_task_stats(self.task_weighting):
+            raise ValueError(
+                f"task_weighting_signal='validation' moves the task weights with held-out "
+                f"accuracy, but task_weighting={self.task_weighting!r} never moves them; use "
+                "mt_grpo, worst_case, regularized or sec, or task_weighting_signal: train")
+        if self.task_weighting == "sec" and self.resolved_num_generations_validation < 2:
+            raise ValueError(
+                f"sec reads the mean |A| of each task's validation groups, which is 0 with "
+                f"num_generations_validation={self.resolved_num_generations_validation}; set "
+                "it to 2 or more (null: num_generations)")
+
+    def resolved_validation_steps(self, training_steps: int) -> int:
+        """How often, in steps, the validation split is evaluated (``validation_steps``; None:
+        ``eval_steps`` when evaluating by steps, else :data:`DEFAULT_VALIDATION_STEPS`)."""
+        value = self.validation_steps
+        if value is None:
+            value = self.eval_steps if self.eval_strategy == "steps" and self.eval_steps \
+                else DEFAULT_VALIDATION_STEPS
+        return max(self.interval(value, training_steps), 1)
+
+    @property
+    def resolved_num_generations_validation(self) -> int:
+        """Samples per validation prompt (``num_generations_validation``, else
+        ``num_generations``)."""
+        return self.num_generations_validation or self.num_generations
 
     def _check_schedule(self) -> None:
         if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
@@ -976,6 +1041,17 @@ class RunConfig:
     rewards: RewardsConfig | None = None  # reward functions, for every task or routed
     peft: LoraSettings | None = None  # a LoRA adapter
     sft: WarmStartConfig | None = None  # a supervised warm start before GRPO
+
+    def __post_init__(self) -> None:
+        if self.training.task_weighting_signal == "validation" and (
+                self.tasks is None or not self.tasks.validation_size):
+            where = "this run has no tasks section" if self.tasks is None \
+                else "tasks.validation_size is 0"
+            raise ValueError(
+                "task_weighting_signal='validation' weights the tasks by held-out accuracy on "
+                f"the task suite's validation split, but {where}. Fix: set "
+                "tasks.validation_size (e.g. 50 problems per task), or task_weighting_signal: "
+                "train")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.training.to_dict())

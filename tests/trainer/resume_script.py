@@ -2,7 +2,10 @@
 of a step.
 
 Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
-    [--resume] [--num-generations G] [--allow FIELD ...]
+    [--resume] [--num-generations G] [--allow FIELD ...] [--validation]
+
+``--validation``: the task weights read a held-out validation split every 3 steps
+(``task_weighting_signal: validation``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--allow", nargs="*")
+    parser.add_argument("--validation", action="store_true")
     options = parser.parse_args()
+    held_out = {"task_weighting_signal": "validation", "validation_steps": 3,
+                "num_generations_validation": 2} if options.validation else {}
     args = trainer_helpers.args(
         options.output_dir, max_steps=6, save_steps=2, save_total_limit=None,
         task_weighting="mt_grpo", task_weighting_params={"lam": 0.5, "optimizer": "adam"},
@@ -45,11 +51,13 @@ def main() -> None:
         batch_construction_params={"max_resample_rounds": 2},
         resume_from_checkpoint=True if options.resume else None,
         num_generations=options.num_generations, resume_allow_changes=options.allow,
+        **held_out,
     )
     KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(
         options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
         train_dataset=trainer_helpers.rows(), peft_config={"r": 4},
+        validation_dataset=trainer_helpers.validation_rows() if options.validation else None,
     )
     trainer.train()
 

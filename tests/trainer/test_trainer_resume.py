@@ -72,6 +72,28 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
         assert torch.equal(tensor, final_resumed[name]), name
 
 
+def test_a_resumed_run_reads_the_validation_results_the_uninterrupted_one_did(
+    tiny_model_dir, tmp_path
+):
+    """Weights read from held-out accuracy (evaluated after 0 and 3 steps): the run resumed
+    from checkpoint-4 carries both results, so its I_k, J_k and weights are the same."""
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    with ThreadPoolExecutor(2) as pool:
+        done, killed = pool.map(lambda args: _run(tiny_model_dir, *args, "--validation"),
+                                [(full,), (crashed, "--kill-at", "6")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    state = json.loads((crashed / "checkpoint-4" / "trainer_state.json").read_text())
+    assert [e["step"] for e in state["validation"]["evaluations"]] == [0, 3]
+    resumed = _run(tiny_model_dir, crashed, "--resume", "--validation")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = [_comparable(r) for r in _steps(full)]
+    assert [r["weighting/validation_step"] for r in expected if r["split"] == "train"] == [
+        0, 0, 0, 3, 3, 3]
+    assert all("validation/alpha/accuracy" in r for r in expected if r["split"] == "train")
+    assert [_comparable(r) for r in _steps(crashed)] == expected
+
+
 def test_sigterm_stops_cleanly_and_the_resumed_run_equals_the_uninterrupted_one(
     tiny_model_dir, tmp_path
 ):

@@ -60,3 +60,13 @@ def args(output_dir, **overrides: Any) -> GRPOConfig:
     }
     options.update(overrides)
     return GRPOConfig(**options)
+
+
+def validation_rows(per_task: int = 3) -> list[dict[str, Any]]:
+    """Held-out rows of both tasks (prompts the training rows do not have)."""
+    out: list[dict[str, Any]] = []
+    for i in range(per_task):
+        out.append({"prompt": f"Spell the word {i}:", "task": "alpha", "target": "a"})
+        out.append({"prompt": [{"role": "user", "content": f"Name {i} colours"}],
+                    "task": "beta", "target": "b"})
+    return out

@@ -28,6 +28,7 @@ IDENTITY_FIELDS = (
     "advantage_epsilon", "advantage_std_ddof", "mask_truncated_completions",
     "top_entropy_quantile", "task_weighting", "task_weighting_params", "batch_construction",
     "batch_construction_params", "zero_gradient_filter", "learning_rate", "lr_scheduler_type",
+    "task_weighting_signal", "validation_steps", "num_generations_validation",
 )  # fmt: skip
 """Training arguments that change what a step computes (read where the config has them)."""
 

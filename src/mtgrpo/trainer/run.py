@@ -359,8 +359,9 @@ def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
 def build_trainer(run: RunConfig, model: Any, rewards: Any, train: Any,
                   suite: Any = None) -> Any:
     """The :class:`~mtgrpo.trainer.GRPOTrainer` a run config describes, on ``model`` (a name,
-    a path or a module), with ``rewards`` and ``train`` from :func:`run_inputs` and the
-    held-out set of ``suite`` (or of ``data.eval``)."""
+    a path or a module), with ``rewards`` and ``train`` from :func:`run_inputs`, the
+    held-out set of ``suite`` (or of ``data.eval``) and its validation split
+    (``tasks.validation_size``; what ``task_weighting_signal: validation`` reads)."""
     from mtgrpo.trainer import GRPOTrainer
 
     args = run.training
@@ -368,6 +369,7 @@ def build_trainer(run: RunConfig, model: Any, rewards: Any, train: Any,
     return GRPOTrainer(
         model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
         peft_config=run.peft, run_config=run.to_dict(),
+        validation_dataset=suite.validation if suite is not None else None,
     )
 
 

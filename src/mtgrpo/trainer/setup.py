@@ -24,6 +24,7 @@ __all__ = [
     "load_policy",
     "reward_processing_list",
     "training_rows",
+    "validation_rows",
 ]
 
 
@@ -98,6 +99,32 @@ def training_rows(train: Any, evaluation: Any, task_column: str) -> TrainingData
         single = all(row["task"] == DEFAULT_TASK for row in train_rows)
     evals = {name: rows_of(source) for name, source in _eval_sets(evaluation).items()}
     return TrainingData(train_rows, evals, single, _is_iterable_dataset(train))
+
+
+def validation_rows(source: Any, task_column: str, task_names: Sequence[str]) -> Any:
+    """The rows the task weights read with ``task_weighting_signal: validation``: a task
+    suite's validation split (``suite.validation``) or anything ``train_dataset`` may be,
+    holding every training task and no other. Checked before any model loads."""
+    from mtgrpo.tasks import load_rows
+
+    if source is None:
+        raise ValueError(
+            "task_weighting_signal='validation' weights the tasks by their accuracy on a "
+            "held-out validation split, but this run has none. Fix: set tasks.validation_size "
+            "in the run file (e.g. 50 problems per task), or pass "
+            "GRPOTrainer(..., validation_dataset=rows) (e.g. a task suite's suite.validation), "
+            "or use task_weighting_signal='train'")
+    rows = source if is_lazy_split(source) else load_rows(
+        source, task_column=task_column,
+        default_task=DEFAULT_TASK if task_column == "task" else None)
+    found = set(rows.task_ids) if is_lazy_split(rows) else {str(row["task"]) for row in rows}
+    missing, unknown = sorted(set(task_names) - found), sorted(found - set(task_names))
+    if missing or unknown:
+        raise ValueError(
+            f"the validation split must hold the training tasks {list(task_names)} and no "
+            f"other; it lacks {missing} and has {unknown} besides. A task without validation "
+            "problems would keep its weight unread; give every training task some")
+    return rows
 
 
 def reward_processing_list(

@@ -8,6 +8,10 @@ One training step, read top to bottom (:meth:`GRPOTrainer.training_step` shows t
     weighting.update(TaskStats.from_rollouts(built.generated, ...))  # J_k, I_k, |A| per task
     log(metrics)
 
+With ``task_weighting_signal: validation`` the weights read a held-out validation split
+instead: it is evaluated every ``validation_steps`` steps (at the start of the step, step 0
+included) and every update reads :meth:`mtgrpo.weighting.ValidationSignal.task_stats`.
+
 A reward's path to the loss: reward function -> ``RewardSuite.score`` (``[N, R]``, NaN = not
 applicable) -> the rollout worker's ``estimate`` (:meth:`GRPOTrainer._estimate`, once per
 scored group: advantages and the zero-gradient verdict) -> ``ScoredGroup.advantages`` ->
@@ -81,10 +85,11 @@ from mtgrpo.trainer.setup import (
     load_policy,
     reward_processing_list,
     training_rows,
+    validation_rows,
 )
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
 from mtgrpo.trainer.update import PolicyUpdater, engine_correction, pad_policy_batch
-from mtgrpo.weighting import TaskStats, improvement_by_task, make_weighting
+from mtgrpo.weighting import TaskStats, ValidationSignal, improvement_by_task, make_weighting
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +251,9 @@ class GRPOTrainer:
             :class:`mtgrpo.rollout.GenerationBackend` (overrides ``args.generation_backend``).
         run_config: the resolved run configuration to write as ``config.yaml`` (the CLI passes
             the whole YAML tree; by default the training arguments are written).
+        validation_dataset: held-out rows of every training task (a task suite's
+            ``suite.validation``, or any form ``train_dataset`` takes) that the task weights
+            read with ``task_weighting_signal='validation'``; unused otherwise.
 
     TRL's ``tools``, ``rollout_func``, ``environment_factory`` and ``quantization_config`` are
     refused with the alternative.
@@ -266,6 +274,7 @@ class GRPOTrainer:
         *,
         generation_backend: Any = None,
         run_config: Mapping[str, Any] | None = None,
+        validation_dataset: Any = None,
         quantization_config: Any = None,
         tools: Any = None,
         rollout_func: Any = None,
@@ -286,7 +295,8 @@ class GRPOTrainer:
         data = training_rows(train_dataset, eval_dataset, args.task_column)
         self._check_iterable(data)
         self._build_rewards(reward_funcs, reward_processing_classes, data)
-        self._build_weighting()  # its settings checked against the tasks before any model loads
+        # its settings (and the validation split it may read) checked before any model loads
+        self._build_weighting(validation_dataset)
         self.run_config = dict(run_config) if run_config is not None else None
         self._build_accelerator()
         _configure_logging(args, self.accelerator.is_main_process)
@@ -401,16 +411,31 @@ class GRPOTrainer:
             self.eval_sets[name] = PromptSet(rows, self.tokenizer, **options)
             self.eval_sets[name].tokenize_all()
         self.eval_prompts = self.eval_sets.get(None) if len(self.eval_sets) == 1 else None
+        self.validation_prompts: PromptSet | None = None
+        if self._validation_rows is not None:  # in the training task order, as the weights
+            self.validation_prompts = PromptSet(self._validation_rows, self.tokenizer,
+                                                task_names=self.task_names, **options)
+            self.validation_prompts.tokenize_all()
         self.steps_per_epoch = args.steps_per_epoch(len(self.train_prompts), self.world)
         self.max_steps = args.training_steps(len(self.train_prompts), self.world)
+        self.validation_every = args.resolved_validation_steps(self.max_steps)
 
-    def _build_weighting(self) -> None:
+    def _build_weighting(self, validation_dataset: Any) -> None:
         args = self.args
         self.weighting = make_weighting(
             args.task_weighting, len(self.task_names), task_names=self.task_names,
             **args.task_weighting_params,
         )
-        self.needs_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
+        self.reads_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
+        # the held-out signal when the weights read it (None: the training batch's)
+        self.validation: ValidationSignal | None = None
+        self._validation_rows = None
+        if args.task_weighting_signal == "validation":
+            self._validation_rows = validation_rows(validation_dataset, args.task_column,
+                                                    self.task_names)
+            self.validation = ValidationSignal(len(self.task_names))
+        # I_k measured across the update: only when the weights read it from the batch
+        self.needs_improvement = self.reads_improvement and self.validation is None
 
     def _build_algorithms(self) -> None:
         args = self.args
@@ -814,6 +839,7 @@ class GRPOTrainer:
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
         args, begin = self.args, time.perf_counter()
+        validated = self._validate_if_due()  # {} unless the weights read the validation split
         weights = self.weighting.weights  # [K]
         self.rollouts.reset()
         self._pending_extra = {}
@@ -824,12 +850,12 @@ class GRPOTrainer:
         improvement = self._update(built.groups, sum(g.group_size for g in generated), metrics)
         update_seconds = time.perf_counter() - update_begin
         weighting_begin = time.perf_counter()
-        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])  # [N]
         advantages = np.concatenate([g.advantages for g in generated])  # [N]
-        self.weighting.update(TaskStats.from_rollouts(
-            row_tasks, np.concatenate([g.correct for g in generated]), len(self.task_names),
-            abs_advantages=np.abs(advantages), improvement=improvement,
-        ))
+        stats = self._weighting_stats(generated, advantages, improvement)
+        self.weighting.update(stats)
+        if self.validation is not None:  # the I_k the weights read, for the metrics
+            improvement = stats.improvement if self.reads_improvement else None
+            metrics.update(validated)
         diagnostics = getattr(self.weighting, "diagnostics", None)  # a registered duck type
         if diagnostics is not None:  # may have none
             metrics.update(diagnostics())  # e.g. MT-GRPO's improvement share
@@ -864,6 +890,51 @@ class GRPOTrainer:
         if args.save_rollouts and self.is_main_process:
             self._save_rollouts(generated, advantages)
         return metrics
+
+    def _weighting_stats(self, generated: list[ScoredGroup], advantages: np.ndarray,
+                         improvement: np.ndarray | None) -> TaskStats:
+        """What the weights read this step: the training batch's rollouts (``J_k``, ``|A|``;
+        ``improvement [K]``, the ``I_k`` measured across the update), or the last evaluation
+        of the validation split (``task_weighting_signal: validation``)."""
+        if self.validation is not None:
+            stats = self.validation.task_stats()
+            assert stats is not None, "the validation split is evaluated at the first step"
+            return stats
+        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])  # [N]
+        return TaskStats.from_rollouts(
+            row_tasks, np.concatenate([g.correct for g in generated]), len(self.task_names),
+            abs_advantages=np.abs(advantages), improvement=improvement)
+
+    def _validate_if_due(self) -> dict[str, Any]:
+        """With ``task_weighting_signal: validation``: evaluate the validation split when it is
+        due (step 0, then every ``validation_steps`` steps; at once when a resumed run holds no
+        result) and hand the result to the weights' :class:`ValidationSignal`. Returns the
+        held-out accuracies the weights read (``validation/<task>/accuracy``, the step they
+        were measured at as ``weighting/validation_step``, and ``time/validation`` when the
+        split was evaluated now); ``{}`` when the weights read the training batch."""
+        if self.validation is None or self.validation_prompts is None:
+            return {}
+        last, out = self.validation.last_step, {}
+        if last is None or (self.step % self.validation_every == 0 and last < self.step):
+            begin = time.perf_counter()
+            self.unwrapped.eval()
+            try:
+                result = self._sample_held_out(self.validation_prompts,
+                                               self.args.resolved_num_generations_validation)
+            finally:
+                self.unwrapped.train()
+            groups = result.groups
+            self.validation.observe(self.step, TaskStats.from_rollouts(
+                np.concatenate([np.full(g.group_size, g.task) for g in groups]),
+                np.concatenate([g.correct for g in groups]), len(self.task_names),
+                abs_advantages=np.abs(np.concatenate([g.advantages for g in groups]))))
+            out["time/validation"] = time.perf_counter() - begin
+        stats = self.validation.task_stats()
+        assert stats is not None
+        for k, name in enumerate(self.task_names):
+            out[f"validation/{name}/accuracy"] = float(stats.accuracy[k])
+        out["weighting/validation_step"] = self.validation.last_step
+        return out
 
     def _rollout_metrics(self, generated: list[ScoredGroup], report: Any) -> dict[str, Any]:
         lengths = np.array([len(c) for g in generated for c in g.payload.completion_ids])
@@ -961,23 +1032,29 @@ class GRPOTrainer:
             top_k=args.top_k if args.eval_temperature > 0 else 0,
         )
 
+    def _sample_held_out(self, prompts: PromptSet, num_samples: int) -> Any:
+        """``num_samples`` completions of every prompt of ``prompts`` at the evaluation's
+        sampling settings, scored, with their advantages
+        (:class:`~mtgrpo.evaluation.EvaluationResult`; the same on every process)."""
+        from mtgrpo.evaluation import evaluate_prompts
+
+        return evaluate_prompts(
+            prompts, self.backend, self.rewards, self._eval_params(), num_samples,
+            self.tokenizer, accuracy_threshold=self.args.accuracy_threshold,
+            accuracy_channel=self.accuracy_channel,
+            shard=Shard(self.rank, self.world, gather=self._gather_objects),
+            extra=self._reward_extras(), estimate=self._estimate,
+        )
+
     def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:
         """Per-task accuracy (``num_generations_eval`` samples per prompt) and TRL's ``loss``:
         the GRPO loss of the evaluation completions at the current policy. ``time/eval``: the
         seconds of the whole evaluation, the loss included."""
-        from mtgrpo.evaluation import evaluate_prompts
-
         begin = time.perf_counter()
-        args, g = self.args, self.args.num_generations_eval
+        g = self.args.num_generations_eval
         self.unwrapped.eval()
         try:
-            result = evaluate_prompts(
-                prompts, self.backend, self.rewards, self._eval_params(), g, self.tokenizer,
-                accuracy_threshold=args.accuracy_threshold,
-                accuracy_channel=self.accuracy_channel,
-                shard=Shard(self.rank, self.world, gather=self._gather_objects),
-                extra=self._reward_extras(), estimate=self._estimate,
-            )
+            result = self._sample_held_out(prompts, g)
             metrics = result.metrics()
             self._warn_answers(result)
             if result.groups:
@@ -1042,6 +1119,7 @@ class GRPOTrainer:
             "world_size": self.world,
             "task_names": self.task_names,
             "weighting": self.weighting.state_dict(),
+            **({"validation": self.validation.state_dict()} if self.validation else {}),
             "sampler": self.sampler.state_dict(),
             "entropy": self.updater.entropy.state_dict(),
             "hf_state": dataclasses.asdict(self.state),
@@ -1148,6 +1226,8 @@ class GRPOTrainer:
             saved = _read(checkpoint / name, lambda p: torch.load(p, weights_only=False))
             _read(checkpoint / name, lambda _, s=saved, t=target: t.load_state_dict(s))
         self.weighting.load_state_dict(state["weighting"])
+        if self.validation is not None and "validation" in state:  # else: evaluated at once
+            self.validation.load_state_dict(state["validation"])
         self.sampler.load_state_dict(state["sampler"])
         if "entropy" in state:
             self.updater.entropy.load_state_dict(state["entropy"])
@@ -1432,6 +1512,7 @@ class GRPOTrainer:
             "step": self.step, "split": "run", **backend_description(self.backend),
             "policy/logprob_path": route.path,
             "policy/padding_free": bool(self.args.padding_free and route.packed),
+            "weighting/signal": self.args.task_weighting_signal,
             "precision/bf16": self.bf16, "precision/bf16_reason": self.bf16_reason,
             "generation/dtype": str(getattr(self.backend, "dtype", None) or
                                     next(self.unwrapped.parameters()).dtype).removeprefix("torch."),
