@@ -247,17 +247,20 @@ def evaluate_prompts(
     prompts_per_call: int = 64,
     extra: dict[str, Any] | None = None,
     estimate: Any = None,
+    agent: Any = None,
 ) -> EvaluationResult:
     """Sample ``num_samples`` completions per prompt of ``prompts`` (a
     :class:`~mtgrpo.tasks.PromptSet`) and score them with ``rewards`` (``extra``: the
     keyword arguments every reward call also gets, e.g. TRL's ``trainer_state``; ``estimate``:
-    the advantage estimator, see :class:`~mtgrpo.rollout.RolloutWorker`)."""
+    the advantage estimator, see :class:`~mtgrpo.rollout.RolloutWorker`; ``agent``: the
+    multi-turn tool loop, :class:`~mtgrpo.rollout.agent.AgentRollouts`, for a policy that
+    calls tools)."""
     from mtgrpo.rollout import RolloutWorker
 
     worker = RolloutWorker(
         prompts, backend, rewards, params, num_samples, tokenizer,
         accuracy_threshold=accuracy_threshold, accuracy_channel=accuracy_channel, shard=shard,
-        extra=extra, estimate=estimate,
+        extra=extra, estimate=estimate, agent=agent,
     )
     begin = time.perf_counter()
     # a bar (plain lines in a log): a few hundred prompts at 8 samples take minutes; one

@@ -5,8 +5,9 @@ locally built stand-ins (:mod:`standins`), offline mode on, and ``load_dataset``
 module serving the zen stand-in for ``trl-internal-testing/zen`` (other names go to
 ``datasets.load_dataset`` unchanged). The tests in :data:`FULL_VOCABULARY` get the stand-ins
 with the real vocabularies (they name Qwen2.5's token ids, or need the EOS token as rare as
-in a real vocabulary); the others the compact ones. The multiprocessing start method, which
-one TRL test sets globally, is restored after each test.
+in a real vocabulary), and so does every test of ``test_trl_grpo_tools`` (TRL's tool tests
+write completions as Qwen2.5 token ids); the others the compact ones. The multiprocessing
+start method, which one TRL test sets globally, is restored after each test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from . import standins
 
 FULL_VOCABULARY = {"test_train_with_mask_truncated_completions",
                    "test_train_with_mask_truncated_completions_all_masked"}
-FULL_VOCABULARY_MODELS = ("tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen2ForSequenceClassification-2.5")
+FULL_VOCABULARY_MODELS = ("tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen2ForSequenceClassification-2.5",
+                          "tiny-Qwen3ForCausalLM", "tiny-Qwen3MoeForCausalLM")
+FULL_VOCABULARY_MODULES = ("test_trl_grpo_tools",)
 
 
 class StandinHub:
@@ -78,10 +81,11 @@ def trl_standins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     import transformers.dynamic_module_utils as dynamic
 
     if not request.module.__name__.endswith(("test_trl_grpo_trainer", "test_seed_snippets",
-                                             "test_trl_grpo_vllm")):
+                                             "test_trl_grpo_vllm", *FULL_VOCABULARY_MODULES)):
         yield
         return
-    full = request.node.originalname in FULL_VOCABULARY
+    full = request.node.originalname in FULL_VOCABULARY or \
+        request.module.__name__.endswith(FULL_VOCABULARY_MODULES)
     if request.module.__name__.endswith("test_trl_grpo_vllm"):
         from . import vllm_standins
 

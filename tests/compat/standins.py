@@ -15,7 +15,11 @@ offline: a Hugging Face hub cache (``models--org--name/refs/main`` + ``snapshots
 * Tokenizers: byte-level BPE without merges (every string encodes, one token per byte), the
   Qwen2 pre-tokeniser (transformers 5 rebuilds Qwen2-family tokenizers from the vocabulary,
   so they must have that shape), unused filler tokens up to the special ids, ChatML chat
-  template (Qwen3's honours ``enable_thinking``).
+  template (Qwen3's honours ``enable_thinking``; Qwen's renders tools, tool calls and tool
+  replies as Qwen2.5's does). The full Qwen vocabulary also holds, at their real ids,
+  ``<tool_call>`` / ``</tool_call>`` and the Qwen2.5 tokens TRL's tool tests write completions
+  with (:data:`QWEN_TOOL_TEST_TOKENS`), so those completions decode to the text their comments
+  give; encoding still produces one token per byte.
 * ``zen``: lines of the Zen of Python (``import this``) cut in the middle, as prompts
   (``standard_prompt_only``) or user turns (``conversational_prompt_only``); a reduced set
   (TRL's has 17 training prompts, this one 6, so that the port runs in about a minute: three
@@ -32,10 +36,23 @@ from typing import Any
 
 import torch
 
+from mtgrpo.rollout.agent.templates import HERMES_CHATML_TEMPLATE
+
 ORG = "trl-internal-testing"
 _REVISION = "0" * 40
 
 QWEN_SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+QWEN_TOOL_TAGS = {"<tool_call>": 151657, "</tool_call>": 151658}  # added, not special
+# Qwen2.5 tokens of the completions TRL's tool and environment tests write as token ids
+QWEN_TOOL_TEST_TOKENS = {
+    4913: '{"', 606: "name", 788: '":', 330: ' "', 64648: "multiply", 22785: "_tool",
+    497: '",', 16370: "arguments", 5212: ' {"', 11248: "}}\n", 1513: " don", 944: "'t",
+    1414: " know", 894: " any", 5392: " tool", 7692: "async", 93054: "_multiply",
+    17453: "Done", 35744: "increment", 9520: "step", 2765: " won", 927: "sh", 411: "out",
+    1318: "text", 6023: "hi", 95642: '"}}\n', 450: "dec", 13477: "rement",
+    16252: " increment", 14172: "tool", 6659: "call", 397: ">\n", 522: "</", 314: " {",
+    293: " b",
+}
 LLAMA_SPECIALS = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001,
                   "<|finetune_right_pad_id|>": 128004, "<|eot_id|>": 128009}
 VOCAB_SIZES = {"qwen": 151936, "llama": 128256}
@@ -45,14 +62,12 @@ def _compact(specials: dict[str, int]) -> dict[str, int]:
     """The same special tokens right after the 256 bytes."""
     return {token: 256 + i for i, token in enumerate(sorted(specials, key=specials.get))}
 
-_CHATML = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
+_GENERATION_PROMPT = "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+_CHATML = HERMES_CHATML_TEMPLATE.replace(_GENERATION_PROMPT, (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"))
+assert _CHATML != HERMES_CHATML_TEMPLATE
 _LLAMA_TEMPLATE = (
     "{{- '<|begin_of_text|>' }}{%- for message in messages %}"
     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
@@ -66,8 +81,19 @@ _QWEN2_SPLIT = (
 )
 
 
-def _tokenizer(specials: dict[str, int], eos: str, pad: str, template: str) -> Any:
-    """Byte-level tokenizer whose special tokens sit at ``specials``' ids (fillers before)."""
+def _byte_level(text: str) -> str:
+    """``text`` in the byte-level alphabet (GPT-2's byte-to-unicode map)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    table = {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(rest)}}
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+def _tokenizer(specials: dict[str, int], eos: str, pad: str, template: str,
+               pinned: dict[int, str] | None = None, added: dict[str, int] | None = None) -> Any:
+    """Byte-level tokenizer whose special tokens sit at ``specials``' ids (fillers before);
+    ``pinned``: vocabulary entries at given ids (text), ``added``: non-special added tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
@@ -75,12 +101,17 @@ def _tokenizer(specials: dict[str, int], eos: str, pad: str, template: str) -> A
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: index for index, symbol in enumerate(alphabet)}
     first_special = min(specials.values())
-    for a in alphabet:  # unused fillers (two or three alphabet symbols) up to the specials
-        for b in alphabet:
-            for tail in ("", *alphabet):
-                if len(vocab) == first_special:
-                    break
-                vocab.setdefault(a + b + tail, len(vocab))
+    at = {index: _byte_level(text) for index, text in (pinned or {}).items()}
+    reserved = set(at.values())
+    # unused fillers (two or three alphabet symbols) up to the specials
+    fillers = (a + b + tail for a in alphabet for b in alphabet for tail in ("", *alphabet))
+    while len(vocab) < first_special:
+        if len(vocab) in at:
+            vocab[at[len(vocab)]] = len(vocab)
+            continue
+        filler = next(fillers)
+        if filler not in vocab and filler not in reserved:
+            vocab[filler] = len(vocab)
     backend = Tokenizer(BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -88,11 +119,16 @@ def _tokenizer(specials: dict[str, int], eos: str, pad: str, template: str) -> A
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
-    for token, index in sorted(specials.items(), key=lambda kv: kv[1]):
+    tokens = [(t, i, True) for t, i in specials.items()] + \
+        [(t, i, False) for t, i in (added or {}).items()]
+    for token, index, special in sorted(tokens, key=lambda kv: kv[1]):
         while backend.get_vocab_size() < index:  # reserved ids between specials
             backend.add_special_tokens([AddedToken(f"<|reserved_{backend.get_vocab_size()}|>",
                                                    special=True)])
-        backend.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+        if special:
+            backend.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+        else:
+            backend.add_tokens([AddedToken(token, special=False, normalized=False)])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=eos, pad_token=pad, padding_side="left",
         clean_up_tokenization_spaces=False, model_max_length=32768)
@@ -108,6 +144,9 @@ def _specials(family: str, full: bool) -> dict[str, int]:
 def family_tokenizer(family: str, full: bool) -> Any:
     """The Qwen (ChatML) or Llama 3 tokenizer stand-in, full or compact ids."""
     if family == "qwen":
+        if full:
+            return _tokenizer(QWEN_SPECIALS, "<|im_end|>", "<|endoftext|>", _CHATML,
+                              pinned=QWEN_TOOL_TEST_TOKENS, added=QWEN_TOOL_TAGS)
         return _tokenizer(_specials("qwen", full), "<|im_end|>", "<|endoftext|>", _CHATML)
     return _tokenizer(_specials("llama", full), "<|eot_id|>", "<|eot_id|>", _LLAMA_TEMPLATE)
 

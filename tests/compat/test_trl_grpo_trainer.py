@@ -15,7 +15,6 @@
 # require_torch_accelerator skip here as they do in TRL's CPU runs.
 #
 # Left out (test case: reason):
-#   TestGRPORolloutDispatch: exercises TRL's private `_generate` and its `rollout_func` hook; mtgrpo plugs custom generation in as a generation backend (mtgrpo.rollout.GenerationBackend)
 #   TestGRPOTrainer.test_iterable_eval_keeps_map_style_train_workers: inspects the HF Trainer's DataLoaders (`get_train_dataloader`, `get_eval_dataloader`); mtgrpo draws prompts with its task-balanced sampler, so `dataloader_num_workers` has no effect
 #   TestGRPOTrainer.test_liger_kernel_with_peft_lm_head_raises: liger-kernel
 #   TestGRPOTrainer.test_liger_kernel_with_peft_non_lm_head_target_allowed: liger-kernel
@@ -29,17 +28,10 @@
 #   TestGRPOTrainer.test_train_vllm_importance_sampling_correction: vLLM
 #   TestGRPOTrainer.test_train_vllm_with_additional_generation_kwargs: vLLM
 #   TestGRPOTrainer.test_prepare_input_called_with_correct_data: patches the HF Trainer's `training_step(model, inputs)` to read the DataLoader's batches; mtgrpo's `training_step()` builds its batch itself (the prompt order of `shuffle_dataset=False` is tested in tests/trainer/test_trainer_trl_surface.py)
-#   TestGRPOTrainer.test_train_with_tools: tool calling: mtgrpo has no tool loop (GRPOTrainer(tools=...) is refused with the alternative)
-#   TestGRPOTrainer.test_train_with_multiple_environments: environments (`environment_factory`): mtgrpo has none
-#   TestGRPOTrainer.test_train_with_unknown_environment_raises: environments
-#   TestGRPOTrainer.test_train_with_environment_factory: environments
-#   TestGRPOTrainer.test_train_with_environment_owned_reward: environments
-#   TestGRPOTrainer.test_environment_owned_reward_coexists_with_reward_funcs: environments
-#   TestGRPOTrainer.test_environment_owned_reward_mixed_environments: environments
-#   TestGRPOTrainer.test_environment_owned_data_requires_max_steps: environments
-#   TestGRPOTrainer.test_multiple_environments_without_dataset_raises: environments
-#   TestGRPOTrainer.test_train_with_environment_owned_data: environments
-#   TestGRPOTrainer.test_train_with_malformed_tool_calls: tool calling
+#   TestGRPOTrainer's tool and environment cases (test_train_with_tools,
+#     test_train_with_*environment*, test_environment_owned_*, test_train_with_malformed_tool_calls,
+#     ...): ported in test_trl_grpo_tools.py, whose header lists the one left out
+#   TestGRPORolloutDispatch: see test_trl_grpo_tools.py
 #   TestGRPOTrainerVLM: vision-language models: mtgrpo trains text models (and the cases need the vision extras)
 #   TestGRPOTrainerSlow: GPU, liger-kernel and vLLM cases (marked slow in TRL)
 #

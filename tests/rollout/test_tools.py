@@ -83,9 +83,8 @@ def test_a_failing_call_becomes_an_error_message_and_never_an_exception() -> Non
                     ToolCall("multiply", {"a": 2, "b": 5})],
                    {"multiply": multiply, "broken": broken})
     assert [r.failed for r in results] == [True, True, True, True, False]
-    assert "no tool named 'nope'" in results[0].content
-    assert "multiply" in results[0].content
-    assert "wrong arguments for multiply" in results[1].content
+    assert results[0].content == "Error: unknown tool 'nope'"
+    assert results[1].content == "Error: missing a required argument: 'b'"
     assert "RuntimeError: disk on fire" in results[2].content
     assert "no name" in results[3].content
     assert results[4].content == "10"
@@ -108,7 +107,7 @@ def test_sync_and_async_tools_are_cut_at_their_time_limit() -> None:
                    {"slow": slow, "slow_async": slow_async}, timeout=0.2)
     assert time.perf_counter() - begin < 1.5  # neither waited for its tool
     assert [r.failed for r in results] == [True, True, False]
-    assert "did not return within 0.2 s" in results[0].content
+    assert results[0].content == "Error: slow timed out after 0.2 s"
     assert results[2].content == "late"
 
 

@@ -12,6 +12,7 @@ and which it refuses: :mod:`mtgrpo.fast.static` and ``docs/fast_generation.md``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -133,7 +134,9 @@ class StaticCacheBackend:
         if self.pad_token_id is not None:
             backend.pad_token_id = self.pad_token_id
         backend.weights_version = self.weights_version
-        return backend.generate(prompt_ids, params, num_samples)
+        # a replacement need not return transformers' scores: no engine log-probs from it
+        return backend.generate(prompt_ids, dataclasses.replace(params, return_logprobs=False),
+                                num_samples)
 
     def update_weights(self, model_or_state: Any, version: int) -> None:
         """Point the backend at new policy weights and record their version.

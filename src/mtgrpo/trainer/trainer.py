@@ -63,10 +63,12 @@ from mtgrpo.rollout import (
     Shard,
     backend_description,
 )
+from mtgrpo.rollout.agent import AgentRollouts
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
+from mtgrpo.trainer.agents import agent_setup, placeholder_rows
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.identity import check_resumable, record_history, run_identity
 from mtgrpo.trainer.metrics import (
@@ -191,16 +193,11 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _refuse_unsupported(tools: Any, rollout_func: Any, environment_factory: Any,
-                        quantization_config: Any) -> None:
+def _refuse_unsupported(rollout_func: Any, quantization_config: Any) -> None:
     """TRL arguments mtgrpo has no counterpart for: an error naming what to use instead."""
     refused = {
-        "tools": (tools, "mtgrpo has no tool-calling loop; score tool use with a reward "
-                  "function"),
         "rollout_func": (rollout_func, "plug custom generation in as a generation backend "
                          "(mtgrpo.rollout.GenerationBackend, the generation_backend argument)"),
-        "environment_factory": (environment_factory, "mtgrpo has no environment loop; put "
-                                "the task in the prompt and score it with a reward function"),
         "quantization_config": (quantization_config, "load the model quantized yourself and "
                                 "pass the loaded model (or train a LoRA adapter on it)"),
     }
@@ -255,8 +252,11 @@ class GRPOTrainer:
             ``suite.validation``, or any form ``train_dataset`` takes) that the task weights
             read with ``task_weighting_signal='validation'``; unused otherwise.
 
-    TRL's ``tools``, ``rollout_func``, ``environment_factory`` and ``quantization_config`` are
-    refused with the alternative.
+    TRL's ``tools`` (sync or async callables) and ``environment_factory`` (a factory or
+    ``{name: factory}``; each environment is a task unless the data has a task column) train
+    a policy that calls tools over several turns (:mod:`mtgrpo.rollout.agent`,
+    :mod:`mtgrpo.trainer.agents`); ``rollout_func`` and ``quantization_config`` are refused
+    with the alternative.
     """
 
     def __init__(
@@ -280,11 +280,16 @@ class GRPOTrainer:
         rollout_func: Any = None,
         environment_factory: Any = None,
     ) -> None:
-        _refuse_unsupported(tools, rollout_func, environment_factory, quantization_config)
+        _refuse_unsupported(rollout_func, quantization_config)
         self.args = args = args if args is not None else GRPOConfig()
         ckpt.check_output_dir(args.output_dir)  # before any model loads
+        self._agent = agent_setup(tools, environment_factory)
         if train_dataset is None:
-            raise ValueError("`train_dataset` is required: a Dataset, a list of dicts or a path")
+            train_dataset = placeholder_rows(self._agent, args)  # the environment owns the data
+        reward_weights = args.reward_weights
+        if self._agent is not None:  # environments' get_reward channels come last, weight 1
+            reward_funcs, reward_weights, reward_processing_classes = self._agent.with_rewards(
+                reward_funcs, reward_weights, reward_processing_classes)
         if reward_funcs is None:
             raise ValueError(
                 "No reward source provided: pass reward_funcs (a function, a list of them, "
@@ -293,8 +298,11 @@ class GRPOTrainer:
         check_trackers_available(args.report_to)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         data = training_rows(train_dataset, eval_dataset, args.task_column)
+        self._task_column_added = data.single_task  # then `task` is not passed to reset()
+        if self._agent is not None:
+            data = self._agent.training_data(data)  # each environment a task
         self._check_iterable(data)
-        self._build_rewards(reward_funcs, reward_processing_classes, data)
+        self._build_rewards(reward_funcs, reward_processing_classes, data, reward_weights)
         # its settings (and the validation split it may read) checked before any model loads
         self._build_weighting(validation_dataset)
         self.run_config = dict(run_config) if run_config is not None else None
@@ -349,16 +357,20 @@ class GRPOTrainer:
             args.dataloader_num_workers = 0
 
     def _build_rewards(self, reward_funcs: Any, processing_classes: Any,
-                       data: TrainingData) -> None:
+                       data: TrainingData, reward_weights: Any) -> None:
         args = self.args
         resolved, self.reward_processing_classes = reward_processing_list(
             reward_funcs, processing_classes, args.trust_remote_code)
         self.on_unscorable = args.on_unscorable
         if self.on_unscorable == "auto":
             self.on_unscorable = "warn" if data.single_task else "raise"
-        self.rewards = build_reward_suite(resolved, args, on_unscorable=self.on_unscorable)
+        weighted = copy.copy(args)  # the environments' channels add weights the config lacks
+        weighted.reward_weights = reward_weights
+        self.rewards = build_reward_suite(resolved, weighted, on_unscorable=self.on_unscorable)
         self.reward_funcs = self.rewards.functions
         self.reward_func_names = [str(rf.name) for rf in self.rewards.functions]
+        self.reward_weights = torch.as_tensor(np.asarray(self.rewards.reward_weights),
+                                              dtype=torch.float32)
         self.task_names = _task_names(data.train)
         self.rewards.validate_tasks(self.task_names)
         every_task = set(self.task_names)
@@ -366,8 +378,11 @@ class GRPOTrainer:
             self.rewards.validate_tasks(_task_names(rows))
             every_task |= set(_task_names(rows))
         self.rewards.check_routes_have_rows(every_task)
+        environments = () if self._agent is None or self._agent.environments is None \
+            else ("environments",)
         self.rewards.check_columns(_column_names(data.train, args.task_column),
-                                   extras=("trainer_state", "log_extra", "log_metric"))
+                                   extras=("trainer_state", "log_extra", "log_metric",
+                                           *environments))
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.accuracy_reward)
 
@@ -527,8 +542,37 @@ class GRPOTrainer:
             args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
             estimate=self._estimate, expected_version=lambda: self.step,
-            task_params=self._task_sampling_params(),
+            task_params=self._task_sampling_params(), agent=self._agent_rollouts(),
         )
+
+    def _agent_rollouts(self) -> AgentRollouts | None:
+        """The multi-turn tool loop over the run's backend (None without tools)."""
+        if self._agent is None:
+            return None
+        limit = getattr(getattr(self.unwrapped, "config", None), "max_position_embeddings", None)
+        return self._agent.rollouts(self.backend, self.tokenizer, self.args, limit,
+                                    self._task_column_added)
+
+    @property
+    def tools(self) -> list[Any]:
+        """TRL's: every tool a rollout may be offered (standalone and environments')."""
+        return [] if self._agent is None else self._agent.all_tools
+
+    @property
+    def environments(self) -> list[Any] | None:
+        """TRL's: the environment of each rollout of the last batch generated."""
+        agent = self.rollouts.agent
+        return None if agent is None else agent.last_environments
+
+    @property
+    def _env_tools(self) -> dict[Any, list[Any]]:
+        environments = None if self._agent is None else self._agent.environments
+        return {} if environments is None else environments.tools
+
+    @property
+    def _environment_pool(self) -> dict[Any, list[Any]]:
+        environments = None if self._agent is None else self._agent.environments
+        return {} if environments is None else environments.pool
 
     def _task_sampling_params(self) -> dict[int, SamplingParams]:
         """Each task's sampling parameters where ``task_generation`` overrides them (task ids
@@ -751,10 +795,11 @@ class GRPOTrainer:
             weight = [w and f for w, f in zip(weight, finished, strict=True)]
         rows = torch.cat([advantages[i * g:(i + 1) * g] for i in local])
         batch = pad_policy_batch(
-            [p.prompt_ids for p in payloads for _ in range(g)],
+            [ids for p in payloads for ids in p.row_prompt_ids],
             [c for p in payloads for c in p.completion_ids], rows,
             self.tokenizer.pad_token_id, completion_weight=weight,
             device=self.accelerator.device, sampling_logps=self._engine_logps(payloads),
+            tool_masks=[m for p in payloads for m in (p.tool_mask or [None] * g)],
         )
         tasks = np.repeat([groups[i].task for i in local], g)
         return batch, tasks, has_rows
@@ -872,6 +917,7 @@ class GRPOTrainer:
         metrics.update(channel_metrics(self.rewards.channel_names, values, scalar, errors))
         metrics.update(self.rewards.pop_timeouts())
         metrics.update(self._rollout_metrics(generated, report))
+        metrics.update(self.rollouts.tool_metrics())
         metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
@@ -937,7 +983,7 @@ class GRPOTrainer:
         return out
 
     def _rollout_metrics(self, generated: list[ScoredGroup], report: Any) -> dict[str, Any]:
-        lengths = np.array([len(c) for g in generated for c in g.payload.completion_ids])
+        lengths = np.array([n for g in generated for n in g.payload.model_token_counts])
         finished = np.array([f for g in generated for f in g.payload.finished], dtype=bool)
         out = length_metrics(lengths, finished)
         if finished.any():  # TRL's lengths of the completions that ended with a stop token
@@ -1044,6 +1090,7 @@ class GRPOTrainer:
             accuracy_channel=self.accuracy_channel,
             shard=Shard(self.rank, self.world, gather=self._gather_objects),
             extra=self._reward_extras(), estimate=self._estimate,
+            agent=self._agent_rollouts(),
         )
 
     def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:

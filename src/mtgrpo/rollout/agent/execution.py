@@ -70,6 +70,8 @@ def _is_async(tool: Callable[..., Any]) -> bool:
 
 
 def _failure(name: str, reason: str) -> ToolResult:
+    """A failed call's reply: short, since every token of it counts against the completion
+    budget (the tools' schemas are in the prompt already)."""
     return ToolResult(name, f"Error: {reason}", failed=True)
 
 
@@ -80,12 +82,11 @@ async def _call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout
         return _failure(name, call.error or "malformed tool call")
     tool = tools.get(name)
     if tool is None:
-        return _failure(name, f"there is no tool named {name!r}; the tools are "
-                        f"{sorted(tools) or 'none'}")
+        return _failure(name, f"unknown tool {name!r}")
     try:
         inspect.signature(tool).bind(**call.arguments)
     except TypeError as exc:
-        return _failure(name, f"wrong arguments for {name}: {exc}")
+        return _failure(name, str(exc))  # e.g. "missing a required argument: 'b'"
     except ValueError:  # a callable without an inspectable signature: let the call decide
         pass
     try:
@@ -96,7 +97,7 @@ async def _call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout
             value = await asyncio.wait_for(
                 loop.run_in_executor(pool, lambda: tool(**call.arguments)), timeout)
     except TimeoutError:
-        return _failure(name, f"{name} did not return within {timeout:g} s")
+        return _failure(name, f"{name} timed out after {timeout:g} s")
     except Exception as exc:  # a tool's error is the model's feedback, not the trainer's
         return _failure(name, f"{type(exc).__name__}: {exc}")
     return ToolResult(name, _content(value), failed=False)

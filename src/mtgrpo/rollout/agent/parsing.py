@@ -71,8 +71,7 @@ def _read_call(body: str) -> ToolCall:
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
-        return ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg}); write "
-                        '{"name": ..., "arguments": {...}}')
+        return ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg})")
     if not isinstance(value, dict):
         return ToolCall(None, error="a tool call must be a JSON object with a name and arguments")
     name, arguments = value.get("name"), value.get("arguments", {})

@@ -41,6 +41,7 @@ class AgentRollouts:
         self.tools = list(tools)
         self.environments = environments
         self.hidden_columns = set(hidden_columns)
+        self.last_environments: list[Any] | None = None  # of the last batch (TRL's surface)
 
     def run(self, prompts: PromptSet, ids: Sequence[int], params: SamplingParams,
             group_size: int) -> AgentBatch:
@@ -56,6 +57,7 @@ class AgentRollouts:
             messages = [with_observation(m, e.reset(**self._reset_arguments(row)))
                         for m, e, row in zip(messages, environments, rows, strict=True)]
         output = self.loop.run(messages, tools, params, group_size)
+        self.last_environments = environments
         return AgentBatch(output, messages, environments)
 
     def _messages(self, prompts: PromptSet, index: int) -> list[dict[str, Any]]:
