@@ -496,12 +496,13 @@ def _resolve_backend(name: str) -> str:
 
 def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
                config: BenchConfig, output_dir: Path, *, bf16: bool | None = None,
-               padding_free: bool = True) -> Any:
+               padding_free: bool = True, gradient_checkpointing: bool = False) -> Any:
     """Our ``GRPOTrainer`` on the workload, at our defaults for everything else.
 
     ``bf16``: None is our default (auto: bfloat16 where the hardware has it; bf16 weights
     always run in bf16); False forces float32 (the ``--ours-fp32`` row). ``padding_free``:
     False runs the padded, length-bucketed update (the ``--ours-padded`` row).
+    ``gradient_checkpointing``: our default is off (``benchmarks/update_memory.py`` turns it on).
     """
     from mtgrpo import GRPOConfig, GRPOTrainer
 
@@ -515,7 +516,7 @@ def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
         max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group",
         bf16=True if w.bf16 else bf16, generation_backend=config.ours_backend,
-        padding_free=padding_free,
+        padding_free=padding_free, gradient_checkpointing=gradient_checkpointing,
     )
     peft = None if not w.lora else dict(LORA)
     return GRPOTrainer(model, parity_reward, args=args, train_dataset=rows,
@@ -549,13 +550,15 @@ def check_fast_paths(run_record: dict[str, Any], ours_backend: str) -> None:
 
 def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
               config: BenchConfig, output_dir: Path, *, defaults: bool,
-              timer: TRLStepTimer, bf16: bool = False) -> Any:
+              timer: TRLStepTimer, bf16: bool = False,
+              gradient_checkpointing: bool | None = None) -> Any:
     """TRL's ``GRPOTrainer`` on the workload.
 
     ``defaults=False``: TRL's fastest transformers-``generate`` setting for float32 weights
     (no gradient checkpointing, no autocast; bf16 weights always get bf16 autocast); with
     ``bf16``, the same with bf16 autocast (``--trl-bf16``). ``defaults=True``: TRL's own
     defaults for those two knobs (``gradient_checkpointing=True``, ``bf16=True``).
+    ``gradient_checkpointing`` (when not None) overrides either choice of that knob.
     """
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback
@@ -563,6 +566,8 @@ def build_trl(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]]
 
     w = config.workload
     speed = {} if defaults else {"gradient_checkpointing": False, "bf16": w.bf16 or bf16}
+    if gradient_checkpointing is not None:
+        speed["gradient_checkpointing"] = gradient_checkpointing
     args = GRPOConfig(
         output_dir=str(output_dir), max_steps=config.steps, seed=config.seed,
         learning_rate=config.learning_rate, num_generations=w.group_size,
