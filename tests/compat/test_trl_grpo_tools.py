@@ -6,8 +6,8 @@
 # f2cd57710ae345ea6428ae95363267fcf38a3dc8 (2026-07-24, VERSION 1.10.0.dev0), the newest
 # revision of the file available here (the v1.16.0 tag is not in the stored snapshot and TRL's
 # sdist ships no tests); the same revision as test_trl_grpo_trainer.py, whose header lists the
-# other cases. Ported here: TestGRPOTrainer's tool and environment cases, verbatim, in TRL's
-# order; TestGRPORolloutDispatch below.
+# other cases. Ported here: TestGRPORolloutDispatch (`rollout_func`) and TestGRPOTrainer's tool
+# and environment cases, verbatim, in TRL's order.
 #
 # The one change: `from trl import GRPOConfig, GRPOTrainer` became
 # `from mtgrpo import GRPOConfig, GRPOTrainer`. The hub models and the zen dataset are the local
@@ -26,12 +26,6 @@
 #     rollouts then call `shout`, which only the echo environment has. Routing each rollout to
 #     its environment's own tools is tested in tests/rollout/test_tools.py
 #     (test_the_worker_scores_tool_rollouts_and_counts_calls_per_task)
-#   TestGRPORolloutDispatch (test_generate_prefers_rollout_func,
-#     test_generate_rollout_func_syncs_vllm_weights_when_needed,
-#     test_generate_rollout_func_raises_when_required_keys_are_missing): `rollout_func` is not
-#     supported yet (GRPOTrainer(rollout_func=...) is refused with the alternative, a generation
-#     backend); the cases also call TRL's private `_generate` on a trainer built with
-#     `object.__new__`
 #   TestGRPOTrainerVLM.test_train_with_tools_multimodal_response: vision-language models
 #
 # Copyright 2020-2026 The HuggingFace Team (the test code below); licensed under the Apache
@@ -53,7 +47,8 @@
 
 import os
 from collections.abc import Callable
-from unittest.mock import patch
+from types import SimpleNamespace
+from unittest.mock import MagicMock, patch
 
 import pytest
 import torch
@@ -92,6 +87,84 @@ async def async_multiply_tool(a: int, b: int) -> int:
         The product of the two integers.
     """
     return a * b
+
+
+class TestGRPORolloutDispatch:
+    def _make_trainer(self):
+        trainer = object.__new__(GRPOTrainer)
+        trainer.accelerator = SimpleNamespace(
+            device=torch.device("cpu"),
+            is_main_process=True,
+            gather=lambda t: t,
+        )
+        trainer.args = SimpleNamespace(report_to=[])
+        trainer.model = SimpleNamespace(training=True)
+        trainer.state = SimpleNamespace(global_step=2, num_input_tokens_seen=0)
+        trainer._last_loaded_step = 1
+        trainer.use_vllm = False
+        trainer.use_transformers_continuous_batching = False
+        trainer.vllm_generation = SimpleNamespace(sync_weights=MagicMock())
+        trainer.processing_class = SimpleNamespace(
+            batch_decode=MagicMock(return_value=["decoded"]),
+        )
+        trainer._tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+        trainer.tools = None
+        trainer._metrics = {
+            "train": {
+                "num_tokens": [],
+                **{
+                    k: []
+                    for k in [
+                        "completions/mean_length",
+                        "completions/min_length",
+                        "completions/max_length",
+                        "completions/clipped_ratio",
+                        "completions/mean_terminated_length",
+                        "completions/min_terminated_length",
+                        "completions/max_terminated_length",
+                    ]
+                },
+            }
+        }
+        return trainer
+
+    def test_generate_prefers_rollout_func(self):
+        trainer = self._make_trainer()
+        trainer.rollout_func = MagicMock(
+            return_value={
+                "prompt_ids": [[1]],
+                "completion_ids": [[2]],
+                "logprobs": [[-0.1]],
+                "env_mask": [[1]],
+            }
+        )
+
+        result = trainer._generate(["prompt"])
+
+        assert result[0] == [[1]]  # prompt_ids
+        assert result[1] == [[2]]  # completion_ids
+        assert result[2] == [[1]]  # tool_mask (from env_mask)
+        trainer.rollout_func.assert_called_once_with(["prompt"], trainer)
+
+    def test_generate_rollout_func_syncs_vllm_weights_when_needed(self):
+        trainer = self._make_trainer()
+        trainer.use_vllm = True
+        trainer.rollout_func = MagicMock(
+            return_value={"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [[0.0]]}
+        )
+
+        trainer._generate(["prompt"])
+
+        trainer.vllm_generation.sync_weights.assert_called_once()
+        assert trainer._last_loaded_step == trainer.state.global_step
+        trainer.rollout_func.assert_called_once_with(["prompt"], trainer)
+
+    def test_generate_rollout_func_raises_when_required_keys_are_missing(self):
+        trainer = self._make_trainer()
+        trainer.rollout_func = MagicMock(return_value={"prompt_ids": [[1]], "completion_ids": [[2]]})
+
+        with pytest.raises(ValueError, match="rollout_func must return keys"):
+            trainer._generate(["prompt"])
 
 
 class TestGRPOTrainer(TrlTestCase):

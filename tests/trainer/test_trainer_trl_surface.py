@@ -263,7 +263,7 @@ def test_named_eval_sets_and_evaluate_with_a_dataset(tiny_model_dir, tmp_path):
 
 
 def test_trl_arguments_without_a_counterpart_are_refused(tiny_model_dir, tmp_path):
-    for argument, match in (("rollout_func", "backend"),):
+    for argument, match in (("quantization_config", "load the model quantized yourself"),):
         with pytest.raises(ValueError, match=f"{argument} is not supported by mtgrpo: .*{match}"):
             GRPOTrainer(str(tiny_model_dir), [vowels], args=common.args(tmp_path),
                         train_dataset=single_task_rows(), **{argument: [print]})

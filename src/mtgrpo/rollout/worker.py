@@ -9,14 +9,16 @@ everywhere). The sampler returns every group it generated (``SampledBatch.genera
 With tools or environments (an :class:`~mtgrpo.rollout.agent.AgentRollouts`), generation is the
 multi-turn tool loop: completions are the conversation after the prompt (assistant turns and
 tool replies, as messages), each group carries its tool mask, and the reward functions also
-receive each completion's environment (``environments``, TRL's keyword).
+receive each completion's environment (``environments``, TRL's keyword). With TRL's
+``rollout_func`` (:class:`~mtgrpo.rollout.agent.CustomRollouts`) the user's function generates,
+and the extra fields it returns go to the reward functions.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ import numpy as np
 from mtgrpo.advantages import AdvantageResult, compute_advantages
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
-from mtgrpo.rollout.agent import AgentRollouts
+from mtgrpo.rollout.agent import AgentRollouts, CustomRollouts
 from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams
 from mtgrpo.sampling import ScoredGroup
 from mtgrpo.tasks import PromptSet, is_conversational
@@ -121,7 +123,7 @@ class RolloutWorker:
         estimate: Estimate | None = None,
         expected_version: Callable[[], int] | None = None,
         task_params: dict[int, SamplingParams] | None = None,
-        agent: AgentRollouts | None = None,
+        agent: AgentRollouts | CustomRollouts | None = None,
     ) -> None:
         self.prompts = prompts
         self.backend = backend
@@ -244,37 +246,39 @@ class RolloutWorker:
         return _Generated(out, prompts, completions)
 
     def _agent_generate(self, ids: list[int]) -> _Generated:
-        """The tool loop on ``ids`` (one run per sampling setting), rows in ``ids``' order."""
+        """The agent's rollouts of ``ids`` (one run per sampling setting), in ``ids``' order."""
         assert self.agent is not None
         g = self.group_size
-        rows: list[Any] = [None] * (len(ids) * g)
-        version = None
-        for params, indices in self._by_params(ids).items():
-            batch = self.agent.run(self.prompts, [ids[k] for k in indices], params, g)
-            out = batch.output
-            self._check_version(out.generation)
-            version = out.generation.weights_version
-            for j, k in enumerate(indices):
-                for r in range(g):
-                    n = j * g + r
-                    rows[k * g + r] = (
-                        out.generation.prompt_ids[n], out.generation.completion_ids[n],
-                        out.generation.finished[n],
-                        None if out.generation.logprobs is None else out.generation.logprobs[n],
-                        batch.prompts[n], out.completions[n], out.tool_mask[n],
-                        None if batch.environments is None else batch.environments[n],
-                        out.tool_calls[n], out.tool_failures[n])
+        runs = [(indices, self.agent.run(self.prompts, [ids[k] for k in indices], params, g))
+                for params, indices in self._by_params(ids).items()]
+        for _, batch in runs:
+            self._check_version(batch.output.generation)
+        place = {k: (r, j) for r, (indices, _) in enumerate(runs) for j, k in enumerate(indices)}
+        order = [(place[k][0], place[k][1] * g + n)  # each row of ids' order: (run, its row)
+                 for k in range(len(ids)) for n in range(g)]
+
+        def pick(values: Callable[[Any], Sequence[Any] | None]) -> list[Any] | None:
+            chosen = [values(runs[r][1]) for r, _ in order]
+            if any(v is None for v in chosen):
+                return None
+            return [v[n] for v, (_, n) in zip(chosen, order, strict=True)]
+
+        out = GenerationOutput(
+            pick(lambda b: b.output.generation.prompt_ids),
+            pick(lambda b: b.output.generation.completion_ids),
+            pick(lambda b: b.output.generation.finished),
+            pick(lambda b: b.output.generation.logprobs),
+            runs[0][1].output.generation.weights_version)
+        calls = pick(lambda b: b.output.tool_calls)
+        failures = pick(lambda b: b.output.tool_failures)
         for k, i in enumerate(ids):  # [rollouts, calls, failures] of each task
-            task = int(self.prompts.prompt_tasks[i])
-            for row in rows[k * g:(k + 1) * g]:
-                self.tool_counts[task] += (1, row[8], row[9])
-        columns = list(zip(*rows, strict=True))
-        has_logprobs = all(lp is not None for lp in columns[3])
-        out = GenerationOutput(list(columns[0]), list(columns[1]), list(columns[2]),
-                               list(columns[3]) if has_logprobs else None, version)
-        environments = None if self.agent.environments is None else list(columns[7])
-        return _Generated(out, list(columns[4]), list(columns[5]), list(columns[6]),
-                          environments)
+            rows = slice(k * g, (k + 1) * g)
+            self.tool_counts[int(self.prompts.prompt_tasks[i])] += (
+                g, sum(calls[rows]), sum(failures[rows]))
+        names = dict.fromkeys(name for _, b in runs for name in b.columns)
+        columns = {name: pick(lambda b, name=name: b.columns.get(name)) for name in names}
+        return _Generated(out, pick(lambda b: b.prompts), pick(lambda b: b.output.completions),
+                          pick(lambda b: b.output.tool_mask), columns)
 
     def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
         g = self.group_size
@@ -285,9 +289,7 @@ class RolloutWorker:
         self.tokens_generated += sum(made.model_token_counts)
 
         begin = time.perf_counter()
-        columns = self.prompts.columns(ids, g)
-        if made.environments is not None:
-            columns["environments"] = made.environments
+        columns = {**self.prompts.columns(ids, g), **made.columns}
         scores = self.rewards.score(
             made.prompts, made.completions, out.completion_ids, columns,
             [self.prompts.task(i) for i in ids for _ in range(g)], extra=self.extra,
@@ -321,7 +323,7 @@ class _Generated:
     prompts: list[Any]  # [N] as the model saw them (with an environment's observation)
     completions: list[Any]  # [N] text, or messages for chat prompts
     tool_mask: list[list[int]] | None = None  # [N]
-    environments: list[Any] | None = None  # [N]
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # [N] each, for the rewards
 
     @property
     def model_token_counts(self) -> list[int]:

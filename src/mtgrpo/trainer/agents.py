@@ -1,5 +1,5 @@
-"""TRL's ``tools=`` and ``environment_factory=`` for the trainer: the data, rewards and rollouts
-of a run whose policy calls tools.
+"""TRL's ``tools=``, ``environment_factory=`` and ``rollout_func=`` for the trainer: the data,
+rewards and rollouts of a run whose policy calls tools, or whose rollouts the user writes.
 
 * Each environment is a task: with ``{name: factory}`` and a dataset without a task column,
   a row's task is its ``environment``, so task weighting adapts to each environment.
@@ -18,12 +18,13 @@ from typing import Any
 
 from mtgrpo.config import GRPOConfig
 from mtgrpo.rollout import GenerationBackend
-from mtgrpo.rollout.agent import AgentRollouts, Environments, ToolLoop
+from mtgrpo.rollout.agent import AgentRollouts, Environments, ToolLoop, check_rollout_output
 from mtgrpo.rollout.agent.runner import EMPTY_PROMPT, ENVIRONMENT_COLUMN
-from mtgrpo.tasks import is_lazy_split
+from mtgrpo.tasks import is_conversational, is_lazy_split
 from mtgrpo.trainer.setup import TrainingData
 
-__all__ = ["AgentSetup", "agent_setup", "placeholder_rows"]
+__all__ = ["AgentSetup", "WeightSync", "agent_setup", "generate_with_rollout_func",
+           "placeholder_rows", "stop_token_ids"]
 
 
 @dataclass
@@ -137,3 +138,38 @@ def placeholder_rows(setup: AgentSetup | None, args: GRPOConfig) -> list[dict[st
             "the training length. Set it via `GRPOConfig(max_steps=...)`.")
     groups = max(1, args.per_device_train_batch_size // args.num_generations)
     return [{"prompt": [dict(m) for m in EMPTY_PROMPT]} for _ in range(groups)]
+
+
+class WeightSync:
+    """TRL's ``trainer.vllm_generation.sync_weights()``: hand the policy's current weights to
+    the generation engine (mtgrpo also does it after every optimizer step)."""
+
+    def __init__(self, push: Callable[[], None]) -> None:
+        self._push = push
+
+    def sync_weights(self) -> None:
+        self._push()
+
+
+def generate_with_rollout_func(trainer: Any, prompts: list[Any]) -> tuple[Any, ...]:
+    """TRL's ``GRPOTrainer._generate`` on its ``rollout_func`` path: the engine's weights
+    brought up to the trainer's step (``use_vllm``), then ``rollout_func(prompts, trainer)``,
+    checked, and its completions decoded. Returns TRL's tuple ``(prompt_ids, completion_ids,
+    tool_mask, completions, logprobs, extra_fields, images, tool_images)``; ``tool_mask`` is
+    the function's ``env_mask``."""
+    if trainer.use_vllm and trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+    result = check_rollout_output(trainer.rollout_func(prompts, trainer))
+    texts = trainer.processing_class.batch_decode(result.completion_ids,
+                                                  skip_special_tokens=True)
+    completions = [[{"role": "assistant", "content": text}] if is_conversational(prompt)
+                   else text for prompt, text in zip(prompts, texts, strict=True)]
+    return (result.prompt_ids, result.completion_ids, result.env_mask, completions,
+            result.logprobs, result.extra_fields, None, [])
+
+
+def stop_token_ids(backend: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the backend's EOS ids, the tokenizer's EOS and pad."""
+    ids = [*getattr(backend, "eos_token_ids", ()), tokenizer.eos_token_id, tokenizer.pad_token_id]
+    return [int(i) for i in dict.fromkeys(ids) if i is not None]

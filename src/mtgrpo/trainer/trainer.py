@@ -63,12 +63,18 @@ from mtgrpo.rollout import (
     Shard,
     backend_description,
 )
-from mtgrpo.rollout.agent import AgentRollouts
+from mtgrpo.rollout.agent import AgentRollouts, CustomRollouts
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks
-from mtgrpo.trainer.agents import agent_setup, placeholder_rows
+from mtgrpo.trainer.agents import (
+    WeightSync,
+    agent_setup,
+    generate_with_rollout_func,
+    placeholder_rows,
+    stop_token_ids,
+)
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.identity import check_resumable, record_history, run_identity
 from mtgrpo.trainer.metrics import (
@@ -193,11 +199,9 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _refuse_unsupported(rollout_func: Any, quantization_config: Any) -> None:
+def _refuse_unsupported(quantization_config: Any) -> None:
     """TRL arguments mtgrpo has no counterpart for: an error naming what to use instead."""
     refused = {
-        "rollout_func": (rollout_func, "plug custom generation in as a generation backend "
-                         "(mtgrpo.rollout.GenerationBackend, the generation_backend argument)"),
         "quantization_config": (quantization_config, "load the model quantized yourself and "
                                 "pass the loaded model (or train a LoRA adapter on it)"),
     }
@@ -255,8 +259,9 @@ class GRPOTrainer:
     TRL's ``tools`` (sync or async callables) and ``environment_factory`` (a factory or
     ``{name: factory}``; each environment is a task unless the data has a task column) train
     a policy that calls tools over several turns (:mod:`mtgrpo.rollout.agent`,
-    :mod:`mtgrpo.trainer.agents`); ``rollout_func`` and ``quantization_config`` are refused
-    with the alternative.
+    :mod:`mtgrpo.trainer.agents`); ``rollout_func(prompts, trainer)`` generates the rollouts
+    itself (TRL's contract, :mod:`mtgrpo.rollout.agent.custom`); ``quantization_config`` is
+    refused with the alternative.
     """
 
     def __init__(
@@ -280,10 +285,18 @@ class GRPOTrainer:
         rollout_func: Any = None,
         environment_factory: Any = None,
     ) -> None:
-        _refuse_unsupported(rollout_func, quantization_config)
+        _refuse_unsupported(quantization_config)
         self.args = args = args if args is not None else GRPOConfig()
         ckpt.check_output_dir(args.output_dir)  # before any model loads
         self._agent = agent_setup(tools, environment_factory)
+        if rollout_func is not None and self._agent is not None:
+            raise ValueError("rollout_func generates whole rollouts, tool calls included; pass "
+                             "it or tools / environment_factory, not both")
+        self.tools = [] if self._agent is None else self._agent.all_tools  # TRL's
+        self.rollout_func = rollout_func
+        # TRL's, for rollout_func: the engine's weights are the trainer's at step 0
+        self.use_vllm, self._last_loaded_step = args.use_vllm, 0
+        self.vllm_generation = WeightSync(self._push_weights)
         if train_dataset is None:
             train_dataset = placeholder_rows(self._agent, args)  # the environment owns the data
         reward_weights = args.reward_weights
@@ -380,9 +393,10 @@ class GRPOTrainer:
         self.rewards.check_routes_have_rows(every_task)
         environments = () if self._agent is None or self._agent.environments is None \
             else ("environments",)
-        self.rewards.check_columns(_column_names(data.train, args.task_column),
-                                   extras=("trainer_state", "log_extra", "log_metric",
-                                           *environments))
+        if self.rollout_func is None:  # rollout_func's fields are known once it has run
+            self.rewards.check_columns(_column_names(data.train, args.task_column),
+                                       extras=("trainer_state", "log_extra", "log_metric",
+                                               *environments))
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.accuracy_reward)
 
@@ -545,18 +559,22 @@ class GRPOTrainer:
             task_params=self._task_sampling_params(), agent=self._agent_rollouts(),
         )
 
-    def _agent_rollouts(self) -> AgentRollouts | None:
-        """The multi-turn tool loop over the run's backend (None without tools)."""
+    def _agent_rollouts(self) -> AgentRollouts | CustomRollouts | None:
+        """The multi-turn tool loop over the run's backend, or ``rollout_func`` (None
+        without either)."""
+        if self.rollout_func is not None:
+            return CustomRollouts(self._generate,
+                                  stop_token_ids(self.backend, self.tokenizer))
         if self._agent is None:
             return None
         limit = getattr(getattr(self.unwrapped, "config", None), "max_position_embeddings", None)
         return self._agent.rollouts(self.backend, self.tokenizer, self.args, limit,
                                     self._task_column_added)
 
-    @property
-    def tools(self) -> list[Any]:
-        """TRL's: every tool a rollout may be offered (standalone and environments')."""
-        return [] if self._agent is None else self._agent.all_tools
+    def _generate(self, prompts: list[Any]) -> tuple[Any, ...]:
+        """TRL's, for ``rollout_func``: its rollouts of ``prompts`` (each prompt of the batch
+        ``G`` times) as TRL's tuple (:func:`mtgrpo.trainer.agents.generate_with_rollout_func`)."""
+        return generate_with_rollout_func(self, prompts)
 
     @property
     def environments(self) -> list[Any] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mtgrpo.rollout.agent.environments import Environments, with_observation
@@ -20,11 +20,13 @@ EMPTY_PROMPT = ({"role": "user", "content": ""},)
 @dataclass
 class AgentBatch:
     """``N`` rollouts: the loop's output, the prompts the model saw (with the environments'
-    observations) and each rollout's environment (None without environments)."""
+    observations), each rollout's environment (None without environments) and the per-rollout
+    fields the reward functions also receive (``environments``; ``rollout_func``'s extras)."""
 
     output: AgentOutput
-    prompts: list[list[dict[str, Any]]]
+    prompts: list[Any]
     environments: list[Any] | None
+    columns: dict[str, list[Any]] = field(default_factory=dict)
 
 
 class AgentRollouts:
@@ -58,7 +60,8 @@ class AgentRollouts:
                         for m, e, row in zip(messages, environments, rows, strict=True)]
         output = self.loop.run(messages, tools, params, group_size)
         self.last_environments = environments
-        return AgentBatch(output, messages, environments)
+        columns = {} if environments is None else {"environments": environments}
+        return AgentBatch(output, messages, environments, columns)
 
     def _messages(self, prompts: PromptSet, index: int) -> list[dict[str, Any]]:
         row = prompts.row(index)

@@ -1,0 +1,158 @@
+"""The trainer with TRL's tools, environments and rollout_func on the tiny model: the tool
+mask reaches the update, tool metrics per task, each environment a task, rollout_func's
+extra fields reach the rewards."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_helpers import args
+
+from mtgrpo import GRPOTrainer
+from mtgrpo.rollout.agent.templates import HERMES_CHATML_TEMPLATE
+
+
+def _tokenizer(model_dir: Path) -> Any:
+    """The tiny model's tokenizer with the Hermes template, the tools listed by name only: the
+    full schemas would not fit the tiny model's 512 positions (one token per byte)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    turns = HERMES_CHATML_TEMPLATE.index("{%- for message in messages %}")
+    tokenizer.chat_template = (
+        "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}"
+        "{{- ' ' + tool['function']['name'] }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        + HERMES_CHATML_TEMPLATE[turns:])
+    return tokenizer
+
+
+class Counter:
+    def reset(self, **row: Any) -> str:
+        self.count = 0
+        return " Count."
+
+    def increment(self, step: int) -> int:
+        """Increment the counter.
+
+        Args:
+            step: Value to add.
+        """
+        self.count += step
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+class Echo:
+    def reset(self, **row: Any) -> None:
+        return None
+
+    def shout(self, text: str) -> str:
+        """Shout.
+
+        Args:
+            text: Text to shout.
+        """
+        return text.upper()
+
+
+def shouted(completions: list[Any], **kwargs: Any) -> list[float]:
+    return [float(any("HI" in str(m.get("content")) for m in c)) for c in completions]
+
+
+def _scripted_generate(tokenizer: Any):
+    """The first turn of every odd row calls the tool of its environment (read in the prompt);
+    later turns answer."""
+    def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        rows = []
+        for r, ids in enumerate(input_ids.tolist()):
+            prompt = tokenizer.decode(ids, skip_special_tokens=False)
+            call = '{"name": "increment", "arguments": {"step": 2}}' if "Count." in prompt \
+                else '{"name": "shout", "arguments": {"text": "hi"}}'
+            text = f"<tool_call>\n{call}\n</tool_call>" if r % 2 and "<tool_response>" not in \
+                prompt else "ok"
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
+                        + [tokenizer.eos_token_id])
+        width = max(map(len, rows))
+        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+    return generate
+
+
+def test_environments_train_as_tasks_with_the_tool_mask(tiny_model_dir: Path,
+                                                        tmp_path: Path) -> None:
+    from unittest.mock import patch
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    data = [{"prompt": [{"role": "user", "content": f"Task {i}."}],
+             "environment": "counter" if i % 2 else "echo"} for i in range(4)]
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), shouted, args=args(tmp_path, max_completion_length=200,
+                                       max_prompt_length=None, num_generations=2,
+                                       prompts_per_step=2, max_steps=2),
+        train_dataset=data, processing_class=tokenizer,
+        environment_factory={"counter": Counter, "echo": Echo})
+    assert trainer.task_names == ["counter", "echo"]
+    assert trainer.reward_func_names == ["shouted", "Counter"]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    batches: list[Any] = []
+    update = trainer.updater.update
+
+    def spy(batch: Any, **kwargs: Any) -> Any:
+        batches.append(batch)
+        return update(batch, **kwargs)
+
+    with patch.object(trainer.model, "generate", side_effect=_scripted_generate(tokenizer)), \
+            patch.object(trainer.updater, "update", side_effect=spy):
+        trainer.train()
+    record = trainer.state.log_history[-2]
+    assert record["tools/call_frequency"] == pytest.approx(0.5)
+    assert record["tools/failure_frequency"] == 0.0
+    logged = {key for r in trainer.state.log_history for key in r}
+    for task in ("counter", "echo"):
+        assert f"tasks/{task}/tool_call_frequency" in logged
+    assert all(b.tool_mask is not None and (b.tool_mask == 0).any() for b in batches)
+    # replies are attended (completion_mask) but not trained (loss_mask)
+    assert all(int(b.loss_mask.sum()) < int(b.completion_mask.sum()) for b in batches)
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_rollout_func_generates_and_its_extra_fields_reach_the_rewards(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        ids = trainer.processing_class(prompts, add_special_tokens=False)["input_ids"]
+        eos = trainer.processing_class.eos_token_id
+        completions = [[100 + i % 3, 101, eos] for i in range(len(prompts))]
+        return {"prompt_ids": ids, "completion_ids": completions,
+                "logprobs": [[-1.0] * 3 for _ in prompts],
+                "env_mask": [[1, 0, 1] for _ in prompts],
+                "score": [float(i % 3) for i in range(len(prompts))]}
+
+    def reward(completions: list[Any], score: list[float], **kwargs: Any) -> list[float]:
+        seen.append(score)
+        return score
+
+    trainer = GRPOTrainer(str(tiny_model_dir), reward,
+                          args=args(tmp_path, num_generations=3, prompts_per_step=2),
+                          train_dataset=[{"prompt": f"Say {i}:"} for i in range(4)],
+                          rollout_func=rollout_func)
+    trainer.train()
+    assert seen
+    assert seen[0] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    record = trainer.state.log_history[-2]
+    assert record["completions/mean_length"] == 2.0  # the model's tokens only
+    assert math.isfinite(record["loss"])
+
+
+def test_rollout_func_with_tools_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        GRPOTrainer(str(tiny_model_dir), lambda completions, **kw: [0.0] * len(completions),
+                    args=args(tmp_path), train_dataset=[{"prompt": "x"}],
+                    rollout_func=lambda prompts, trainer: {}, tools=[print])
