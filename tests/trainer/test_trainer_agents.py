@@ -156,3 +156,21 @@ def test_rollout_func_with_tools_is_refused(tiny_model_dir: Path, tmp_path: Path
         GRPOTrainer(str(tiny_model_dir), lambda completions, **kw: [0.0] * len(completions),
                     args=args(tmp_path), train_dataset=[{"prompt": "x"}],
                     rollout_func=lambda prompts, trainer: {}, tools=[print])
+
+
+def test_evaluation_runs_the_tool_loop(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from unittest.mock import patch
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    data = [{"prompt": [{"role": "user", "content": f"Task {i}."}]} for i in range(2)]
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), args=args(tmp_path, max_completion_length=200,
+                                       max_prompt_length=None, num_generations=2,
+                                       num_generations_eval=2, prompts_per_step=2),
+        train_dataset=data, eval_dataset=data, processing_class=tokenizer,
+        environment_factory=Counter)
+    with patch.object(trainer.model, "generate", side_effect=_scripted_generate(tokenizer)):
+        metrics = trainer.evaluate()
+    # odd rows increment by 2: half the completions score 2
+    assert metrics["eval_rewards/Counter/mean"] == pytest.approx(1.0)
+    assert all(e.count in (0, 2) for e in trainer.environments)

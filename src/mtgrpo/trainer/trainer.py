@@ -551,12 +551,13 @@ class GRPOTrainer:
         self._pending_extra: dict[str, list[Any]] = {}
         self._improved = False  # the last evaluation improved metric_for_best_model
         shard = Shard(self.rank, self.world, gather=self._gather_objects)
+        self._agent_runner = self._agent_rollouts()  # training and evaluation share it
         self.rollouts = RolloutWorker(
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
             args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
             estimate=self._estimate, expected_version=lambda: self.step,
-            task_params=self._task_sampling_params(), agent=self._agent_rollouts(),
+            task_params=self._task_sampling_params(), agent=self._agent_runner,
         )
 
     def _agent_rollouts(self) -> AgentRollouts | CustomRollouts | None:
@@ -579,7 +580,7 @@ class GRPOTrainer:
     @property
     def environments(self) -> list[Any] | None:
         """TRL's: the environment of each rollout of the last batch generated."""
-        agent = self.rollouts.agent
+        agent = self._agent_runner
         return None if agent is None else agent.last_environments
 
     @property
@@ -1108,7 +1109,7 @@ class GRPOTrainer:
             accuracy_channel=self.accuracy_channel,
             shard=Shard(self.rank, self.world, gather=self._gather_objects),
             extra=self._reward_extras(), estimate=self._estimate,
-            agent=self._agent_rollouts(),
+            agent=self._agent_runner,
         )
 
     def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:
