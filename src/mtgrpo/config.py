@@ -334,7 +334,7 @@ class GRPOConfig(TRLCompatibleFields):
         default=0.25)
     padding_free: bool = _help(
         "Policy forwards without padding where the model allows it (Llama, Mistral, Qwen2, "
-        "Qwen3 with sdpa or eager attention, no sliding window, no gradient checkpointing): "
+        "Qwen3 with sdpa or eager attention, no sliding window; gradient checkpointing applies): "
         "each distinct prompt and every completion token run once, rows apart only in "
         "attention. Same log-probs and gradients; false: padded, length-bucketed micro-batches.",
         default=True)
