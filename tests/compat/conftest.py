@@ -90,6 +90,12 @@ def trl_standins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         from . import vllm_standins
 
         vllm_standins.build(trl_hub.cache(full), trl_hub.tokenizers)
+    # the end-of-run report (figures and summary, 1-5 s a run) is tested on its own
+    # (tests/trainer/test_trainer_first_hour.py); TRL's tests call train() about a hundred
+    # times for what the steps do, so here it is left out
+    from mtgrpo.trainer.trainer import GRPOTrainer
+
+    monkeypatch.setattr(GRPOTrainer, "_report_at_end", lambda self: None)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(trl_hub.cache(full)))
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     modules = tmp_path_factory.getbasetemp() / "trl-standin-modules"

@@ -101,7 +101,7 @@ def test_a_run_that_learns_gives_no_such_warning(tiny_model_dir, tmp_path, caplo
 def test_train_ends_with_the_summary_and_the_report_figures(tiny_model_dir, tmp_path, capsys,
                                                              caplog):
     trainer = GRPOTrainer(str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
-                          args=common.args(tmp_path, max_steps=2),
+                          args=common.args(tmp_path, max_steps=2, report_at_end=True),
                           train_dataset=common.rows())
     with caplog.at_level(logging.INFO, logger="mtgrpo"):
         trainer.train()

@@ -57,6 +57,9 @@ def args(output_dir, **overrides: Any) -> GRPOConfig:
         # which bfloat16 (bf16: auto, on CPUs with native bf16) would round apart; the bf16
         # path has tests of its own
         "bf16": False,
+        # the end-of-run report (figures and summary, 1-5 s a run) is tested on its own in
+        # test_trainer_first_hour; the other tests train for what the steps do
+        "report_at_end": False,
     }
     options.update(overrides)
     return GRPOConfig(**options)
