@@ -187,3 +187,32 @@ def test_sequence_level_warning_is_trls(caplog):
     with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
         GRPOConfig(importance_sampling_level="sequence", loss_type="grpo")
     assert caplog.text == ""
+
+
+def test_tool_loop_fields_act_and_are_checked(caplog: pytest.LogCaptureFixture) -> None:
+    from mtgrpo.trainer.agents import agent_setup
+
+    def ping(text: str) -> str:
+        """Ping.
+
+        Args:
+            text: Anything.
+        """
+        return text
+
+    with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
+        config = GRPOConfig(max_tool_calling_iterations=3, tool_call_timeout=2.5)
+    assert "max_tool_calling_iterations" not in caplog.text  # acts: no "no effect" warning
+    assert "max_tool_calling_iterations" not in COMPAT
+    helps = {name: text for name, _, _, text in config_fields_help(GRPOConfig, own_only=True)}
+    assert "rounds of tool calls" in helps["max_tool_calling_iterations"]
+    assert "seconds one tool call may take" in helps["tool_call_timeout"]
+    rollouts = agent_setup([ping], None).rollouts(None, None, config, None, False)
+    assert (rollouts.loop.max_iterations, rollouts.loop.timeout) == (3, 2.5)
+    assert GRPOConfig().tool_call_timeout == 60.0
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"tool_call_timeout={bad!r} must be a positive "
+                                             r"number of seconds .*tool_call_timeout=60"):
+            GRPOConfig(tool_call_timeout=bad)
+    with pytest.raises(ValueError, match=r"max_tool_calling_iterations=-1 must be an integer"):
+        GRPOConfig(max_tool_calling_iterations=-1)

@@ -388,6 +388,14 @@ class GRPOConfig(TRLCompatibleFields):
     train_sampling_strategy: str = _help(
         "random (as shuffle_dataset) or sequential (dataset order, whatever shuffle_dataset "
         "says); transformers' name.", default="random")
+    max_tool_calling_iterations: int | None = _help(
+        "With tools or an environment_factory: the most rounds of tool calls in one rollout "
+        "(training and evaluation); a rollout still calling tools after them ends with those "
+        "calls unanswered. null: until no rollout calls a tool or the completion budget is "
+        "spent.", default=None)
+    tool_call_timeout: float = _help(
+        "With tools or an environment_factory: seconds one tool call may take; a call past "
+        "it is answered with a timed-out message and the rollout goes on.", default=60.0)
 
     # ------------------------------------------------------------------ loss
     loss_type: str = _help(
@@ -602,6 +610,7 @@ class GRPOConfig(TRLCompatibleFields):
         if timeout is not None and not (number and timeout > 0):
             raise ValueError(f"reward_timeout={timeout!r} must be a positive number of seconds, "
                              "or null for no limit")  # fmt: skip
+        self._check_tool_loop()
         if not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
             raise ValueError(
                 f"max_steps={self.max_steps!r} must be a positive integer, or -1 to train for "
@@ -650,6 +659,19 @@ class GRPOConfig(TRLCompatibleFields):
                 "temperature=0 (greedy) gives identical completions, so every group has zero "
                 "gradient; use a temperature > 0 for training (eval_temperature may be 0)"
             )
+
+    def _check_tool_loop(self) -> None:
+        rounds = self.max_tool_calling_iterations
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int)
+                                   or rounds < 0):
+            raise ValueError(
+                f"max_tool_calling_iterations={rounds!r} must be an integer >= 0 (the most "
+                "rounds of tool calls per rollout), or null for no limit")
+        timeout = self.tool_call_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(
+                f"tool_call_timeout={timeout!r} must be a positive number of seconds (how long "
+                "one tool call may take); use e.g. tool_call_timeout=60")
 
     def _check_task_generation(self) -> None:
         """``task_generation``: {task: {max_completion_length: N}}, 1 <= N <= the run's."""

@@ -161,8 +161,6 @@ class TRLCompatibleFields:
     log_multimodal: bool = _inert("no effect: mtgrpo trains text models", True)
     log_unique_prompts: bool = _inert(
         "no effect: completions.jsonl keeps every completion", False)
-    max_tool_calling_iterations: int | None = _inert(
-        "no effect: mtgrpo has no tool-calling loop")
 
     # ---------------------------------------------------------------- vLLM (act as in TRL)
     use_vllm: bool = _vllm(

@@ -104,6 +104,7 @@ class AgentSetup:
         not the user's, so ``reset`` does not receive it)."""
         loop = ToolLoop(backend, tokenizer, max_completion_length=args.max_completion_length,
                         max_iterations=args.max_tool_calling_iterations,
+                        timeout=args.tool_call_timeout,
                         max_context=max_context,
                         chat_template_kwargs=args.chat_template_kwargs)
         return AgentRollouts(loop, self.tools, self.environments,
