@@ -174,3 +174,52 @@ def test_evaluation_runs_the_tool_loop(tiny_model_dir: Path, tmp_path: Path) -> 
     # odd rows increment by 2: half the completions score 2
     assert metrics["eval_rewards/Counter/mean"] == pytest.approx(1.0)
     assert all(e.count in (0, 2) for e in trainer.environments)
+
+
+def _environment_game_generate(tokenizer: Any):
+    """Odd rows call their environment's tool in the first turn (the environment is read from
+    the rules its reset appended to the prompt); later turns answer."""
+    def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        rows = []
+        for r, ids in enumerate(input_ids.tolist()):
+            prompt = tokenizer.decode(ids, skip_special_tokens=False)
+            call = '{"name": "calculate", "arguments": {"expression": "2 + 3"}}' \
+                if "calculate tool" in prompt else '{"name": "guess", "arguments": {"number": 50}}'
+            text = f"<tool_call>\n{call}\n</tool_call>" if r % 2 and "<tool_response>" not in \
+                prompt else "ok"
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
+                        + [tokenizer.eos_token_id])
+        width = max(map(len, rows))
+        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+    return generate
+
+
+def test_built_in_environments_train_as_tasks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from unittest.mock import patch
+
+    from mtgrpo.tasks.environments import CalculatorEnv, GuessTheNumberEnv
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    data = [{"prompt": [{"role": "user", "content": f"Q{i}."}], "answer": "5", "secret": 50,
+             "environment": "calculator" if i % 2 else "guess"} for i in range(4)]
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), args=args(tmp_path, max_completion_length=200,
+                                       max_prompt_length=None, num_generations=2,
+                                       prompts_per_step=2, max_steps=2),
+        train_dataset=data, processing_class=tokenizer,
+        environment_factory={"calculator": CalculatorEnv, "guess": GuessTheNumberEnv})
+    assert trainer.task_names == ["calculator", "guess"]
+    assert trainer.reward_func_names == ["CalculatorEnv", "GuessTheNumberEnv"]
+    with patch.object(trainer.model, "generate",
+                      side_effect=_environment_game_generate(tokenizer)):
+        trainer.train()
+    logged = {key for r in trainer.state.log_history for key in r}
+    assert any(r.get("tools/call_frequency") == pytest.approx(0.5)
+               for r in trainer.state.log_history)
+    for task in ("calculator", "guess"):
+        assert f"tasks/{task}/tool_call_frequency" in logged
+    assert any(key.startswith("rewards/GuessTheNumberEnv") for key in logged)
+    assert math.isfinite(trainer.state.log_history[-2]["loss"])
+    # the guessing rollouts that called guess(50) found the secret
+    assert any(isinstance(e, GuessTheNumberEnv) and e.found for e in trainer.environments)

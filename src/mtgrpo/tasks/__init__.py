@@ -11,6 +11,8 @@ Modules: :mod:`~mtgrpo.tasks.families` (families, levels, task ids),
 (worker processes with a time limit), :mod:`~mtgrpo.tasks.cache` (on-disk cache),
 :mod:`~mtgrpo.tasks.prompts` (prompt and answer formats), :mod:`~mtgrpo.tasks.rewards`
 (task rewards), :mod:`~mtgrpo.tasks.data` (loading user datasets),
+:mod:`~mtgrpo.tasks.environments` (built-in tool environments, each a task; imported by name,
+not here, as it needs torch),
 :mod:`~mtgrpo.tasks.paper` (the papers' released test sets), :mod:`~mtgrpo.tasks.config`
 (:class:`TasksConfig`, a run file's ``tasks:`` section), :mod:`~mtgrpo.tasks.prompt_set`
 (:class:`PromptSet`: rows, task labels and token ids as the sampler and the rollouts address
