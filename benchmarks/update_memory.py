@@ -517,7 +517,7 @@ def markdown_report(config: SweepConfig, results: Sequence[Measurement],
             f"| {s.model} | {s.label} | {s.trainer} | {r.start_mib:.0f} | {r.peak_mib:.0f} | "
             f"{r.above_start_mib:.0f} | {r.parameters_mib:.0f} | {r.gradients_mib:.0f} | "
             f"{r.optimizer_mib:.0f} | {r.first_peak_mib:.0f} | {r.build_peak_mib:.0f} | "
-            f"{cuda} | {r.seconds:.1f} | {r.loss:.4g} | {r.checkpointed_layers} |")
+            f"{cuda} | {r.seconds:.3g} | {r.loss:.4g} | {r.checkpointed_layers} |")
     return "\n".join(lines) + "\n"
 
 
