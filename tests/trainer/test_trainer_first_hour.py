@@ -120,7 +120,7 @@ def test_report_at_end_false_prints_and_writes_neither(tiny_model_dir, tmp_path,
                                                        caplog, monkeypatch):
     import mtgrpo.trainer.trainer as trainer_module
 
-    monkeypatch.setattr(trainer_module, "_on_a_terminal", lambda: True)  # a live bar
+    monkeypatch.setattr(trainer_module, "use_bar", lambda: True)  # a live bar
     trainer = GRPOTrainer(str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
                           args=common.args(tmp_path, max_steps=2, report_at_end=False,
                                            disable_tqdm=False),

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from mtgrpo._files import write_atomically, write_text_atomically
+from mtgrpo._progress import use_bar
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
 from mtgrpo.metrics import logprob_mismatch, scalar_rewards
@@ -965,9 +966,15 @@ class GRPOTrainer:
             stats = self.validation.task_stats()
             assert stats is not None, "the validation split is evaluated at the first step"
             return stats
-        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated])  # [N]
+        return self._group_stats(generated, advantages, improvement)
+
+    def _group_stats(self, groups: list[ScoredGroup], advantages: np.ndarray,
+                     improvement: np.ndarray | None = None) -> TaskStats:
+        """:class:`TaskStats` of scored groups (``advantages [N]``, the groups' rows in
+        order)."""
+        row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in groups])  # [N]
         return TaskStats.from_rollouts(
-            row_tasks, np.concatenate([g.correct for g in generated]), len(self.task_names),
+            row_tasks, np.concatenate([g.correct for g in groups]), len(self.task_names),
             abs_advantages=np.abs(advantages), improvement=improvement)
 
     def _validate_if_due(self) -> dict[str, Any]:
@@ -989,10 +996,8 @@ class GRPOTrainer:
             finally:
                 self.unwrapped.train()
             groups = result.groups
-            self.validation.observe(self.step, TaskStats.from_rollouts(
-                np.concatenate([np.full(g.group_size, g.task) for g in groups]),
-                np.concatenate([g.correct for g in groups]), len(self.task_names),
-                abs_advantages=np.abs(np.concatenate([g.advantages for g in groups]))))
+            self.validation.observe(self.step, self._group_stats(
+                groups, np.concatenate([g.advantages for g in groups])))
             out["time/validation"] = time.perf_counter() - begin
         stats = self.validation.task_stats()
         assert stats is not None
@@ -1442,7 +1447,7 @@ class GRPOTrainer:
 
         args, handler, last = self.args, self.callback_handler, {}
         shown = self.is_main_process and not args.disable_tqdm
-        self._bar_is_live = shown and _on_a_terminal()
+        self._bar_is_live = shown and use_bar()
         with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
                 StopRequests() as stop:
             if self.eval_sets and args.eval_on_start and self.step == 0 \
@@ -1603,14 +1608,6 @@ class GRPOTrainer:
             prof.export_chrome_trace(str(trace))
             logger.info("profiler trace of step %d written to %s", self.step, trace)
         return metrics
-
-
-def _on_a_terminal() -> bool:
-    """Whether the progress bar is drawn live: rich's console writes to a terminal."""
-    from rich import get_console
-
-    console = get_console()
-    return bool(console.is_terminal) and not console.is_dumb_terminal
 
 
 def _release_accelerator_state(precision: str) -> None:
