@@ -14,7 +14,7 @@ from mtgrpo.reporting import read_metrics
 from mtgrpo.tasks import GenerationError
 from mtgrpo.tasks.families import FAMILIES
 from mtgrpo.trainer.run import _warm_start_rows, build_suite, run_training
-from mtgrpo.trainer.warm_start import model_identity
+from mtgrpo.trainer.warm_start import link_run_directory, model_identity
 
 TASKS = {"tasks": ["countdown:easy"], "train_size": 12, "eval_size": 6, "workers": 0,
          "prompt_format": "chat"}
@@ -130,6 +130,23 @@ def test_a_copied_run_directory_keeps_its_warm_start(tmp_path, tiny_model_dir, c
     run_training(run_config_from_dict(config))
     assert REUSED not in caplog.text
     assert (tmp_path / "run" / "sft" / "model" / "config.json").is_file()
+
+
+def test_an_earlier_warm_start_directory_of_the_run_is_moved_aside_not_deleted(tmp_path):
+    # a run directory from before warm starts were shared holds a real sft/ directory: the
+    # link to the shared entry takes its place, and what the user trained stays on disk
+    entry, run = tmp_path / "cache" / "key", tmp_path / "run"
+    (entry / "model").mkdir(parents=True)
+    (run / "sft" / "model").mkdir(parents=True)
+    (run / "sft" / "model" / "weights.bin").write_bytes(b"earlier")
+    kept = link_run_directory(run / "sft", entry)
+    assert (run / "sft").is_symlink()
+    assert (run / "sft").resolve() == entry.resolve()
+    assert kept is not None
+    assert kept.parent == run
+    assert kept.name.startswith("sft.previous-")
+    assert (kept / "model" / "weights.bin").read_bytes() == b"earlier"
+    assert link_run_directory(run / "sft", entry) is None  # already linked: nothing moves
 
 
 def test_runs_asking_at_once_train_one_warm_start(tmp_path, monkeypatch):

@@ -307,7 +307,9 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
             _train_warm_start(run, model, suite, entry, {"key": key, "settings": settings})
         else:
             _log_reuse(entry, marker)
-        link_run_directory(out, entry)
+        kept = link_run_directory(out, entry)
+    if kept is not None:
+        logger.info("the run directory's earlier warm start was moved to %s", kept)
     return str(out / "model")
 
 

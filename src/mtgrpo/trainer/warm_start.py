@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,18 +129,25 @@ def finished_warm_start(directory: Path, key: str) -> dict[str, Any] | None:
     return marker if (directory / "model" / "config.json").is_file() else None
 
 
-def link_run_directory(link: Path, entry: Path) -> None:
+def link_run_directory(link: Path, entry: Path) -> Path | None:
     """Make ``link`` (a run's ``<output_dir>/sft``) a link to ``entry``, replacing what is
     there: a link to another warm start, or a directory of this run's earlier one (a run
     directory from before warm starts were shared, or a copy; its settings differ, or it
-    would have been reused)."""
+    would have been reused), which is moved aside to ``sft.previous-<time>``, never deleted.
+    Returns where it was moved (None when nothing was)."""
     target = entry.resolve()
     if link.is_symlink() and link.resolve() == target:
-        return
+        return None
     link.parent.mkdir(parents=True, exist_ok=True)
     temporary = link.with_name(f".{link.name}.link-{os.getpid()}")
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(target, target_is_directory=True)
-    if link.is_dir() and not link.is_symlink():
-        shutil.rmtree(link)
+    kept = None
+    if link.is_dir() and not link.is_symlink():  # what the user trained stays on disk
+        kept = link.with_name(f"{link.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+        number = 1
+        while kept.exists():
+            kept, number = kept.with_name(f"{kept.name.split('~')[0]}~{number}"), number + 1
+        os.replace(link, kept)
     os.replace(temporary, link)  # a link replaces a link atomically
+    return kept
