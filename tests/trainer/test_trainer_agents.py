@@ -65,15 +65,20 @@ def shouted(completions: list[Any], **kwargs: Any) -> list[float]:
     return [float(any("HI" in str(m.get("content")) for m in c)) for c in completions]
 
 
-def _scripted_generate(tokenizer: Any):
-    """The first turn of every odd row calls the tool of its environment (read in the prompt);
-    later turns answer."""
+def _scripted_generate(tokenizer: Any, choose_call: Any = None):
+    """The first turn of every odd row calls the tool of its environment (``choose_call``
+    reads it in the prompt and returns the call's JSON; by default the counter's
+    ``increment`` or the echo's ``shout``); later turns answer."""
+    if choose_call is None:
+        def choose_call(prompt: str) -> str:
+            return '{"name": "increment", "arguments": {"step": 2}}' if "Count." in prompt \
+                else '{"name": "shout", "arguments": {"text": "hi"}}'
+
     def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         rows = []
         for r, ids in enumerate(input_ids.tolist()):
             prompt = tokenizer.decode(ids, skip_special_tokens=False)
-            call = '{"name": "increment", "arguments": {"step": 2}}' if "Count." in prompt \
-                else '{"name": "shout", "arguments": {"text": "hi"}}'
+            call = choose_call(prompt)
             text = f"<tool_call>\n{call}\n</tool_call>" if r % 2 and "<tool_response>" not in \
                 prompt else "ok"
             rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -176,23 +181,11 @@ def test_evaluation_runs_the_tool_loop(tiny_model_dir: Path, tmp_path: Path) -> 
     assert all(e.count in (0, 2) for e in trainer.environments)
 
 
-def _environment_game_generate(tokenizer: Any):
-    """Odd rows call their environment's tool in the first turn (the environment is read from
-    the rules its reset appended to the prompt); later turns answer."""
-    def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        rows = []
-        for r, ids in enumerate(input_ids.tolist()):
-            prompt = tokenizer.decode(ids, skip_special_tokens=False)
-            call = '{"name": "calculate", "arguments": {"expression": "2 + 3"}}' \
-                if "calculate tool" in prompt else '{"name": "guess", "arguments": {"number": 50}}'
-            text = f"<tool_call>\n{call}\n</tool_call>" if r % 2 and "<tool_response>" not in \
-                prompt else "ok"
-            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
-                        + [tokenizer.eos_token_id])
-        width = max(map(len, rows))
-        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
-        return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
-    return generate
+def _environment_game_call(prompt: str) -> str:
+    """The built-in environments' first call: the environment is read from the rules its
+    reset appended to the prompt."""
+    return '{"name": "calculate", "arguments": {"expression": "2 + 3"}}' \
+        if "calculate tool" in prompt else '{"name": "guess", "arguments": {"number": 50}}'
 
 
 def test_built_in_environments_train_as_tasks(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -212,7 +205,7 @@ def test_built_in_environments_train_as_tasks(tiny_model_dir: Path, tmp_path: Pa
     assert trainer.task_names == ["calculator", "guess"]
     assert trainer.reward_func_names == ["CalculatorEnv", "GuessTheNumberEnv"]
     with patch.object(trainer.model, "generate",
-                      side_effect=_environment_game_generate(tokenizer)):
+                      side_effect=_scripted_generate(tokenizer, _environment_game_call)):
         trainer.train()
     logged = {key for r in trainer.state.log_history for key in r}
     assert any(r.get("tools/call_frequency") == pytest.approx(0.5)
