@@ -62,9 +62,7 @@ class GroupPayload:
     @property
     def model_token_counts(self) -> list[int]:
         """``[G]`` completion tokens the model sampled (tool replies not counted)."""
-        if self.tool_mask is None:
-            return [len(ids) for ids in self.completion_ids]
-        return [sum(mask) for mask in self.tool_mask]
+        return _model_token_counts(self.completion_ids, self.tool_mask)
 
 
 @dataclass(frozen=True)
@@ -327,9 +325,16 @@ class _Generated:
 
     @property
     def model_token_counts(self) -> list[int]:
-        if self.tool_mask is None:
-            return self.output.completion_lengths
-        return [sum(mask) for mask in self.tool_mask]
+        """``[N]`` completion tokens the model sampled (tool replies not counted)."""
+        return _model_token_counts(self.output.completion_ids, self.tool_mask)
+
+
+def _model_token_counts(completion_ids: Sequence[Sequence[int]],
+                        tool_mask: Sequence[Sequence[int]] | None) -> list[int]:
+    """Tokens the model sampled in each completion: all of them, or the tool mask's ones."""
+    if tool_mask is None:
+        return [len(ids) for ids in completion_ids]
+    return [sum(mask) for mask in tool_mask]
 
 
 def _tool_frequencies(calls_key: str, failures_key: str, counts: np.ndarray) -> dict[str, float]:
