@@ -25,7 +25,7 @@ The workload is the same for both:
   :func:`check_same_workload` compares both trainers' resolved settings before anything runs;
 * loss ``dapo``, ``beta = 0`` (no reference model), ``epsilon = 0.2``, one optimizer step per
   generation batch (TRL: ``steps_per_generation = gradient_accumulation_steps``, so no
-  old-log-prob pass; ours: ``steps_per_generation = 1``, ``num_iterations = 1``), AdamW with the
+  old-log-prob pass; ours: the same `GRPOConfig` defaults, ``num_iterations = 1``), AdamW with the
   same learning rate and linear schedule, the same micro-batch (``--micro-batch`` completions per
   forward/backward);
 * one cheap reward (:func:`parity_reward`, a sum over token ids) so scoring does not dominate.
@@ -512,7 +512,7 @@ def build_ours(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]
         learning_rate=config.learning_rate, num_generations=w.group_size,
         prompts_per_step=w.num_prompts, per_device_train_batch_size=w.micro_batch,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        steps_per_generation=1, num_iterations=1, max_prompt_length=w.prompt_tokens,
+        num_iterations=1, max_prompt_length=w.prompt_tokens,
         max_completion_length=w.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         loss_type="dapo", beta=0.0, epsilon=0.2, scale_rewards="group",
         bf16=True if w.bf16 else bf16, generation_backend=config.ours_backend,
@@ -601,7 +601,7 @@ def ours_settings(trainer: Any) -> dict[str, Any]:
     return {
         "num_generations": args.num_generations, "prompts_per_step": trainer.prompts_per_step,
         "micro_batch": args.per_device_train_batch_size,
-        "optimizer_steps_per_generation": args.steps_per_generation * args.num_iterations,
+        "optimizer_steps_per_generation": args.optimizer_steps_per_step(),
         "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
         "top_p": params.top_p, "top_k": params.top_k, "min_p": None,
         "repetition_penalty": 1.0, "min_new_tokens": 0,

@@ -6,6 +6,7 @@ import pytest
 
 from mtgrpo.config import (
     GRPOConfig,
+    TrainConfig,
     apply_overrides,
     config_fields_help,
     load_run_config,
@@ -26,13 +27,32 @@ def test_trl_defaults_where_trl_has_the_option():
 
 
 def test_prompts_per_step_follows_trl_derivation():
-    # 8 completions per device x 2 accumulation x 2 steps per generation / 4 per prompt = 8
+    # TRL: a generation batch is 8 completions per micro-batch x steps_per_generation=4
+    # micro-batches = 32 completions = 8 prompts of 4; gradient_accumulation_steps=2 makes it
+    # 2 optimizer steps of 16 completions
     args = GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                      steps_per_generation=2, num_generations=4)
+                      steps_per_generation=4, num_generations=4)
     assert args.resolved_prompts_per_step() == 8
     assert args.resolved_prompts_per_step(world_size=2) == 16
+    assert args.updates_per_generation() == 2
     assert args.completions_per_optimizer_step() == 16
+    # TRL's default steps_per_generation is gradient_accumulation_steps: one optimizer step
+    default = GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                         num_generations=4)
+    assert default.steps_per_generation == 2
+    assert (default.resolved_prompts_per_step(), default.updates_per_generation()) == (4, 1)
     assert GRPOConfig(prompts_per_step=5, num_generations=4).resolved_prompts_per_step(3) == 5
+
+
+def test_run_files_count_optimizer_steps_per_generation_batch():
+    # TrainConfig (run files, the CLI): steps_per_generation counts optimizer steps, so the
+    # same numbers mean 8 x 2 accumulation x 4 optimizer steps / 4 = 16 prompts
+    args = TrainConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                       steps_per_generation=4, num_generations=4)
+    assert args.resolved_prompts_per_step() == 16
+    assert args.updates_per_generation() == 4
+    assert args.completions_per_optimizer_step() == 16
+    assert TrainConfig().steps_per_generation == 1
 
 
 def test_aliases_are_merged():

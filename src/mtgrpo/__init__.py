@@ -1,7 +1,9 @@
 """mtgrpo: multi-task, multi-reward GRPO post-training of language models.
 
 ``from mtgrpo import GRPOConfig, GRPOTrainer`` is the TRL-shaped entry point (with TRL's
-``ModelConfig`` and ``get_peft_config`` for scripts that use them). The algorithm
+``ModelConfig`` and ``get_peft_config`` for scripts that use them); ``TrainConfig`` is the
+same options counted in mtgrpo's training steps (one generation batch each), as run files
+are. The algorithm
 core (``mtgrpo.advantages``, ``mtgrpo.weighting``, ``mtgrpo.sampling``, ``mtgrpo.rewards``,
 ``mtgrpo.analysis``) is importable without loading any model code; ``GRPOTrainer`` is imported
 on first use.
@@ -12,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from mtgrpo._version import __version__
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import GRPOConfig, TrainConfig
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "ModelConfig", "__version__", "get_peft_config"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "ModelConfig", "TrainConfig", "__version__",
+           "get_peft_config"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,13 +1,17 @@
-"""The configuration tree: :class:`GRPOConfig` (training) plus model, data and reward sections.
+"""The configuration tree: :class:`TrainConfig` (training) plus model, data and reward sections.
 
-:class:`GRPOConfig` speaks TRL's ``GRPOConfig`` names wherever TRL has the same option
+:class:`TrainConfig` speaks TRL's ``GRPOConfig`` names wherever TRL has the same option
 (``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...) and adds the
 multi-task options (task weighting, batch construction, zero-gradient filter, ...). Every field
 carries its help text once, in ``metadata["help"]``: the README's reference table and the
 ``mtgrpo train --field value`` flags are derived from it.
 
-A YAML run file maps one-to-one onto :class:`RunConfig`: the :class:`GRPOConfig` fields at the
+A YAML run file maps one-to-one onto :class:`RunConfig`: the :class:`TrainConfig` fields at the
 top level, plus the sections ``model``, ``data``, ``tasks``, ``rewards`` and ``peft``.
+:class:`TrainConfig` counts in training steps (one generation batch each);
+:class:`GRPOConfig`, its subclass for Python code written for TRL, takes the same options and
+counts ``max_steps``, ``logging_steps``, ``save_steps``, ``eval_steps`` and
+``steps_per_generation`` as TRL 1.16 does (optimizer steps and micro-batches).
 
 Batch sizes (the part TRL users most often ask about):
 
@@ -19,8 +23,10 @@ Batch sizes (the part TRL users most often ask about):
   ``B*G / steps_per_generation`` completions), repeated ``num_iterations`` times (μ).
 * ``prompts_per_step`` defaults to TRL's derivation:
   ``per_device_train_batch_size × gradient_accumulation_steps × world_size ×
-  steps_per_generation / num_generations``. When it is given explicitly, the
-  ``gradient_accumulation_steps`` needed to cover an optimizer step is derived instead.
+  steps_per_generation / num_generations`` (in :class:`GRPOConfig`'s units:
+  ``per_device_train_batch_size × world_size × steps_per_generation / num_generations``).
+  When it is given explicitly, the ``gradient_accumulation_steps`` needed to cover an
+  optimizer step is derived instead.
 * ``max_tokens_per_microbatch`` (optional) packs micro-batches by a token budget rather than a
   row count; the loss normaliser is always that of the whole optimizer step, so the gradient
   does not depend on how rows are split.
@@ -69,6 +75,7 @@ __all__ = [
     "GRPOConfig",
     "ModelConfig",
     "RunConfig",
+    "TrainConfig",
     "apply_overrides",
     "config_fields_help",
     "load_run_config",
@@ -123,8 +130,15 @@ def _checked_init(cls: type) -> type:
 
 @_checked_init
 @dataclass
-class GRPOConfig(TRLCompatibleFields):
-    """Training options (TRL names where TRL has the option; see the module docstring).
+class TrainConfig(TRLCompatibleFields):
+    """Training options, counted in mtgrpo's steps: the top level of a run file and the CLI.
+
+    A **step** is one generation batch and its update: ``max_steps``, ``logging_steps``,
+    ``eval_steps`` and ``save_steps`` count generation batches, and ``steps_per_generation``
+    counts the optimizer steps taken on each (``num_iterations`` times). The transformers
+    surface (``trainer.state.global_step``, ``state.max_steps``, ``log_history``, checkpoint
+    names) counts optimizer steps, as in TRL: ``global_step = step × steps_per_generation ×
+    num_iterations``. :class:`GRPOConfig` is the same set of options counted as TRL counts them.
 
     Every field of TRL 1.16's ``GRPOConfig`` (and so of transformers' ``TrainingArguments``)
     is accepted: those declared here act; the few that cannot apply are declared in
@@ -321,8 +335,8 @@ class GRPOConfig(TRLCompatibleFields):
         "Completions per micro-batch on one device (TRL's meaning).", default=8)
     gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", default=1)
     steps_per_generation: int | None = _help(
-        "Optimizer steps taken on one generation batch (None: 1). TRL counts micro-batches "
-        "here: its steps_per_generation=s with gradient_accumulation_steps=a is ours s/a.",
+        "Optimizer steps taken on one generation batch (None: 1). Python's GRPOConfig counts "
+        "micro-batches here, as TRL (None: gradient_accumulation_steps).",
         default=None)
     num_iterations: int = _help("μ: passes over each generation batch.", default=1)
     max_tokens_per_microbatch: int | None = _help(
@@ -774,7 +788,7 @@ class GRPOConfig(TRLCompatibleFields):
                 raise ValueError(f"prompts_per_step={self.prompts_per_step} must be >= 1")
             return
         completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
-                       * self.steps_per_generation)
+                       * self.updates_per_generation())
         if completions < self.num_generations:
             import logging
 
@@ -860,22 +874,32 @@ class GRPOConfig(TRLCompatibleFields):
             self.accelerator_config = AcceleratorConfig.from_json_file(value)
 
     # ------------------------------------------------------------------ derived values
+    def updates_per_generation(self) -> int:
+        """Optimizer steps taken on one generation batch in each of its ``num_iterations``
+        passes (here ``steps_per_generation``; :class:`GRPOConfig` derives it from TRL's)."""
+        return self.steps_per_generation
+
+    def optimizer_steps_per_step(self) -> int:
+        """Optimizer steps per training step (generation batch), all passes together."""
+        return self.updates_per_generation() * self.num_iterations
+
     def resolved_prompts_per_step(self, world_size: int = 1) -> int:
         """``B``: prompts per training step on all processes together."""
         if self.prompts_per_step is not None:
             return self.prompts_per_step
         completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
-                       * self.steps_per_generation * world_size)
+                       * self.updates_per_generation() * world_size)
         return max(1, completions // self.num_generations)  # at least one group
 
     def completions_per_optimizer_step(self, world_size: int = 1) -> int:
         total = self.resolved_prompts_per_step(world_size) * self.num_generations
-        if total % self.steps_per_generation:
+        updates = self.updates_per_generation()
+        if total % updates:
             raise ValueError(
-                f"{total} completions per step cannot be split into steps_per_generation="
-                f"{self.steps_per_generation} equal optimizer steps; adjust prompts_per_step"
+                f"{total} completions per step cannot be split into {updates} equal "
+                "optimizer steps (steps_per_generation); adjust prompts_per_step"
             )
-        return total // self.steps_per_generation
+        return total // updates
 
     @property
     def epsilon_low(self) -> float:
@@ -902,8 +926,9 @@ class GRPOConfig(TRLCompatibleFields):
         return math.ceil(self.num_train_epochs * self.steps_per_epoch(num_prompts, world_size))
 
     def total_optimizer_steps(self, training_steps: int | None = None) -> int:
+        """Optimizer steps of a run of ``training_steps`` steps (TRL's ``max_steps``)."""
         steps = self.training_steps() if training_steps is None else training_steps
-        return steps * self.steps_per_generation * self.num_iterations
+        return steps * self.optimizer_steps_per_step()
 
     def resolved_warmup_steps(self, training_steps: int | None = None) -> int:
         total = self.total_optimizer_steps(training_steps)
@@ -921,6 +946,11 @@ class GRPOConfig(TRLCompatibleFields):
         if value < 1:
             return math.ceil(value * training_steps)
         return int(value)
+
+    def optimizer_interval(self, value: int | float | None, training_steps: int) -> int:
+        """The same interval in optimizer steps (``trainer.state``'s unit, which transformers'
+        ``DefaultFlowCallback`` compares with ``global_step``)."""
+        return self.interval(value, training_steps) * self.optimizer_steps_per_step()
 
     def accelerator_settings(self) -> Any:
         """``accelerator_config`` as transformers' ``AcceleratorConfig`` (its default for
@@ -963,6 +993,57 @@ def check_model_init_kwargs(kwargs: Mapping[str, Any]) -> None:
             f"model_init_kwargs has unknown option(s) {unknown}; use dtype, "
             "attn_implementation, trust_remote_code, revision or gguf_file"
         )
+
+
+@_checked_init
+@dataclass
+class GRPOConfig(TrainConfig):
+    """TRL 1.16's ``GRPOConfig``: :class:`TrainConfig`'s options, counted as TRL counts them.
+
+    * ``steps_per_generation`` counts micro-batches of ``per_device_train_batch_size``
+      completions (default: ``gradient_accumulation_steps``): a generation batch holds
+      ``per_device_train_batch_size × steps_per_generation × world size`` completions (TRL's
+      ``generation_batch_size``) and is trained in ``steps_per_generation /
+      gradient_accumulation_steps`` optimizer steps, ``num_iterations`` times over.
+    * ``max_steps``, ``logging_steps``, ``eval_steps`` and ``save_steps`` count optimizer steps,
+      the unit of ``trainer.state.global_step``; when ``max_steps`` ends inside a generation
+      batch, the last batch takes only the optimizer steps left.
+
+    An optimizer step never spans two generation batches here, so ``steps_per_generation``
+    must be a multiple of ``gradient_accumulation_steps`` (TRL's default is equal to it).
+    """
+
+    def __post_init__(self) -> None:
+        if self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps  # TRL's default
+        super().__post_init__()
+        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
+        if steps % accumulation:
+            below = max(accumulation, steps - steps % accumulation)
+            raise ValueError(
+                f"steps_per_generation={steps} is not a multiple of gradient_accumulation_steps="
+                f"{accumulation}: an optimizer step would take micro-batches from two generation "
+                f"batches, which mtgrpo does not do; set steps_per_generation={below} or "
+                f"{below + accumulation} (or gradient_accumulation_steps to a divisor of {steps})"
+            )
+
+    def updates_per_generation(self) -> int:
+        return self.steps_per_generation // self.gradient_accumulation_steps
+
+    def training_steps(self, num_prompts: int | None = None, world_size: int = 1) -> int:
+        """Generation batches of the run: enough for ``max_steps`` optimizer steps, or
+        ``num_train_epochs`` epochs."""
+        if self.max_steps > 0:
+            return math.ceil(self.max_steps / self.optimizer_steps_per_step())
+        return super().training_steps(num_prompts, world_size)
+
+    def total_optimizer_steps(self, training_steps: int | None = None) -> int:
+        if self.max_steps > 0:
+            return self.max_steps
+        return super().total_optimizer_steps(training_steps)
+
+    def optimizer_interval(self, value: int | float | None, training_steps: int) -> int:
+        return self.interval(value, self.total_optimizer_steps(training_steps))
 
 
 @dataclass
@@ -1056,7 +1137,7 @@ class RewardsConfig:
 class RunConfig:
     """Everything a run needs: what ``mtgrpo train CONFIG.yaml`` reads."""
 
-    training: GRPOConfig = field(default_factory=GRPOConfig)
+    training: TrainConfig = field(default_factory=TrainConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tasks: TasksConfig | None = None  # a task suite (mtgrpo.tasks)
@@ -1107,11 +1188,11 @@ def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     validated here, before anything loads."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a run config must be a mapping of options, got {type(raw).__name__}")
-    training_names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    training_names = {f.name for f in dataclasses.fields(TrainConfig)}
     extra = [k for k in raw if k not in training_names and k not in _SECTIONS]
     refuse_unknown(extra, sorted(training_names | set(_SECTIONS)), "config")
-    training = GRPOConfig(**coerce_numbers(
-        GRPOConfig, {k: v for k, v in raw.items() if k in training_names}))
+    training = TrainConfig(**coerce_numbers(
+        TrainConfig, {k: v for k, v in raw.items() if k in training_names}))
     sections = {name: build(raw[name]) for name, build in _SECTIONS.items()
                 if raw.get(name) is not None}
     sections.setdefault("model", ModelConfig())
@@ -1185,17 +1266,17 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     return run_config_from_dict(apply_overrides(raw, overrides))
 
 
-def config_fields_help(cls: type = GRPOConfig,
+def config_fields_help(cls: type = TrainConfig,
                        own_only: bool = False) -> list[tuple[str, str, str, str]]:
     """``(name, type, default, help)`` for every field: the source of the README's reference.
 
-    ``own_only`` leaves out the fields a base class declares (for :class:`GRPOConfig`, the TRL
-    compatibility fields of :mod:`mtgrpo.config_compat`)."""
+    ``own_only`` leaves out the fields a base class declares (for :class:`TrainConfig` and
+    :class:`GRPOConfig`, the TRL compatibility fields of :mod:`mtgrpo.config_compat`)."""
     hints = typing.get_type_hints(cls)
     inherited = set()
     if own_only:
         for base in cls.__mro__[1:]:
-            if dataclasses.is_dataclass(base):
+            if dataclasses.is_dataclass(base) and not issubclass(base, TrainConfig):
                 inherited |= {f.name for f in dataclasses.fields(base)}
     rows = []
     for f in dataclasses.fields(cls):
@@ -1222,7 +1303,7 @@ def reference_markdown() -> str:
     from mtgrpo.config_compat import compatibility_rows
 
     sections = [
-        ("Training (top level of a run file; `GRPOConfig`)", GRPOConfig, ""),
+        ("Training (top level of a run file; `TrainConfig`)", TrainConfig, ""),
         ("`model:`", ModelConfig, ""), ("`data:`", DataConfig, ""),
         ("`tasks:` (`mtgrpo.tasks.TasksConfig`)", TasksConfig, ""),
         ("`rewards:` (`RewardsConfig`)", RewardsConfig, _first_paragraph(RewardsConfig)),

@@ -27,7 +27,7 @@
 #   TestGRPOTrainer.test_train_vllm_structured_outputs: vLLM
 #   TestGRPOTrainer.test_train_vllm_importance_sampling_correction: vLLM
 #   TestGRPOTrainer.test_train_vllm_with_additional_generation_kwargs: vLLM
-#   TestGRPOTrainer.test_prepare_input_called_with_correct_data: patches the HF Trainer's `training_step(model, inputs)` to read the DataLoader's batches; mtgrpo's `training_step()` builds its batch itself (the prompt order of `shuffle_dataset=False` is tested in tests/trainer/test_trainer_trl_surface.py)
+#   TestGRPOTrainer.test_prepare_input_called_with_correct_data: patches the HF Trainer's `training_step(model, inputs)` to read the DataLoader's batches; mtgrpo's `training_step()` builds its batch itself; its counts (48 micro-batches, the first two generation batches' prompts, global_step in optimizer steps) are checked with gradient_accumulation_steps=2 in tests/trainer/test_trainer_step_counts.py (TRL's 3 makes an optimizer step span two generation batches, which GRPOConfig refuses)
 #   TestGRPOTrainer's tool and environment cases (test_train_with_tools,
 #     test_train_with_*environment*, test_environment_owned_*, test_train_with_malformed_tool_calls,
 #     ...): ported in test_trl_grpo_tools.py, whose header lists the one left out

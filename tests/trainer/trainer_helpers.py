@@ -47,7 +47,7 @@ def length_bonus(prompts, completions, **kwargs):
     return [1.0 - min(len(_text(c)), 40) / 40 for c in completions]
 
 
-def args(output_dir, **overrides: Any) -> GRPOConfig:
+def args(output_dir, config_class: type = GRPOConfig, **overrides: Any) -> GRPOConfig:
     options: dict[str, Any] = {
         "output_dir": str(output_dir), "max_steps": 2, "num_generations": 4,
         "prompts_per_step": 4, "max_completion_length": 12, "max_prompt_length": 128,
@@ -62,7 +62,7 @@ def args(output_dir, **overrides: Any) -> GRPOConfig:
         "report_at_end": False,
     }
     options.update(overrides)
-    return GRPOConfig(**options)
+    return config_class(**options)
 
 
 def validation_rows(per_task: int = 3) -> list[dict[str, Any]]:

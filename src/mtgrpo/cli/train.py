@@ -48,9 +48,9 @@ def _fields_epilog() -> str:
     import dataclasses
     import textwrap
 
-    from mtgrpo.config import GRPOConfig, RunConfig, config_fields_help
+    from mtgrpo.config import RunConfig, TrainConfig, config_fields_help
 
-    rows = {name: (default, text) for name, _, default, text in config_fields_help(GRPOConfig)}
+    rows = {name: (default, text) for name, _, default, text in config_fields_help(TrainConfig)}
     sections = [f.name for f in dataclasses.fields(RunConfig) if f.name != "training"]
     wrap = textwrap.TextWrapper(width=78, subsequent_indent="      ",
                                 break_on_hyphens=False).wrap

@@ -13,9 +13,10 @@
   ``Trainer``'s definition). The end of training appends TRL's summary record
   (``train_runtime``, ``train_loss``, ...).
 
-A "step" here is a training step: one generation batch, ``steps_per_generation`` x
-``num_iterations`` optimizer steps. With the defaults (one optimizer step per generation
-batch) it is TRL's ``global_step``.
+``trainer.state`` counts optimizer steps, as TRL's: ``global_step``, ``max_steps``,
+``logging_steps`` / ``eval_steps`` / ``save_steps`` and ``best_global_step``; a training step
+(one generation batch) advances ``global_step`` by ``optimizer_steps_per_step()``, calling
+``on_step_end`` once per optimizer step, so ``DefaultFlowCallback`` decides as in TRL's loop.
 """
 
 from __future__ import annotations

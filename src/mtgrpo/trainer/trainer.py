@@ -448,6 +448,7 @@ class GRPOTrainer:
             self.validation_prompts.tokenize_all()
         self.steps_per_epoch = args.steps_per_epoch(len(self.train_prompts), self.world)
         self.max_steps = args.training_steps(len(self.train_prompts), self.world)
+        self.max_optimizer_steps = args.total_optimizer_steps(self.max_steps)  # state.max_steps
         self.validation_every = args.resolved_validation_steps(self.max_steps)
 
     def _build_weighting(self, validation_dataset: Any) -> None:
@@ -491,7 +492,7 @@ class GRPOTrainer:
             )
         self.scheduler = scheduler or build_scheduler(
             optimizer, args.lr_scheduler_type,
-            total_steps=args.total_optimizer_steps(self.max_steps),
+            total_steps=self.max_optimizer_steps,
             warmup_steps=args.resolved_warmup_steps(self.max_steps),
             scheduler_kwargs=args.lr_scheduler_kwargs,
         )
@@ -526,12 +527,13 @@ class GRPOTrainer:
         from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
         args = self.args
-        intervals = {name: args.interval(value, self.max_steps) for name, value in (
+        intervals = {name: args.optimizer_interval(value, self.max_steps) for name, value in (
             ("logging", args.logging_steps), ("eval", args.eval_steps),
             ("save", args.save_steps))}
         self.state = hooks.new_state(
-            self.max_steps, self.steps_per_epoch, args.num_train_epochs, intervals,
-            args.per_device_train_batch_size, self.accelerator.is_main_process)
+            self.max_optimizer_steps, self.steps_per_epoch * args.optimizer_steps_per_step(),
+            args.num_train_epochs, intervals, args.per_device_train_batch_size,
+            self.accelerator.is_main_process)
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
             [DefaultFlowCallback, *(callbacks or [])], self.unwrapped, self.tokenizer,
@@ -874,8 +876,11 @@ class GRPOTrainer:
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
         advantages = self._batch_advantages(groups, self.args.num_generations)  # [B*G]
         batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
+        left = self.max_optimizer_steps - self.state.global_step  # TRL's max_steps mid-batch
         out = self.updater.update(batch, measure_after=self.needs_improvement,
-                                  keep_old_logps=self.sampling_params.return_logprobs)
+                                  keep_old_logps=self.sampling_params.return_logprobs,
+                                  max_steps=left if left < self.args.optimizer_steps_per_step()
+                                  else None)
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
@@ -1212,7 +1217,7 @@ class GRPOTrainer:
         With ``save_only_model`` only the model is written (no resuming from it)."""
         rng_states = self._gather_objects([ckpt.rng_state()]) if self.world > 1 \
             else [ckpt.rng_state()]
-        final = self.output_dir / f"checkpoint-{self.step}"
+        final = self.output_dir / f"checkpoint-{self.state.global_step}"
         if self.is_main_process:
             def write(tmp: Path) -> None:
                 self.save_model(tmp / "model")
@@ -1224,7 +1229,7 @@ class GRPOTrainer:
                         torch.save(state, tmp / f"rng_state_{rank}.pt")
                 (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state()))
 
-            if self.state.best_global_step == self.step:
+            if self.state.best_global_step == self.state.global_step:
                 self.state.best_model_checkpoint = str(final)
             previous = ckpt.latest_checkpoint(self.output_dir)
             try:
@@ -1235,7 +1240,8 @@ class GRPOTrainer:
             ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
                                     keep=Path(best) if best else None)
             if self._hub is not None:
-                self._hub.on_save(self.args.hub_strategy, final / "model", final, self.step)
+                self._hub.on_save(self.args.hub_strategy, final / "model", final,
+                                  self.state.global_step)
         self.accelerator.wait_for_everyone()
         self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         return final if self.is_main_process else None
@@ -1305,6 +1311,7 @@ class GRPOTrainer:
         if "hf_state" in state:
             self._restore_state(state["hf_state"])
         self.step = int(state["step"])
+        self.state.global_step = self._optimizer_steps_after(self.step)
         _read(checkpoint / f"rng_state_{self.rank}.pt",
               lambda p: ckpt.load_rng_state(p.parent, self.rank))
         if self.is_main_process:
@@ -1317,7 +1324,7 @@ class GRPOTrainer:
         for name, value in saved.items():
             if hasattr(self.state, name):
                 setattr(self.state, name, value)
-        self.state.max_steps = self.max_steps
+        self.state.max_steps = self.max_optimizer_steps
 
     # ------------------------------------------------------------------ logging
     def _write_config(self) -> None:
@@ -1393,7 +1400,7 @@ class GRPOTrainer:
                 f"all {steps} steps of this run", last, args.temperature, args.num_generations))
         if args.report_at_end and self.is_main_process:
             self._report_at_end()
-        return hooks.TrainOutput(last, self.step, summary["train_loss"], summary)
+        return hooks.TrainOutput(last, self.state.global_step, summary["train_loss"], summary)
 
     def _report_at_end(self) -> None:
         """What ``mtgrpo train`` shows when a run ends, for every ``train()``: the ``report/``
@@ -1459,12 +1466,14 @@ class GRPOTrainer:
                 self.control = handler.on_step_begin(args, self.state, self.control)
                 last = self._profiled_step() if args.profile and not last \
                     else self.training_step()
-                self.state.global_step = self.step
                 self.state.epoch = self.step / self.steps_per_epoch
                 self.log_window.add_step(last, args.logging_nan_inf_filter)
                 self._watch_learning(last)
                 self._after_step()
-                self.control = handler.on_step_end(args, self.state, self.control)
+                # the callbacks see each optimizer step of the batch, as in TRL's loop
+                while self.state.global_step < self._optimizer_steps_after(self.step):
+                    self.state.global_step += 1
+                    self.control = handler.on_step_end(args, self.state, self.control)
                 if self.step % self.steps_per_epoch == 0:
                     self.control = handler.on_epoch_end(args, self.state, self.control)
                 self._log_save_evaluate(last)
@@ -1472,6 +1481,10 @@ class GRPOTrainer:
                 if self._agreed(stop.requested is not None):
                     self._stop_on_signal(stop.requested or signal.SIGTERM)
         return last
+
+    def _optimizer_steps_after(self, step: int) -> int:
+        """``state.global_step`` once ``step`` training steps are done (TRL's count)."""
+        return min(step * self.args.optimizer_steps_per_step(), self.max_optimizer_steps)
 
     def _watch_learning(self, metrics: Mapping[str, Any]) -> None:
         """Warn once, on the main process, when :data:`NOTHING_LEARNED_STEPS` steps in a row
@@ -1493,7 +1506,7 @@ class GRPOTrainer:
     def _stop_on_signal(self, signum: int) -> None:
         """After a SIGTERM/SIGINT: a checkpoint of the step just finished, then a
         :class:`~mtgrpo.trainer.stopping.TrainingInterrupted` that says how to resume."""
-        checkpoint = self.output_dir / f"checkpoint-{self.step}"
+        checkpoint = self.output_dir / f"checkpoint-{self.state.global_step}"
         if self.step > 0 and not (checkpoint / "trainer_state.json").is_file():
             self.save_checkpoint()
         name = signal.Signals(signum).name
@@ -1557,7 +1570,7 @@ class GRPOTrainer:
         value = metrics[key]
         if hooks.best_metric_improved(name, self.args.greater_is_better, value,
                                       self.state.best_metric):
-            self.state.best_metric, self.state.best_global_step = value, self.step
+            self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self._improved = True
 
     def _load_best_model(self) -> None:

@@ -128,7 +128,7 @@ class UpdateOutput:
 
 
 class PolicyUpdater:
-    """Runs ``num_iterations`` × ``steps_per_generation`` optimizer steps on a batch.
+    """Runs ``num_iterations`` × ``updates_per_generation()`` optimizer steps on a batch.
 
     ``reference`` is a context manager factory whose block computes log-probs under the
     reference policy (the adapter disabled under LoRA, or ``None`` when ``beta == 0``);
@@ -294,18 +294,19 @@ class PolicyUpdater:
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
-        parts = np.array_split(np.arange(num_rows), self.args.steps_per_generation)
+        parts = np.array_split(np.arange(num_rows), self.args.updates_per_generation())
         for part in parts:
             if len(part):
                 yield part.tolist()
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
-               keep_old_logps: bool = False) -> UpdateOutput:
+               keep_old_logps: bool = False, max_steps: int | None = None) -> UpdateOutput:
         """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``.
         ``keep_old_logps``: return the rows' log-probs at θ_t (``UpdateOutput.old_logps``: the
         old log-probs of several updates, else those of the one update's forward pass, at no
-        extra cost)."""
-        multi = self.args.num_iterations > 1 or self.args.steps_per_generation > 1
+        extra cost). ``max_steps``: take at most this many optimizer steps (the run's last
+        batch, when TRL's ``max_steps`` ends inside it)."""
+        multi = self.args.num_iterations > 1 or self.args.updates_per_generation() > 1
         batch = self._with_logps(batch, need_old=multi)
         capture = None
         if (measure_after or keep_old_logps) and not multi:
@@ -315,11 +316,12 @@ class PolicyUpdater:
         entropies: list[Tensor] = []
         grad_norms = []
         self.model.train()
-        for _ in range(self.args.num_iterations):
-            for rows in self._mini_batches(batch.num_rows):
-                # Without old log-probs there is exactly one optimizer step, whose forward
-                # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
-                grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
+        steps = [rows for _ in range(self.args.num_iterations)
+                 for rows in self._mini_batches(batch.num_rows)]
+        for rows in steps[:max_steps]:
+            # Without old log-probs there is exactly one optimizer step, whose forward
+            # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
+            grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
         result = UpdateOutput(
             metrics=self._metrics(outputs, entropies, grad_norms),
             objective_before=batch.advantages.detach().cpu().numpy().astype(np.float64),
