@@ -4,6 +4,7 @@ extra fields reach the rewards."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,113 @@ def test_built_in_environments_train_as_tasks(tiny_model_dir: Path, tmp_path: Pa
     assert math.isfinite(trainer.state.log_history[-2]["loss"])
     # the guessing rollouts that called guess(50) found the secret
     assert any(isinstance(e, GuessTheNumberEnv) and e.found for e in trainer.environments)
+
+
+# ---------------------------------------------------------------- hostile tools
+def explode(text: str) -> str:
+    """Raise.
+
+    Args:
+        text: Anything.
+    """
+    raise RuntimeError("the tool broke")
+
+
+def hang(seconds: int) -> str:
+    """Sleep.
+
+    Args:
+        seconds: How long.
+    """
+    import time
+
+    time.sleep(seconds)
+    return "woke"
+
+
+def flood(size: int) -> str:
+    """A huge reply.
+
+    Args:
+        size: Characters.
+    """
+    return "x" * size
+
+
+def python(code: str) -> str:
+    """Run Python in the sandbox.
+
+    Args:
+        code: The program.
+    """
+    from mtgrpo.tasks.environments import PythonEnv
+
+    return PythonEnv().python(code)
+
+
+HOSTILE_CALLS = [
+    '{"name": "explode", "arguments": {"text": "a"}}',
+    '{"name": "hang", "arguments": {"seconds": 60}}',
+    '{"name": "flood", "arguments": {"size": 1000000}}',
+    'this is not JSON',
+    '{"name": "python", "arguments": {"code": "print(open(\'/etc/passwd\').read())"}}',
+    '{"name": "python", "arguments": {"code": "import os\\nwhile True:\\n    os.fork()"}}',
+    '{"name": "no_such_tool", "arguments": {}}',
+    '{"name": "explode", "arguments": {"wrong": 1}}',
+]
+
+
+def leaked(completions: list[Any], **kwargs: Any) -> list[float]:
+    """The forged reward a hostile rollout would want: 1 if a tool reply leaked a secret."""
+    return [float(any("root:" in str(m.get("content")) for m in c)) for c in completions]
+
+
+def test_hostile_tools_are_failures_and_training_goes_on(tiny_model_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """Raising, hanging, huge-output, malformed and sandbox-escaping calls: each answered
+    (an error the model reads, a rolled-back reply or the rollout's end), none stops the run,
+    none leaks what the sandbox keeps out, and the trainer's process is untouched."""
+    import os
+    import time
+    from unittest.mock import patch
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    calls = iter(HOSTILE_CALLS * 4)
+
+    def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        rows = []
+        for ids in input_ids.tolist():
+            prompt = tokenizer.decode(ids, skip_special_tokens=False)
+            text = "done" if "<tool_response>" in prompt else \
+                f"<tool_call>\n{next(calls, HOSTILE_CALLS[0])}\n</tool_call>"
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
+                        + [tokenizer.eos_token_id])
+        width = max(map(len, rows))
+        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+
+    data = [{"prompt": [{"role": "user", "content": f"Task {i}."}]} for i in range(8)]
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), leaked,
+        args=args(tmp_path, max_completion_length=300, max_prompt_length=None,
+                  num_generations=2, prompts_per_step=4, max_steps=2, tool_call_timeout=1.0),
+        train_dataset=data, processing_class=tokenizer, tools=[explode, hang, flood, python])
+    pid, cwd = os.getpid(), os.getcwd()
+    begin = time.monotonic()
+    with patch.object(trainer.model, "generate", side_effect=generate):
+        trainer.train()
+    assert time.monotonic() - begin < 60  # the 60 s sleeps were cut at tool_call_timeout
+    assert (os.getpid(), os.getcwd()) == (pid, cwd)
+    assert trainer.state.global_step == 2
+    records = [r for r in trainer.state.log_history
+               if "tools/call_frequency" in r and "train_loss" not in r]
+    assert len(records) == 2
+    assert all(r["tools/call_frequency"] == 1.0 for r in records)  # every rollout called
+    # each step's 8 rollouts make the 8 calls: the raising, hanging, malformed, unknown-tool
+    # and bad-argument ones fail; the flood is rolled back; the sandbox answers the escapes
+    assert all(r["tools/failure_frequency"] == pytest.approx(5 / 8) for r in records)
+    assert all(r["rewards/leaked/mean"] == 0.0 for r in records)  # nothing forged
+    rollouts = [json.loads(line) for line in
+                (tmp_path / "completions.jsonl").read_text().splitlines()] \
+        if (tmp_path / "completions.jsonl").is_file() else []
+    assert not any("root:" in json.dumps(r) for r in rollouts)
