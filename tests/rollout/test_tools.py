@@ -230,6 +230,37 @@ def test_a_reply_that_overflows_the_budget_is_rolled_back(tokenizer: Any) -> Non
     assert out.tool_calls == [1, 1]  # the call ran (its effects cannot be undone)
 
 
+def test_a_huge_reply_is_rolled_back_without_being_tokenized(tokenizer: Any,
+                                                             monkeypatch: Any) -> None:
+    """A tool that answers with megabytes (hostile, or a bug) costs no tokenizer pass over
+    them: its text alone needs more tokens than the budget has room for."""
+    def flood(n: int) -> str:
+        """Floods.
+
+        Args:
+            n: how much
+        """
+        return "x" * n
+
+    def script(prompt: str, j: int) -> str:
+        return call_text("flood", '{"n": 5000000}') if turn(prompt) == 0 else "done"
+
+    seen: list[int] = []
+    encode = type(tokenizer).__call__
+
+    def measured(self: Any, text: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(len(text) if isinstance(text, str) else 0)
+        return encode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", measured)
+    loop, backend = _loop(tokenizer, script, max_completion_length=200)
+    out = loop.run([user("go")], [[flood]], PARAMS, group_size=1)
+    assert backend.calls == [(1, 1)]  # the reply was not sent back
+    assert [m["role"] for m in out.completions[0]] == ["assistant"]
+    assert out.tool_calls == [1]
+    assert max(seen) < 100_000  # the 5 MB reply never reached the tokenizer
+
+
 def test_a_later_turn_is_cut_at_the_remaining_budget(tokenizer: Any) -> None:
     def script(prompt: str, j: int) -> str:
         return call_text("multiply", '{"a": 1, "b": 2}') if turn(prompt) == 0 else "y" * 500

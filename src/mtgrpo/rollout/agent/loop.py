@@ -146,6 +146,17 @@ class ToolLoop:
         self.malformed = malformed
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.event_loop = EventLoop()
+        self._token_chars: int | None = None
+
+    def _longest_token(self) -> int:
+        """An upper bound on the characters one token stands for: its vocabulary spelling
+        (byte-level and SentencePiece spellings are never shorter than the text they decode
+        to) plus one for a space a decoder may put between tokens. A text of ``n`` characters
+        thus needs at least ``n / bound`` tokens."""
+        if self._token_chars is None:
+            vocabulary = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+            self._token_chars = max(len(t) for t in vocabulary if isinstance(t, str)) + 1
+        return self._token_chars
 
     # ------------------------------------------------------------------ rendering
     def render(self, messages: Sequence[Mapping[str, Any]],
@@ -249,6 +260,12 @@ class ToolLoop:
 
     def _append_replies(self, rollout: _Rollout, replies: list[ToolResult]) -> bool:
         messages = [reply.message() for reply in replies]
+        room = self.max_completion_length - len(rollout.completion_ids)
+        if self.max_context is not None:
+            room = min(room, self.max_context - rollout.length)
+        text = sum(len(m["content"]) for m in messages if isinstance(m["content"], str))
+        if text >= room * self._longest_token():
+            return False  # rolled back untokenized: its text alone needs more than the room
         ids = tool_reply_ids(self.tokenizer, messages, self.chat_template_kwargs)
         completion = len(rollout.completion_ids) + len(ids)
         too_long = completion >= self.max_completion_length or (
