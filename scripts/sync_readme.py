@@ -1,7 +1,7 @@
-"""Rewrite the generated sections of README.md (the configuration reference).
+"""Rewrite the generated configuration reference, docs/configuration.md.
 
     .venv/bin/python scripts/sync_readme.py          # rewrite in place
-    .venv/bin/python scripts/sync_readme.py --check  # exit 1 if README.md is out of date
+    .venv/bin/python scripts/sync_readme.py --check  # exit 1 if the page is out of date
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtgrpo.config import reference_markdown
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 

@@ -1,6 +1,6 @@
 """The building blocks of every configuration dataclass: help text, type checks, unknown keys.
 
-:func:`option` declares a field with its help text (written once; the README's reference and
+:func:`option` declares a field with its help text (written once; docs/configuration.md and
 the command-line flags are derived from it); :func:`build_section` builds a section from a run
 file's mapping, refusing unknown keys with the closest valid name and reading numbers YAML left
 as strings.

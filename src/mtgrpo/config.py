@@ -3,7 +3,7 @@
 :class:`TrainConfig` speaks TRL's ``GRPOConfig`` names wherever TRL has the same option
 (``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...) and adds the
 multi-task options (task weighting, batch construction, zero-gradient filter, ...). Every field
-carries its help text once, in ``metadata["help"]``: the README's reference table and the
+carries its help text once, in ``metadata["help"]``: docs/configuration.md and the
 ``mtgrpo train --field value`` flags are derived from it.
 
 A YAML run file maps one-to-one onto :class:`RunConfig`: the :class:`TrainConfig` fields at the
@@ -121,7 +121,7 @@ def _checked_init(cls: type) -> type:
         refuse_unknown(
             [key for key in kwargs if key not in names], names, cls.__name__, error=TypeError,
             fix=f"correct the name ({cls.__name__} takes TRL 1.16's GRPOConfig options and "
-                "mtgrpo's, listed in the README's configuration reference)")
+                "mtgrpo's, listed in docs/configuration.md)")
         generated(self, *args, **kwargs)
 
     cls.__init__ = checked_init  # type: ignore[assignment]
@@ -1268,7 +1268,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
 
 def config_fields_help(cls: type = TrainConfig,
                        own_only: bool = False) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` for every field: the source of the README's reference.
+    """``(name, type, default, help)`` for every field: the source of docs/configuration.md.
 
     ``own_only`` leaves out the fields a base class declares (for :class:`TrainConfig` and
     :class:`GRPOConfig`, the TRL compatibility fields of :mod:`mtgrpo.config_compat`)."""
@@ -1299,7 +1299,7 @@ def _first_paragraph(cls: type) -> str:
 
 
 def reference_markdown() -> str:
-    """The README's configuration reference: one table per section, from the field metadata."""
+    """docs/configuration.md: one table per section, from the field metadata."""
     from mtgrpo.config_compat import compatibility_rows
 
     sections = [

@@ -1,5 +1,5 @@
 """Every built-in reward can be chosen from a run file with its options
-(``{name: countdown_reward, use_all_numbers: false}``), and the README's examples resolve."""
+(``{name: countdown_reward, use_all_numbers: false}``), and the docs' examples resolve."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from mtgrpo.config import run_config_from_dict
 from mtgrpo.rewards.core import callable_name
 from mtgrpo.rewards.registry import REWARD_FUNCTIONS, resolve_reward
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = [Path(__file__).resolve().parents[2] / "docs" / name
+        for name in ("rewards.md", "recipes.md")]
 
 DONE = "8 * 2 = 16, minus 1.</think>\n<answer>8 * 2 - 1</answer>"
 
@@ -88,9 +89,10 @@ def test_every_built_in_resolves_from_a_run_file_with_its_options(name):
     assert run.rewards.to_value() == [{"name": name, **OPTIONS[name]}]
 
 
-def test_the_readme_reward_examples_resolve():
-    spans = re.findall(r"`(\{name: [^`]+\})`", README.read_text(encoding="utf-8"))
-    assert spans, "the README shows reward entries with options"
+def test_the_documented_reward_examples_resolve():
+    spans = [span for page in DOCS
+             for span in re.findall(r"`(\{name: [^`]+\})`", page.read_text(encoding="utf-8"))]
+    assert spans, "docs/rewards.md shows reward entries with options"
     for span in spans:
         spec = yaml.safe_load(span)
         reward = resolve_reward(spec)

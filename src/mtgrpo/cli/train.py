@@ -17,7 +17,7 @@ from collections.abc import Sequence
 DEFAULT_CONFIG = "quickstart"
 # the command's own switches; every other --name is a run-file field
 _OWN = ("--print-config", "--debug", "--help", "-h")
-# the fields shown in --help (all of them: --print-config, or the README's reference)
+# the fields shown in --help (all of them: --print-config, or docs/configuration.md)
 MOST_USED = ("output_dir", "max_steps", "learning_rate", "num_generations", "prompts_per_step",
              "max_completion_length", "temperature", "loss_type", "beta", "task_weighting",
              "batch_construction", "eval_steps", "save_steps", "logging_steps", "seed",
@@ -60,7 +60,7 @@ def _fields_epilog() -> str:
         "--sft.max_steps 100).", width=78, break_on_hyphens=False),
         *wrap(f"  sections: {', '.join(sections)}"),
         *wrap(f"  all {len(rows)} training fields with their values: mtgrpo train [CONFIG] "
-              "--print-config; their help: the README's configuration reference"),
+              "--print-config; their help: docs/configuration.md"),
         "most used fields:"]
     for name in MOST_USED:
         default, text = rows[name]
