@@ -35,7 +35,7 @@ import signal
 import tempfile
 import time
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,16 @@ def _configure_logging(args: GRPOConfig, is_main: bool) -> None:
     numeric = getattr(logging, level.upper())
     logging.getLogger("mtgrpo").setLevel(numeric)
     transformers.logging.set_verbosity(numeric)
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the block's wall time to ``seconds[name]``."""
+    begin = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - begin
 
 
 class GRPOTrainer:
@@ -908,30 +918,40 @@ class GRPOTrainer:
             self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
-        args, begin = self.args, time.perf_counter()
+        seconds = {"begin": time.perf_counter()}
         validated = self._validate_if_due()  # {} unless the weights read the validation split
         weights = self.weighting.weights  # [K]
         self.rollouts.reset()
         self._pending_extra = {}
         built = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
-        generated, report = built.generated, built.report
-        metrics: dict[str, Any] = {}
-        update_begin = time.perf_counter()
-        improvement = self._update(built.groups, sum(g.group_size for g in generated), metrics)
-        update_seconds = time.perf_counter() - update_begin
-        weighting_begin = time.perf_counter()
-        advantages = np.concatenate([g.advantages for g in generated])  # [N]
-        stats = self._weighting_stats(generated, advantages, improvement)
-        self.weighting.update(stats)
+        generated = built.generated
+        update: dict[str, Any] = {}
+        with _timed(seconds, "update"):
+            improvement = self._update(built.groups, sum(g.group_size for g in generated), update)
+        with _timed(seconds, "weighting"):
+            advantages = np.concatenate([g.advantages for g in generated])  # [N]
+            stats = self._weighting_stats(generated, advantages, improvement)
+            self.weighting.update(stats)
         if self.validation is not None:  # the I_k the weights read, for the metrics
             improvement = stats.improvement if self.reads_improvement else None
-            metrics.update(validated)
+        self.step += 1
+        self._push_weights()
+        metrics = self._step_metrics(built, weights, improvement, {**update, **validated},
+                                     seconds)
+        self._remember_completions(generated, advantages)
+        if self.args.save_rollouts and self.is_main_process:
+            self._save_rollouts(generated, advantages)
+        return metrics
+
+    def _step_metrics(self, built: Any, weights: np.ndarray, improvement: np.ndarray | None,
+                      metrics: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+        """A training step's record: ``metrics`` (the update's and the validation's) plus the
+        weighting's diagnostics, per-task and per-channel statistics, rollout and tool counts,
+        tokens seen and the timings (``seconds``: the step's start, update and weighting)."""
+        generated, report = built.generated, built.report
         diagnostics = getattr(self.weighting, "diagnostics", None)  # a registered duck type
         if diagnostics is not None:  # may have none
             metrics.update(diagnostics())  # e.g. MT-GRPO's improvement share
-        weighting_seconds = time.perf_counter() - weighting_begin
-        self.step += 1
-        self._push_weights()
         values = np.concatenate([g.rewards for g in generated])  # [N, R]
         scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))  # [N]
         metrics.update(task_metrics(self.task_names, generated, scalar, weights, report,
@@ -948,18 +968,14 @@ class GRPOTrainer:
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         if self.args.include_num_input_tokens_seen == "all":  # the Trainer's name for it
             metrics["num_input_tokens_seen"] = metrics["num_tokens"]
-        step_seconds = time.perf_counter() - begin
         metrics.update({
             "time/generate": self.rollouts.seconds["generate"],
             "time/score": self.rollouts.seconds["score"],
-            "time/update": update_seconds, "time/weighting": weighting_seconds,
-            "time/step": step_seconds,
+            "time/update": seconds["update"], "time/weighting": seconds["weighting"],
+            "time/step": time.perf_counter() - seconds["begin"],
             "throughput/tokens_per_second": self.rollouts.tokens_generated
             / max(self.rollouts.seconds["generate"], 1e-9),
         })
-        self._remember_completions(generated, advantages)
-        if args.save_rollouts and self.is_main_process:
-            self._save_rollouts(generated, advantages)
         return metrics
 
     def _weighting_stats(self, generated: list[ScoredGroup], advantages: np.ndarray,
