@@ -1,0 +1,158 @@
+"""The transformers ``Trainer`` and TRL ``GRPOTrainer`` surface of
+:class:`~mtgrpo.trainer.GRPOTrainer`, apart from the algorithm: callbacks, ``log`` and
+``log_history``, the flags ``DefaultFlowCallback`` sets (log, evaluate, save, stop), the best
+model, the reference-model sync, ``push_to_hub`` and TRL's attribute names. The trainer's
+state it reads (``args``, ``state``, ``control``, ``callback_handler``, ``log_window``, ...) is
+built by the trainer (``_build_trainer_surface``)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtgrpo.trainer import checkpoint as ckpt
+from mtgrpo.trainer import hooks
+from mtgrpo.trainer.hub import HubUploader, default_repo_id
+from mtgrpo.trainer.metrics import step_line
+
+logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger, as before
+
+
+class TrainerSurface:
+    """Mixed into :class:`~mtgrpo.trainer.GRPOTrainer` (see the module docstring)."""
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus coefficient now (TRL's attribute; adaptive when configured)."""
+        return self.updater.entropy.coef
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        self.updater.entropy.coef = float(value)
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a transformers ``TrainerCallback`` (an instance or a class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove a callback (an instance or a class) and return it."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def _log_completion_extra(self, column: str, values: list[Any]) -> None:
+        """``log_extra(column, values)`` from a reward function: a column of the completion
+        logs (``trainer._logs["extra"]``, and completions.jsonl when one value per completion)."""
+        self._logs["extra"][column].extend(values)
+        self._pending_extra.setdefault(column, []).extend(values)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """``log_metric(name, value)`` from a reward function: averaged over each log window."""
+        self.log_window.add_custom(name, value)
+
+    def push_to_hub(self, repo_id: str | None = None, *, commit_message: str = "End of training",
+                    private: bool | None = None, token: str | None = None,
+                    revision: str | None = None, **_: Any) -> Any:
+        """Upload the model (or the LoRA adapter) and tokenizer to the Hugging Face Hub.
+
+        ``repo_id`` defaults to ``hub_model_id`` (or ``output_dir``'s name); ``private``,
+        ``token`` and ``revision`` to ``hub_private_repo``, ``hub_token`` and ``hub_revision``.
+        Needs network access and a token (``hf auth login`` or ``HF_TOKEN``); only the main
+        process uploads. (transformers' first positional argument is ``commit_message``: pass
+        it by keyword.)
+        """
+        if not self.is_main_process:
+            return None
+        args = self.args
+        uploader = HubUploader(
+            repo_id or default_repo_id(args.output_dir, args.hub_model_id),
+            token=token or args.hub_token,
+            private=args.hub_private_repo if private is None else private,
+            revision=revision or args.hub_revision,
+        )
+        with tempfile.TemporaryDirectory(prefix="mtgrpo-hub-") as folder:
+            self.save_model(folder)
+            return uploader.upload(folder, commit_message=commit_message)
+
+    def _record(self, logs: Mapping[str, Any]) -> None:
+        """Append to ``state.log_history`` and call the callbacks' ``on_log``."""
+        entry = {**logs, "step": self.state.global_step}
+        entry.setdefault("epoch", self.state.epoch)
+        self.state.log_history.append(entry)
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control,
+                                                    logs=dict(logs))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's ``log``: record ``logs`` in ``state.log_history``, metrics.jsonl and the
+        trackers, and call ``on_log``."""
+        self._write(logs, "train")
+        self._record({**logs, "epoch": self.state.epoch})
+
+    def _after_step(self) -> None:
+        """TRL's per-step extras: the reference-model sync and the CUDA cache."""
+        args = self.args
+        if args.sync_ref_model and self.ref_model is not None and \
+                self.step % args.ref_model_sync_steps == 0:
+            alpha = args.ref_model_mixup_alpha
+            with torch.no_grad():
+                for ref, current in zip(self.ref_model.parameters(),
+                                        self.unwrapped.parameters(), strict=True):
+                    ref.mul_(1 - alpha).add_(current.detach(), alpha=alpha)
+        if args.torch_empty_cache_steps and self.step % args.torch_empty_cache_steps == 0 \
+                and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _log_save_evaluate(self, metrics: dict[str, Any]) -> None:
+        """Act on the flags the callbacks set (the last step is always logged)."""
+        control = self.control
+        if control.should_log or self.step == self.max_steps or control.should_training_stop:
+            record = self.log_window.record(metrics, self.state.epoch)
+            self._write(record, "train")
+            self._record(record)
+            if self.is_main_process and not self._bar_is_live:  # the bar shows the step
+                logger.info("%s", step_line(self.step, self.max_steps, record))
+            self._print_completions()
+            control.should_log = False
+        if control.should_evaluate:
+            control.should_evaluate = False
+            if self.eval_sets:
+                self._track_best(self.evaluate())
+        if self.args.save_strategy == "best" and self._improved:
+            control.should_save = True
+        if control.should_training_stop and self.args.save_strategy in ("steps", "epoch"):
+            control.should_save = True  # a run always ends with a checkpoint to resume from
+        if control.should_save and self.args.save_strategy != "no":
+            self.save_checkpoint()
+        self.control.should_save = False
+        self._improved = False
+
+    def _track_best(self, metrics: Mapping[str, Any]) -> None:
+        """transformers' best-metric bookkeeping for save_strategy='best' and
+        load_best_model_at_end."""
+        name = self.args.metric_for_best_model
+        if name is None:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise ValueError(f"metric_for_best_model={name!r} is not an eval metric; have: "
+                             f"{', '.join(sorted(metrics))}")
+        value = metrics[key]
+        if hooks.best_metric_improved(name, self.args.greater_is_better, value,
+                                      self.state.best_metric):
+            self.state.best_metric, self.state.best_global_step = value, self.state.global_step
+            self._improved = True
+
+    def _load_best_model(self) -> None:
+        best = Path(self.state.best_model_checkpoint)
+        weights = best / "trainable.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"the best checkpoint {best} holds no trainable weights")
+        ckpt.load_trainable(self.unwrapped, weights)
+        logger.info("loaded the best model (%s = %s) from %s", self.args.metric_for_best_model,
+                    self.state.best_metric, best)
