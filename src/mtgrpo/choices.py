@@ -26,6 +26,7 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "IS_CORRECTION_MODES",
     "LOSS_TYPES",
+    "MALFORMED_TOOL_CALLS",
     "NONE_HANDLING",
     "ON_UNSCORABLE",
     "SCALE_REWARDS",
@@ -73,6 +74,10 @@ mtgrpo's extra (``pip install 'mtgrpo[wandb]'``); ``metrics.jsonl`` is always wr
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 """One importance ratio per token, or one per completion (GSPO)."""
+
+MALFORMED_TOOL_CALLS = ("end", "reply")
+"""What a malformed tool call (not JSON, no name) does: end the rollout (TRL's rule) or get an
+error reply the model reads, as a failing call does."""
 
 IS_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """TRL's ``vllm_importance_sampling_mode``: the engine's importance-correction ratio per token or

@@ -49,6 +49,7 @@ from mtgrpo.choices import (
     BACKENDS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    MALFORMED_TOOL_CALLS,
     NONE_HANDLING,
     ON_UNSCORABLE,
     TRACKERS,
@@ -410,6 +411,10 @@ class TrainConfig(TRLCompatibleFields):
     tool_call_timeout: float = _help(
         "With tools or an environment_factory: seconds one tool call may take; a call past "
         "it is answered with a timed-out message and the rollout goes on.", default=60.0)
+    malformed_tool_calls: str = _help(
+        "With tools or an environment_factory: a malformed call (not JSON, no name) ends the "
+        "rollout (end, TRL's rule) or is answered with the parse error, which the model reads "
+        "and which counts as a failed call (reply).", default="end")
 
     # ------------------------------------------------------------------ loss
     loss_type: str = _help(
@@ -686,6 +691,11 @@ class TrainConfig(TRLCompatibleFields):
             raise ValueError(
                 f"tool_call_timeout={timeout!r} must be a positive number of seconds (how long "
                 "one tool call may take); use e.g. tool_call_timeout=60")
+        if self.malformed_tool_calls not in MALFORMED_TOOL_CALLS:
+            raise ValueError(
+                f"malformed_tool_calls={self.malformed_tool_calls!r} must be one of "
+                f"{', '.join(MALFORMED_TOOL_CALLS)}: end stops the rollout, reply answers the "
+                "call with its parse error")
 
     def _check_task_generation(self) -> None:
         """``task_generation``: {task: {max_completion_length: N}}, 1 <= N <= the run's."""

@@ -327,3 +327,45 @@ def test_hostile_tools_are_failures_and_training_goes_on(tiny_model_dir: Path,
                 (tmp_path / "completions.jsonl").read_text().splitlines()] \
         if (tmp_path / "completions.jsonl").is_file() else []
     assert not any("root:" in json.dumps(r) for r in rollouts)
+
+
+def test_malformed_tool_calls_reply_answers_them_with_the_parse_error(tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """``malformed_tool_calls="reply"``: the malformed call is answered (the model reads the
+    parse error and takes another turn) and counts as a failure; "end" (TRL's rule, the
+    default) stops the rollout there."""
+    from unittest.mock import patch
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    data = [{"prompt": [{"role": "user", "content": f"Task {i}."}]} for i in range(4)]
+    turns: dict[str, int] = {}
+    for policy in ("reply", "end"):
+        def generate(input_ids: torch.Tensor, policy: str = policy, **kwargs: Any) -> torch.Tensor:
+            rows = []
+            for ids in input_ids.tolist():
+                prompt = tokenizer.decode(ids, skip_special_tokens=False)
+                turns[policy] = turns.get(policy, 0) + 1
+                text = "done" if "<tool_response>" in prompt else \
+                    "<tool_call>\nnot JSON\n</tool_call>"
+                rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
+                            + [tokenizer.eos_token_id])
+            width = max(map(len, rows))
+            padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+            return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+
+        trainer = GRPOTrainer(
+            str(tiny_model_dir), leaked,
+            args=args(tmp_path / policy, max_completion_length=300, max_prompt_length=None,
+                      num_generations=2, prompts_per_step=2, max_steps=1,
+                      malformed_tool_calls=policy),
+            train_dataset=data, processing_class=tokenizer, tools=[explode])
+        with patch.object(trainer.model, "generate", side_effect=generate):
+            trainer.train()
+        record = trainer.state.log_history[0]
+        assert record["tools/call_frequency"] == 1.0
+        assert record["tools/failure_frequency"] == 1.0
+    # 4 rollouts: one turn each under "end", a second turn after the error reply under "reply"
+    assert (turns["end"], turns["reply"]) == (4, 8)
+    with pytest.raises(ValueError, match=r"malformed_tool_calls='ignore' must be one of end, "
+                       r"reply"):
+        args(tmp_path, malformed_tool_calls="ignore")

@@ -105,6 +105,7 @@ class AgentSetup:
         loop = ToolLoop(backend, tokenizer, max_completion_length=args.max_completion_length,
                         max_iterations=args.max_tool_calling_iterations,
                         timeout=args.tool_call_timeout,
+                        malformed=args.malformed_tool_calls,
                         max_context=max_context,
                         chat_template_kwargs=args.chat_template_kwargs)
         return AgentRollouts(loop, self.tools, self.environments,

@@ -32,13 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mtgrpo.choices import MALFORMED_TOOL_CALLS
 from mtgrpo.rollout.agent.execution import EventLoop, ToolResult, run_tool_calls, tools_by_name
 from mtgrpo.rollout.agent.parsing import ParsedTurn, ToolCallParser, parse_hermes_tool_calls
 from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams
 
 __all__ = ["AgentOutput", "ToolLoop", "tool_reply_ids"]
 
-MALFORMED_POLICIES = ("end", "reply")
+MALFORMED_POLICIES = MALFORMED_TOOL_CALLS
 
 
 @dataclass
