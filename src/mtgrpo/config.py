@@ -141,11 +141,16 @@ class TrainConfig(TRLCompatibleFields):
     names) counts optimizer steps, as in TRL: ``global_step = step × steps_per_generation ×
     num_iterations``. :class:`GRPOConfig` is the same set of options counted as TRL counts them.
 
+    ``step_counts`` (a class attribute, written to a run's ``config.yaml`` when it is not
+    ``"training"``) names the counting, so a saved config loads back as the same class.
+
     Every field of TRL 1.16's ``GRPOConfig`` (and so of transformers' ``TrainingArguments``)
     is accepted: those declared here act; the few that cannot apply are declared in
     :mod:`mtgrpo.config_compat` (no effect, with a warning when set, or refused with the
     alternative). ``docs/coming-from-trl.md`` lists every default that differs from TRL's.
     """
+
+    step_counts: typing.ClassVar[str] = "training"
 
     # ------------------------------------------------------------------ output and logging
     output_dir: str = _help("Run directory: metrics, checkpoints, report.", default="runs/mtgrpo")
@@ -1021,7 +1026,10 @@ class GRPOConfig(TrainConfig):
 
     An optimizer step never spans two generation batches here, so ``steps_per_generation``
     must be a multiple of ``gradient_accumulation_steps`` (TRL's default is equal to it).
+    A run file with ``step_counts: trl`` at its top level is read as this class.
     """
+
+    step_counts: typing.ClassVar[str] = "trl"
 
     def __post_init__(self) -> None:
         if self.steps_per_generation is None:
@@ -1168,6 +1176,8 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.training.to_dict())
+        if self.training.step_counts != "training":
+            out = {"step_counts": self.training.step_counts, **out}
         out["model"] = dataclasses.asdict(self.model)
         out["data"] = dataclasses.asdict(self.data)
         if self.tasks is not None:
@@ -1193,16 +1203,28 @@ _SECTIONS: dict[str, Any] = {
 }
 
 
+STEP_COUNTS: dict[str, type[TrainConfig]] = {"training": TrainConfig, "trl": GRPOConfig}
+"""A run file's optional top-level ``step_counts``: the class its training options build."""
+
+
 def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     """Build a :class:`RunConfig` from a mapping shaped like the YAML file; every section is
     validated here, before anything loads."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a run config must be a mapping of options, got {type(raw).__name__}")
+    counts = raw.get("step_counts", "training")
+    if counts not in STEP_COUNTS:
+        raise ValueError(
+            f"step_counts={counts!r} must be one of {', '.join(STEP_COUNTS)}: training counts "
+            "max_steps and the intervals in training steps (one generation batch each), trl "
+            "as TRL 1.16's GRPOConfig (optimizer steps, steps_per_generation in micro-batches)")
     training_names = {f.name for f in dataclasses.fields(TrainConfig)}
-    extra = [k for k in raw if k not in training_names and k not in _SECTIONS]
-    refuse_unknown(extra, sorted(training_names | set(_SECTIONS)), "config")
-    training = TrainConfig(**coerce_numbers(
-        TrainConfig, {k: v for k, v in raw.items() if k in training_names}))
+    extra = [k for k in raw if k not in training_names and k not in _SECTIONS
+             and k != "step_counts"]
+    refuse_unknown(extra, sorted(training_names | set(_SECTIONS) | {"step_counts"}), "config")
+    kind = STEP_COUNTS[counts]
+    training = kind(**coerce_numbers(
+        kind, {k: v for k, v in raw.items() if k in training_names}))
     sections = {name: build(raw[name]) for name, build in _SECTIONS.items()
                 if raw.get(name) is not None}
     sections.setdefault("model", ModelConfig())

@@ -107,6 +107,12 @@ def test_grpo_config_max_steps_ends_inside_a_generation_batch(tiny_model_dir, tm
     trainer.train()
     assert len(counting.optimizer_steps) == trainer.state.global_step == 6
     assert (tmp_path / "checkpoint-6").is_dir()  # named by global_step, as TRL's
+    # the run's config.yaml says how it counted, so it loads back as the same run
+    from mtgrpo.config import load_run_config
+
+    saved = load_run_config(tmp_path / "config.yaml").training
+    assert type(saved) is GRPOConfig
+    assert (saved.max_steps, saved.steps_per_generation, saved.training_steps()) == (6, 2, 2)
     # the linear schedule spans the 6 optimizer steps: it ends at zero
     assert trainer.scheduler.get_last_lr()[0] == 0.0
 
@@ -127,6 +133,24 @@ def test_run_files_count_generation_batches(tiny_model_dir, tmp_path, monkeypatc
     assert ends.logged == [4, 8]  # every training step
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-4",
                                                                       "checkpoint-8"]
+
+
+def test_a_run_file_may_count_as_trl():
+    from mtgrpo.config import run_config_from_dict
+
+    trl = run_config_from_dict({"step_counts": "trl", "gradient_accumulation_steps": 2,
+                                "steps_per_generation": 4, "num_iterations": 2,
+                                "max_steps": 6})
+    assert type(trl.training) is GRPOConfig
+    assert (trl.training.optimizer_steps_per_step(), trl.training.training_steps()) == (4, 2)
+    assert trl.to_dict()["step_counts"] == "trl"
+    plain = run_config_from_dict({"steps_per_generation": 4, "max_steps": 6})
+    assert type(plain.training) is TrainConfig
+    assert "step_counts" not in plain.to_dict()
+    assert plain.training.total_optimizer_steps() == 24
+    with pytest.raises(ValueError, match=r"step_counts='optimizer' must be one of training, "
+                       r"trl"):
+        run_config_from_dict({"step_counts": "optimizer"})
 
 
 def test_an_optimizer_step_spanning_two_generation_batches_is_refused():

@@ -1291,7 +1291,11 @@ class GRPOTrainer(TrainerSurface):
     def _write_config(self) -> None:
         import yaml
 
-        config = self.run_config if self.run_config is not None else self.args.to_dict()
+        config = self.run_config
+        if config is None:  # a Python run: its counting, so the file loads back as it ran
+            counts = self.args.step_counts
+            config = {**({"step_counts": counts} if counts != "training" else {}),
+                      **self.args.to_dict()}
         # atomically: another process (a grid planning its runs) may read it meanwhile
         write_text_atomically(self.output_dir / "config.yaml",
                               yaml.safe_dump(config, sort_keys=False))
@@ -1377,7 +1381,11 @@ class GRPOTrainer(TrainerSurface):
         if not self.is_main_process:
             return
         self._write_config()
-        config = self.run_config if self.run_config is not None else self.args.to_dict()
+        config = self.run_config
+        if config is None:  # a Python run: its counting, so the file loads back as it ran
+            counts = self.args.step_counts
+            config = {**({"step_counts": counts} if counts != "training" else {}),
+                      **self.args.to_dict()}
         record_history(self.output_dir, self.step, config, self._accepted_changes)
         self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
         self._writer.write(self.run_record())
