@@ -39,8 +39,6 @@ from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingPar
 
 __all__ = ["AgentOutput", "ToolLoop", "tool_reply_ids"]
 
-MALFORMED_POLICIES = MALFORMED_TOOL_CALLS
-
 
 @dataclass
 class AgentOutput:
@@ -131,8 +129,8 @@ class ToolLoop:
         malformed: str = "end",
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if malformed not in MALFORMED_POLICIES:
-            raise ValueError(f"malformed must be one of {MALFORMED_POLICIES}, got {malformed!r}")
+        if malformed not in MALFORMED_TOOL_CALLS:
+            raise ValueError(f"malformed must be one of {MALFORMED_TOOL_CALLS}, got {malformed!r}")
         if max_iterations is not None and max_iterations < 0:
             raise ValueError(f"max_iterations must be >= 0 or None, got {max_iterations!r}")
         if not timeout > 0:
@@ -203,11 +201,15 @@ class ToolLoop:
             self._take_turn(rollout, out, i)
         return out.weights_version
 
-    def _next_turn(self, rollouts: list[_Rollout], params: SamplingParams) -> None:
-        room = [self.max_completion_length - len(r.completion_ids) for r in rollouts]
+    def _room(self, rollout: _Rollout) -> int:
+        """Tokens ``rollout`` may still add: the completion budget's, within the context."""
+        room = self.max_completion_length - len(rollout.completion_ids)
         if self.max_context is not None:
-            room = [min(n, self.max_context - r.length) for n, r in zip(room, rollouts,
-                                                                         strict=True)]
+            room = min(room, self.max_context - rollout.length)
+        return room
+
+    def _next_turn(self, rollouts: list[_Rollout], params: SamplingParams) -> None:
+        room = [self._room(r) for r in rollouts]
         out = self.backend.generate([r.prompt_ids + r.completion_ids for r in rollouts],
                                     self._budgeted(params, max(room)), 1)
         for i, rollout in enumerate(rollouts):
@@ -261,18 +263,12 @@ class ToolLoop:
 
     def _append_replies(self, rollout: _Rollout, replies: list[ToolResult]) -> bool:
         messages = [reply.message() for reply in replies]
-        room = self.max_completion_length - len(rollout.completion_ids)
-        if self.max_context is not None:
-            room = min(room, self.max_context - rollout.length)
+        room = self._room(rollout)
         text = sum(len(m["content"]) for m in messages if isinstance(m["content"], str))
         if text >= room * self._longest_token():
             return False  # rolled back untokenized: its text alone needs more than the room
         ids = tool_reply_ids(self.tokenizer, messages, self.chat_template_kwargs)
-        completion = len(rollout.completion_ids) + len(ids)
-        too_long = completion >= self.max_completion_length or (
-            self.max_context is not None
-            and len(rollout.prompt_ids) + completion >= self.max_context)
-        if too_long:  # rolled back: the rollout ends on the model's last turn
+        if len(ids) >= room:  # rolled back: the rollout ends on the model's last turn
             return False
         rollout.completion_ids += ids
         rollout.tool_mask += [0] * len(ids)
