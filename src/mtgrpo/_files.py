@@ -1,7 +1,8 @@
 """Writing files and directories atomically: a reader sees the old content or the new, never half.
 
 Used by checkpoints (a directory renamed into place), the SFT warm start's saved model, the task
-cache's chunks and the metrics log's rewind on resume.
+cache's chunks and the metrics log's rewind on resume. :func:`aside_path` names where an earlier
+run's files are moved, never deleted.
 """
 
 from __future__ import annotations
@@ -9,10 +10,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["write_atomically", "write_text_atomically"]
+__all__ = ["aside_path", "write_atomically", "write_text_atomically"]
+
+
+def aside_path(directory: Path, prefix: str) -> Path:
+    """``directory/<prefix>-<local time>``, with ``-1``, ``-2``, ... added while that exists:
+    where earlier outputs are moved aside (nothing is deleted)."""
+    stamp = directory / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    target, number = stamp, 1
+    while target.exists():
+        target, number = stamp.with_name(f"{stamp.name}-{number}"), number + 1
+    return target
 
 
 def write_text_atomically(path: Path, text: str) -> None:

@@ -976,6 +976,12 @@ class TrainConfig(TRLCompatibleFields):
             self.accelerator_config = AcceleratorConfig()
         return self.accelerator_config
 
+    def run_file_dict(self) -> dict[str, Any]:
+        """The top level of a run file holding these options: :meth:`to_dict`, preceded by
+        ``step_counts`` when it is not ``training``, so the file loads back as this class."""
+        counts = {} if self.step_counts == "training" else {"step_counts": self.step_counts}
+        return {**counts, **self.to_dict()}
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         if self.accelerator_config is not None:
@@ -1175,9 +1181,7 @@ class RunConfig:
                 "train")
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.training.to_dict())
-        if self.training.step_counts != "training":
-            out = {"step_counts": self.training.step_counts, **out}
+        out: dict[str, Any] = self.training.run_file_dict()
         out["model"] = dataclasses.asdict(self.model)
         out["data"] = dataclasses.asdict(self.data)
         if self.tasks is not None:

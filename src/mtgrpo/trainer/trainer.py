@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtgrpo._files import write_atomically, write_text_atomically
+from mtgrpo._files import aside_path, write_atomically, write_text_atomically
 from mtgrpo._progress import use_bar
 from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
 from mtgrpo.config import GRPOConfig
@@ -157,10 +157,7 @@ def _set_aside_previous_run(output_dir: Path) -> Path | None:
     old += ckpt.list_checkpoints(output_dir)
     if not old:
         return None
-    stamp = time.strftime("previous-%Y%m%d-%H%M%S")
-    target, number = output_dir / stamp, 1
-    while target.exists():
-        target, number = output_dir / f"{stamp}-{number}", number + 1
+    target = aside_path(output_dir, "previous")
     target.mkdir()
     for path in old:
         path.rename(target / path.name)
@@ -855,11 +852,10 @@ class GRPOTrainer(TrainerSurface):
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
         advantages = self._batch_advantages(groups, self.args.num_generations)  # [B*G]
         batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
-        left = self.max_optimizer_steps - self.state.global_step  # TRL's max_steps mid-batch
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
-                                  max_steps=left if left < self.args.optimizer_steps_per_step()
-                                  else None)
+                                  # fewer when TRL's max_steps ends inside this batch
+                                  max_steps=self.max_optimizer_steps - self.state.global_step)
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
@@ -1291,11 +1287,8 @@ class GRPOTrainer(TrainerSurface):
     def _write_config(self) -> None:
         import yaml
 
-        config = self.run_config
-        if config is None:  # a Python run: its counting, so the file loads back as it ran
-            counts = self.args.step_counts
-            config = {**({"step_counts": counts} if counts != "training" else {}),
-                      **self.args.to_dict()}
+        config = self.run_config if self.run_config is not None \
+            else self.args.run_file_dict()
         # atomically: another process (a grid planning its runs) may read it meanwhile
         write_text_atomically(self.output_dir / "config.yaml",
                               yaml.safe_dump(config, sort_keys=False))

@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from mtgrpo._files import aside_path
 from mtgrpo._version import __version__
 from mtgrpo.config import RunConfig
 from mtgrpo.tasks import cache_root
@@ -144,10 +144,7 @@ def link_run_directory(link: Path, entry: Path) -> Path | None:
     temporary.symlink_to(target, target_is_directory=True)
     kept = None
     if link.is_dir() and not link.is_symlink():  # what the user trained stays on disk
-        kept = link.with_name(f"{link.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-        number = 1
-        while kept.exists():
-            kept, number = kept.with_name(f"{kept.name.split('~')[0]}~{number}"), number + 1
+        kept = aside_path(link.parent, f"{link.name}.previous")
         os.replace(link, kept)
     os.replace(temporary, link)  # a link replaces a link atomically
     return kept
