@@ -75,15 +75,19 @@ def _scripted_generate(tokenizer: Any, choose_call: Any = None):
             return '{"name": "increment", "arguments": {"step": 2}}' if "Count." in prompt \
                 else '{"name": "shout", "arguments": {"text": "hi"}}'
 
+    def reply(row: int, prompt: str) -> str:
+        return f"<tool_call>\n{choose_call(prompt)}\n</tool_call>" \
+            if row % 2 and "<tool_response>" not in prompt else "ok"
+    return _replying_generate(tokenizer, reply)
+
+
+def _replying_generate(tokenizer: Any, reply: Any):
+    """A stand-in for ``model.generate``: each row's next turn is ``reply(row, prompt_text)``,
+    ended with EOS and padded."""
     def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        rows = []
-        for r, ids in enumerate(input_ids.tolist()):
-            prompt = tokenizer.decode(ids, skip_special_tokens=False)
-            call = choose_call(prompt)
-            text = f"<tool_call>\n{call}\n</tool_call>" if r % 2 and "<tool_response>" not in \
-                prompt else "ok"
-            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
-                        + [tokenizer.eos_token_id])
+        rows = [tokenizer(reply(r, tokenizer.decode(ids, skip_special_tokens=False)),
+                          add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                for r, ids in enumerate(input_ids.tolist())]
         width = max(map(len, rows))
         padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
         return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
@@ -290,17 +294,11 @@ def test_hostile_tools_are_failures_and_training_goes_on(tiny_model_dir: Path,
     tokenizer = _tokenizer(tiny_model_dir)
     calls = iter(HOSTILE_CALLS * 4)
 
-    def generate(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        rows = []
-        for ids in input_ids.tolist():
-            prompt = tokenizer.decode(ids, skip_special_tokens=False)
-            text = "done" if "<tool_response>" in prompt else \
-                f"<tool_call>\n{next(calls, HOSTILE_CALLS[0])}\n</tool_call>"
-            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
-                        + [tokenizer.eos_token_id])
-        width = max(map(len, rows))
-        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
-        return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+    def reply(row: int, prompt: str) -> str:
+        return "done" if "<tool_response>" in prompt else \
+            f"<tool_call>\n{next(calls, HOSTILE_CALLS[0])}\n</tool_call>"
+
+    generate = _replying_generate(tokenizer, reply)
 
     data = [{"prompt": [{"role": "user", "content": f"Task {i}."}]} for i in range(8)]
     trainer = GRPOTrainer(
@@ -340,18 +338,9 @@ def test_malformed_tool_calls_reply_answers_them_with_the_parse_error(tiny_model
     data = [{"prompt": [{"role": "user", "content": f"Task {i}."}]} for i in range(4)]
     turns: dict[str, int] = {}
     for policy in ("reply", "end"):
-        def generate(input_ids: torch.Tensor, policy: str = policy, **kwargs: Any) -> torch.Tensor:
-            rows = []
-            for ids in input_ids.tolist():
-                prompt = tokenizer.decode(ids, skip_special_tokens=False)
-                turns[policy] = turns.get(policy, 0) + 1
-                text = "done" if "<tool_response>" in prompt else \
-                    "<tool_call>\nnot JSON\n</tool_call>"
-                rows.append(tokenizer(text, add_special_tokens=False)["input_ids"]
-                            + [tokenizer.eos_token_id])
-            width = max(map(len, rows))
-            padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
-            return torch.cat([input_ids, torch.tensor(padded, device=input_ids.device)], dim=-1)
+        def reply(row: int, prompt: str, policy: str = policy) -> str:
+            turns[policy] = turns.get(policy, 0) + 1
+            return "done" if "<tool_response>" in prompt else "<tool_call>\nnot JSON\n</tool_call>"
 
         trainer = GRPOTrainer(
             str(tiny_model_dir), leaked,
@@ -359,7 +348,8 @@ def test_malformed_tool_calls_reply_answers_them_with_the_parse_error(tiny_model
                       num_generations=2, prompts_per_step=2, max_steps=1,
                       malformed_tool_calls=policy),
             train_dataset=data, processing_class=tokenizer, tools=[explode])
-        with patch.object(trainer.model, "generate", side_effect=generate):
+        with patch.object(trainer.model, "generate",
+                          side_effect=_replying_generate(tokenizer, reply)):
             trainer.train()
         record = trainer.state.log_history[0]
         assert record["tools/call_frequency"] == 1.0
