@@ -63,6 +63,7 @@ from mtgrpo.models import DTYPES, LoraSettings
 from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
 from mtgrpo.sft.config import SFTConfig, WarmStartConfig
 from mtgrpo.tasks.config import TasksConfig
+from mtgrpo.tasks.episodes import EnvironmentsConfig
 from mtgrpo.weighting import (
     IMPROVEMENT_REDUCTIONS,
     TASK_WEIGHTING_SIGNALS,
@@ -1168,8 +1169,17 @@ class RunConfig:
     rewards: RewardsConfig | None = None  # reward functions, for every task or routed
     peft: LoraSettings | None = None  # a LoRA adapter
     sft: WarmStartConfig | None = None  # a supervised warm start before GRPO
+    environments: EnvironmentsConfig | None = None  # tool environments, each one a task
 
     def __post_init__(self) -> None:
+        if self.environments is not None and (self.tasks is not None
+                                              or self.data.train is not None):
+            other = "a tasks section" if self.tasks is not None else "data.train"
+            raise ValueError(
+                f"this run has an environments section and {other}: a run trains on "
+                "environments (their episodes) or on tasks / data, not both. Fix: drop one, "
+                "or write your rows with an environment column to a file for data.train and "
+                "pass environment_factory from Python")
         if self.training.task_weighting_signal == "validation" and (
                 self.tasks is None or not self.tasks.validation_size):
             where = "this run has no tasks section" if self.tasks is None \
@@ -1192,6 +1202,8 @@ class RunConfig:
             out["peft"] = self.peft.to_dict()
         if self.sft is not None:
             out["sft"] = self.sft.to_dict()
+        if self.environments is not None:
+            out["environments"] = self.environments.to_dict()
         return out
 
 
@@ -1204,6 +1216,7 @@ _SECTIONS: dict[str, Any] = {
     "rewards": RewardsConfig.from_value,
     "peft": LoraSettings.from_dict,
     "sft": WarmStartConfig.from_dict,
+    "environments": EnvironmentsConfig.from_dict,
 }
 
 
@@ -1316,7 +1329,7 @@ def config_fields_help(cls: type = TrainConfig,
                 inherited |= {f.name for f in dataclasses.fields(base)}
     rows = []
     for f in dataclasses.fields(cls):
-        if f.name in inherited:
+        if f.name in inherited or not f.init:
             continue
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
@@ -1342,6 +1355,9 @@ def reference_markdown() -> str:
         ("Training (top level of a run file; `TrainConfig`)", TrainConfig, ""),
         ("`model:`", ModelConfig, ""), ("`data:`", DataConfig, ""),
         ("`tasks:` (`mtgrpo.tasks.TasksConfig`)", TasksConfig, ""),
+        ("`environments:` (`mtgrpo.tasks.episodes.EnvironmentsConfig`; docs/agents.md)",
+         EnvironmentsConfig, "Tool environments instead of tasks, each one a task; a run has "
+         "this section or `tasks` / `data.train`."),
         ("`rewards:` (`RewardsConfig`)", RewardsConfig, _first_paragraph(RewardsConfig)),
         ("`peft:` (`mtgrpo.models.LoraSettings`)", LoraSettings, ""),
         ("`sft:` (`mtgrpo.sft.WarmStartConfig`)", WarmStartConfig,

@@ -73,6 +73,7 @@ class EvaluationResult:
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     groups: list[Any] = field(default_factory=list, repr=False)  # the scored groups
+    tools: dict[str, float] = field(default_factory=dict)  # tool-call and failure rates
 
     def _summary(self) -> tuple[float, float, str | None]:
         accuracy = np.array([r.accuracy for r in self.tasks.values()], dtype=np.float64)  # [K]
@@ -102,6 +103,7 @@ class EvaluationResult:
             "accuracy/worst": self.worst_accuracy, "accuracy/average": self.average_accuracy,
             "accuracy/worst_task": self.worst_task, "time/eval": self.seconds,
         })
+        out.update(self.tools)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class EvaluationResult:
             "tasks": {name: asdict(result) for name, result in self.tasks.items()},
             "worst_accuracy": self.worst_accuracy, "worst_task": self.worst_task,
             "average_accuracy": self.average_accuracy, "seconds": self.seconds, **self.extra,
+            **({"tools": self.tools} if self.tools else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -127,7 +130,7 @@ class EvaluationResult:
         if "tasks" not in raw:
             raise ValueError(f"{path} is not an evaluation results file (no 'tasks' key)")
         return cls({name: TaskResult(**r) for name, r in raw["tasks"].items()},
-                   seconds=raw.get("seconds", 0.0))
+                   seconds=raw.get("seconds", 0.0), tools=dict(raw.get("tools") or {}))
 
 
 def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]:
@@ -274,7 +277,7 @@ def evaluate_prompts(
             phase.update(advance=len(chunk))
         result = EvaluationResult(
             _task_results(prompts, groups, rewards, num_samples, accuracy_channel),
-            seconds=time.perf_counter() - begin, groups=groups)
+            seconds=time.perf_counter() - begin, groups=groups, tools=worker.tool_metrics())
         # the last line in a log, and the enclosing GRPO bar's "eval:" status
         phase.summary = accuracy_status("eval", result.worst_accuracy, result.worst_task,
                                         result.average_accuracy)
@@ -301,7 +304,7 @@ def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: in
         values = np.concatenate([g.rewards for g in mine])  # [n, R]
         scalar = scalar_rewards(values, np.asarray(rewards.reward_weights, dtype=np.float64))
         accuracy_value = accuracy_values(torch.from_numpy(values), accuracy_channel).numpy()
-        lengths = [len(c) for g in mine for c in g.payload.completion_ids]
+        lengths = [n for g in mine for n in g.payload.model_token_counts]  # tool replies not
         results[name] = TaskResult(
             task=name, prompts=len(mine), samples=num_samples, accuracy=float(accuracy[k]),
             mean_reward=float(np.nanmean(scalar)) if np.isfinite(scalar).any() else math.nan,

@@ -74,3 +74,50 @@ def test_module_import_stays_light() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+def test_tools_chat_template_renders_tools_and_plain_chats_as_chatml(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from mtgrpo.models import CHATML_TEMPLATE
+
+    out = tmp_path / "tools"
+    argv = [str(out), "--hidden-size", "32", "--num-layers", "1", "--chat-template", "tools"]
+    assert tiny_model.run(_parse(argv)) == 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
+    plain = AutoTokenizer.from_pretrained(out)
+    plain.chat_template = CHATML_TEMPLATE
+    for generation_prompt in (True, False):  # no tools: exactly ChatML
+        assert tokenizer.apply_chat_template(chat, tokenize=False,
+                                             add_generation_prompt=generation_prompt) == \
+            plain.apply_chat_template(chat, tokenize=False,
+                                      add_generation_prompt=generation_prompt)
+
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+            a: First.
+            b: Second.
+        """
+        return a + b
+
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    text = tokenizer.apply_chat_template(
+        [chat[1], {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "name": "add", "content": "3"}], tools=[add], tokenize=False,
+        add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nTools: add(a, b)<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_an_unknown_chat_template_is_refused() -> None:
+    from mtgrpo.models import build_tiny_tokenizer
+
+    with pytest.raises(ValueError, match=r"chat_template='jinja'.*chatml, tools"):
+        build_tiny_tokenizer(chat_template="jinja")

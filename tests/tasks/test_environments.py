@@ -96,6 +96,18 @@ def test_guess_the_number_keeps_state_across_turns() -> None:
     assert env.guesses == 3
 
 
+def test_guess_the_number_can_state_the_range_left() -> None:
+    env = GuessTheNumberEnv()
+    env.reset(secret=37, low=1, high=100, max_guesses=6, show_range=True)
+    assert env.guess(50) == "lower: from 1 to 49 (5 guesses left)"
+    assert env.guess(25) == "higher: from 26 to 49 (4 guesses left)"
+    assert env.guess(60) == "lower: from 26 to 49 (3 guesses left)"  # no news: the same range
+    assert env.guess(-5) == "higher: from 26 to 49 (2 guesses left)"
+    assert env.guess(37) == "correct"
+    env.reset(secret=37, max_guesses=6)  # a row without it: the plain answers
+    assert env.guess(50) == "lower (5 guesses left)"
+
+
 def test_guess_the_number_budget_and_bad_guesses() -> None:
     env = GuessTheNumberEnv()
     env.reset(secret=7, max_guesses=2, low=1, high=10)

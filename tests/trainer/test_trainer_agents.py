@@ -14,20 +14,17 @@ import torch
 from trainer_helpers import args
 
 from mtgrpo import GRPOTrainer
-from mtgrpo.rollout.agent.templates import HERMES_CHATML_TEMPLATE
+from mtgrpo.models.chat_templates import TOOLS_CHATML_TEMPLATE
 
 
 def _tokenizer(model_dir: Path) -> Any:
-    """The tiny model's tokenizer with the Hermes template, the tools listed by name only: the
-    full schemas would not fit the tiny model's 512 positions (one token per byte)."""
+    """The tiny model's tokenizer with the tools template (the tools listed by name and
+    arguments): the full schemas would not fit the tiny model's 512 positions (one token per
+    byte)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    turns = HERMES_CHATML_TEMPLATE.index("{%- for message in messages %}")
-    tokenizer.chat_template = (
-        "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}"
-        "{{- ' ' + tool['function']['name'] }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
-        + HERMES_CHATML_TEMPLATE[turns:])
+    tokenizer.chat_template = TOOLS_CHATML_TEMPLATE
     return tokenizer
 
 

@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--vocab-size", type=int, help="size of the learned vocabulary")
     parser.add_argument(
+        "--chat-template", choices=("chatml", "tools"), default="chatml",
+        help="chatml, or tools: ChatML that also renders tools, tool calls and tool replies "
+             "(Hermes <tool_call> blocks; tools listed by name) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--gguf", action="store_true",
         help="also write OUT_DIR/model.gguf (float32, llama.cpp format; needs the gguf package)",
     )
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             corpus=corpus,
             vocab_size=args.vocab_size,
+            chat_template=args.chat_template,
         )
     except (ValueError, OSError, ImportError) as err:
         print(f"mtgrpo tiny-model: error: {err}", file=sys.stderr)

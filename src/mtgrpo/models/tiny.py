@@ -29,16 +29,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtgrpo._registry import Registry
+from mtgrpo.models.chat_templates import TOOLS_CHATML_TEMPLATE
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "CHAT_TEMPLATES",
     "EOS_TOKEN",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
     "TINY_ARCHITECTURES",
+    "TOOLS_CHATML_TEMPLATE",
     "TinyModelShape",
     "build_tiny_model",
     "build_tiny_tokenizer",
@@ -63,6 +66,10 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+CHAT_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE, "tools": TOOLS_CHATML_TEMPLATE}
+"""The tiny tokenizer's chat templates by name (``build_tiny_model(chat_template=...)``)."""
 
 
 @dataclass(frozen=True)
@@ -145,8 +152,10 @@ def build_tiny_tokenizer(
     model_max_length: int = 512,
     corpus: Iterable[str] | None = None,
     vocab_size: int | None = None,
+    chat_template: str = "chatml",
 ) -> PreTrainedTokenizerFast:
-    """The tokenizer of the tiny model, with the ChatML chat template.
+    """The tokenizer of the tiny model, with a ChatML chat template: ``chat_template`` names
+    one of :data:`CHAT_TEMPLATES` (``"tools"`` also renders tools, tool calls and replies).
 
     Without ``corpus``: byte level (259 tokens). Ids 0..255 are the bytes in the order of
     GPT-2's byte-to-unicode alphabet sorted by code point; 256, 257, 258 are
@@ -161,6 +170,9 @@ def build_tiny_tokenizer(
     from tokenizers.trainers import BpeTrainer
     from transformers import PreTrainedTokenizerFast
 
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"chat_template={chat_template!r} is not a tiny model template; choose "
+                         f"one of {', '.join(CHAT_TEMPLATES)}")
     if (corpus is None) != (vocab_size is None):
         raise ValueError("give both corpus and vocab_size (a learned vocabulary) or neither")
     if vocab_size is not None and not 256 < vocab_size <= 65_536:
@@ -193,7 +205,7 @@ def build_tiny_tokenizer(
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATES[chat_template]
     return tokenizer
 
 
@@ -210,6 +222,7 @@ def build_tiny_model(
     seed: int = 0,
     corpus: Iterable[str] | None = None,
     vocab_size: int | None = None,
+    chat_template: str = "chatml",
 ) -> Path:
     """Build, randomly initialise and save a tiny causal LM and its tokenizer to ``out_dir``.
 
@@ -217,7 +230,8 @@ def build_tiny_model(
     caller's RNG state is restored afterwards), so the same arguments give byte-identical files.
     With the defaults the model has about 0.1 M parameters. ``corpus`` and ``vocab_size`` give
     it a BPE vocabulary learned from those texts (Llama only; see
-    :func:`build_tiny_tokenizer`). Returns ``out_dir`` as a ``Path``.
+    :func:`build_tiny_tokenizer`); ``chat_template`` names its chat template (``"tools"`` for
+    tool calling). Returns ``out_dir`` as a ``Path``.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -237,7 +251,7 @@ def build_tiny_model(
             "tokenizers from their own class on load); drop corpus/vocab_size or use llama"
         )
     tokenizer = build_tiny_tokenizer(model_max_length=max_position_embeddings, corpus=corpus,
-                                     vocab_size=vocab_size)
+                                     vocab_size=vocab_size, chat_template=chat_template)
     pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, EOS_TOKEN])
     # A chat turn ends at <|im_end|>; <|endoftext|> ends a plain document. Stop at either.
     token_ids = {"bos_token_id": None, "eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id}

@@ -249,6 +249,10 @@ class GuessTheNumberEnv:
     ``secret``, or drawn in the range by a generator seeded with the row's ``seed`` and prompt
     (the same row always gives the same secret).
 
+    With the row's ``show_range`` true, each answer also states the range the secret is still
+    in (``higher: from 51 to 60 (5 guesses left)``), so the model need not track it over the
+    turns: the game for a model too small to remember, with the same search to learn.
+
     Reward (``get_reward``): 1.0 when the secret was guessed within the budget, else 0.0. With
     the class attribute ``reward_fewer_guesses = True`` (a subclass) a win scores
     ``1 - 0.5 * (guesses - 1) / (max_guesses - 1)``: 1.0 at the first guess, 0.5 at the last.
@@ -270,6 +274,8 @@ class GuessTheNumberEnv:
             self.secret = random.Random(seed).randint(self.low, self.high)
         self.guesses = 0
         self.found = False
+        self.show_range = bool(row.get("show_range", False))
+        self.range = [self.low, self.high]  # where the secret can still be, from the answers
         return (f"\n\nI am thinking of an integer from {self.low} to {self.high}. Call guess "
                 f"with a number; you have {self.max_guesses} guesses.")
 
@@ -296,7 +302,13 @@ class GuessTheNumberEnv:
             self.found = True
             return "correct"
         answer = "higher" if self.secret > value else "lower"
-        return f"{answer} ({left} guesses left)"
+        if not self.show_range:
+            return f"{answer} ({left} guesses left)"
+        if answer == "higher":
+            self.range[0] = max(self.range[0], int(value) + 1)
+        else:
+            self.range[1] = min(self.range[1], int(value) - 1)
+        return f"{answer}: from {self.range[0]} to {self.range[1]} ({left} guesses left)"
 
     def get_reward(self) -> float:
         if not self.found:

@@ -63,6 +63,8 @@ def _load(run: RunConfig, source: Any, split: str) -> Any:
 
 
 def _eval_rows(run: RunConfig, suite: Any) -> Any:
+    if run.environments is not None:
+        return run.environments.eval_rows()
     if run.tasks is not None and run.tasks.paper_test_sets:
         from mtgrpo.tasks import load_paper_test_sets
 
@@ -88,12 +90,37 @@ def _task_corpus(suite: Any, per_task: int) -> list[str]:
     return texts
 
 
+def _environment_corpus(run: RunConfig, per_environment: int, chat_template: str) -> list[str]:
+    """Texts of solved training episodes (prompts, tool calls, replies) for a vocabulary,
+    rendered by the tiny model's chat template (the text does not depend on the vocabulary)."""
+    from mtgrpo.models import build_tiny_tokenizer
+    from mtgrpo.rollout.agent.demonstrations import demonstration_example
+
+    assert run.environments is not None
+    tokenizer = build_tiny_tokenizer(chat_template=chat_template)
+    seen: dict[str, int] = {}
+    texts = []
+    for row in run.environments.train_rows():
+        name = row["environment"]
+        spec = run.environments.specs[name]
+        if seen.get(name, 0) >= per_environment or spec.demonstration is None:
+            continue
+        seen[name] = seen.get(name, 0) + 1
+        example = demonstration_example(spec, row, tokenizer, run.training.chat_template_kwargs)
+        texts.append(example["prompt"] + example["completion"])
+    if not texts:
+        raise ValueError("tiny_options.vocab_size learns a vocabulary from solved episodes, "
+                         "but no environment has a demonstration; drop vocab_size")
+    return texts
+
+
 def prepare_model(run: RunConfig, suite: Any = None) -> str:
     """The model to train: builds the tiny local model once when ``model.tiny`` is set.
 
     ``model.tiny_options`` are :func:`mtgrpo.models.build_tiny_model`'s keywords; with
     ``vocab_size`` and a task suite, the vocabulary is learned from the suite's training
-    problems (``corpus_per_task`` of each, default 500).
+    problems (``corpus_per_task`` of each, default 500); with an environments section, from
+    that many solved training episodes of each environment.
     """
     name = run.model.name_or_path
     if not name:
@@ -103,7 +130,11 @@ def prepare_model(run: RunConfig, suite: Any = None) -> str:
 
         options = dict(run.model.tiny_options or {})
         per_task = int(options.pop("corpus_per_task", 500))
-        if options.get("vocab_size") is not None:
+        if options.get("vocab_size") is not None and run.environments is not None:
+            if not (Path(name) / "config.json").is_file():
+                options["corpus"] = _environment_corpus(
+                    run, per_task, str(options.get("chat_template", "chatml")))
+        elif options.get("vocab_size") is not None:
             if suite is None:
                 raise ValueError("tiny_options.vocab_size learns a vocabulary from the task "
                                  "suite's problems: add a tasks section")
@@ -331,8 +362,11 @@ def _train_warm_start(run: RunConfig, model: str, suite: Any, entry: Path,
     from mtgrpo.trainer.warm_start import MARKER
 
     warm = run.sft
-    rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
-    pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
+    if run.environments is not None:
+        pairs = _demonstrations(run, model)
+    else:
+        rows = _warm_start_rows(run, suite, warm.num_examples, warm.seed_offset)
+        pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
     logger.info("supervised warm start on %d solved problems -> %s", len(pairs), entry)
     marker = {**marker, "model": model,
               "trained_for": str(Path(run.training.output_dir).resolve()),
@@ -346,6 +380,21 @@ def _train_warm_start(run: RunConfig, model: str, suite: Any, entry: Path,
     write_atomically(entry, train)
 
 
+def _demonstrations(run: RunConfig, model: str) -> list[dict[str, Any]]:
+    """The warm start of an environments run: ``sft.num_examples`` episodes per environment
+    (none of them a training or evaluation one), each solved by its environment's
+    demonstration and rendered by the model's chat template as the tool loop renders it."""
+    from mtgrpo.models import load_tokenizer
+    from mtgrpo.rollout.agent.demonstrations import demonstration_example
+
+    assert run.environments is not None
+    assert run.sft is not None
+    tokenizer = load_tokenizer(model)
+    rows = run.environments.warm_start_rows(run.sft.num_examples, run.sft.seed_offset)
+    return [demonstration_example(run.environments.specs[row["environment"]], row, tokenizer,
+                                  run.training.chat_template_kwargs) for row in rows]
+
+
 def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
     """``(rewards, train_dataset)`` of a run config: the task suite's routed rewards (merged
     with the ``rewards`` section) and its training stream, started now so that problems are
@@ -353,6 +402,8 @@ def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
     section and ``data.train``."""
     if suite is not None:
         return _merge_rewards(suite.reward_routing, run.rewards), suite.train.start()
+    if run.environments is not None:  # the environments' get_reward channels score them
+        return run.rewards, run.environments.train_rows()
     if run.data.train is None or run.rewards is None:
         raise ValueError("without a tasks section the config needs data.train and rewards")
     return run.rewards, _load(run, run.data.train, run.data.split)
@@ -372,6 +423,7 @@ def build_trainer(run: RunConfig, model: Any, rewards: Any, train: Any,
         model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
         peft_config=run.peft, run_config=run.to_dict(),
         validation_dataset=suite.validation if suite is not None else None,
+        environment_factory=None if run.environments is None else run.environments.factories(),
     )
 
 
@@ -384,9 +436,10 @@ def run_training(run: RunConfig) -> dict[str, Any]:
         model = prepare_model(run, suite)
         rewards, train = run_inputs(run, suite)
         if run.sft is not None:
-            if suite is None:
-                raise ValueError("the sft section warm-starts on a task suite's gold answers; "
-                                 "add a tasks section, or run `mtgrpo sft --data FILE` first")
+            if suite is None and run.environments is None:
+                raise ValueError("the sft section warm-starts on a task suite's gold answers "
+                                 "or on environments' demonstrations; add a tasks or an "
+                                 "environments section, or run `mtgrpo sft --data FILE` first")
             model = _warm_start(run, model, suite)
             release_memory()  # the fine-tuned model and its optimizer state are gone: hand back
         trainer = build_trainer(run, model, rewards, train, suite)

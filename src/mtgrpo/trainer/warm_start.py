@@ -88,20 +88,23 @@ def model_identity(model: str, revision: str | None = None,
 def warm_start_settings(run: RunConfig, model: str) -> dict[str, Any]:
     """Everything the warm start of ``run`` on ``model`` depends on (JSON-ready)."""
     warm, tasks = run.sft, run.tasks
-    # the caller checked both sections
+    # the caller checked the sections: sft, and tasks or environments
     assert warm is not None
-    assert tasks is not None
     training = warm.sft_config("<output_dir>/sft", seed=run.training.seed).to_dict()
     section = {key: value for key, value in warm.to_dict().items() if key != "reuse"}
-    return {
+    settings = {
         "version": WARM_START_VERSION,
         "mtgrpo": __version__,
         "model": model_identity(model, run.model.revision, run.model.gguf_file),
         "training": {k: v for k, v in training.items() if k not in _PLACE_SETTINGS},
         "sft": section,
-        "tasks": {"tasks": tasks.task_list,
-                  **{name: getattr(tasks, name) for name in _PROBLEM_SETTINGS}},
     }
+    if tasks is None:  # the episodes (and the splits they are kept out of) and the template
+        assert run.environments is not None
+        return {**settings, "environments": run.environments.to_dict(),
+                "chat_template_kwargs": run.training.chat_template_kwargs}
+    return {**settings, "tasks": {"tasks": tasks.task_list,
+                                  **{name: getattr(tasks, name) for name in _PROBLEM_SETTINGS}}}
 
 
 def warm_start_key(settings: dict[str, Any]) -> str:
