@@ -3,7 +3,7 @@
 # Python 3.12, torch, transformers, peft, accelerate and triton preinstalled):
 #
 #   here:        MTGRPO_PYTHON312=python3.12 python scripts/gpu_wheelhouse.py   # builds .whl/
-#   on the GPU:  scripts/gpu-check.sh [tests|step|generation|all]               # default all
+#   on the GPU:  scripts/gpu-check.sh [tests|step|generation|profile|memory|all] # default all
 #   on a CPU:    scripts/gpu-check.sh --dry-run    # the same steps, tiny settings, no install
 #
 # It installs .whl/ offline into /tmp/mtgrpo-site (put before the image's own packages, so the
@@ -14,6 +14,8 @@
 #   generation  benchmarks/generation_speed.py --device cuda (hf, static, static-eager)
 #   profile     benchmarks/profile_step.py --workload gpu-qwen0.5b (one profiled step of ours,
 #               ours with the padded update and TRL: operators, launches, syncs per phase)
+#   memory      benchmarks/update_memory.py --models qwen2.5-0.5b (peak memory of one update,
+#               ours against TRL, gradient checkpointing off and on; max_memory_allocated)
 #   vllm        (not in all) the tests marked vllm against vLLM's CUDA build, then
 #               benchmarks/generation_speed.py --device cuda --backend vllm on the Qwen2.5-0.5B
 #               shape (hf, static, static-eager and vllm side by side). It needs vLLM 0.32 for
@@ -32,13 +34,13 @@ parts=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry=1 ;;
-        tests|step|generation|profile|vllm) parts+=("$arg") ;;
-        all) parts+=(tests step generation profile) ;;
-        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|profile|vllm|all]" >&2
+        tests|step|generation|profile|memory|vllm) parts+=("$arg") ;;
+        all) parts+=(tests step generation profile memory) ;;
+        *) echo "usage: scripts/gpu-check.sh [--dry-run] [tests|step|generation|profile|memory|vllm|all]" >&2
            exit 2 ;;
     esac
 done
-[ ${#parts[@]} -eq 0 ] && parts=(tests step generation profile)
+[ ${#parts[@]} -eq 0 ] && parts=(tests step generation profile memory)
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 
@@ -51,6 +53,7 @@ if [ $dry -eq 1 ]; then
     profile_args=(--workload cpu-tiny --num-prompts 2 --group-size 2 --max-new-tokens 4
                   --prompt-tokens 8 --micro-batch 2 --hidden-size 64 --num-layers 2
                   --num-heads 4 --num-kv-heads 2 --intermediate-size 128 --warmup 1 --rows 10)
+    memory_args=(--quick)
     vllm_python="${MTGRPO_VLLM_PYTHON:-.venv-vllm/bin/python}"
     vllm_tests=(tests/rollout/test_vllm_engine.py -k "greedy or logprobs")
     vllm_generation_args=(--device cpu --models tiny-vllm --rows 4 --num-samples 2
@@ -74,6 +77,7 @@ else
     generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
                      --prompt-tokens 48 --repeats 5)
     profile_args=(--workload gpu-qwen0.5b)
+    memory_args=(--models qwen2.5-0.5b)
     vllm_python="${MTGRPO_VLLM_PYTHON:-$python}"
     vllm_tests=(tests/rollout/test_vllm_engine.py tests/trainer/test_trainer_vllm.py)
     vllm_generation_args=(--device cuda --models qwen2.5-0.5b-shape --rows 64 --new-tokens 256
@@ -111,6 +115,7 @@ for part in "${parts[@]}"; do
             step) "$python" benchmarks/step_time_vs_trl.py "${step_args[@]}" ;;
             generation) "$python" benchmarks/generation_speed.py "${generation_args[@]}" ;;
             profile) "$python" benchmarks/profile_step.py "${profile_args[@]}" ;;
+            memory) "$python" benchmarks/update_memory.py "${memory_args[@]}" ;;
             vllm)
                 if ! "$vllm_python" -c "import vllm" 2>/dev/null; then
                     echo "vLLM does not import in $vllm_python: install vLLM 0.32 for this"

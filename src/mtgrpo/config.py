@@ -89,6 +89,9 @@ INTERVALS = ("no", "steps", "epoch")
 SAVE_INTERVALS = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
+FSDP_OPTIONS = ("full_shard", "auto_wrap")
+"""The words of TRL's ``fsdp`` string mtgrpo acts on: ``full_shard`` (required) and
+``auto_wrap`` (implied: the decoder layers are always sharded one by one)."""
 DEFAULT_VALIDATION_STEPS = 10  # validation_steps when neither it nor eval_steps says
 
 
@@ -331,6 +334,10 @@ class TrainConfig(TRLCompatibleFields):
     ddp_broadcast_buffers: bool | None = _help("DDP's broadcast_buffers.", default=None)
     ddp_static_graph: bool | None = _help("DDP's static_graph.", default=None)
     ddp_backend: str | None = _help("Process-group backend (nccl, gloo, ...).", default=None)
+    fsdp: str | list[str] | None = _help(
+        "full_shard: fully sharded training (FSDP2) across the launched processes, each decoder "
+        "layer sharded, checkpoints resumable (docs/distributed.md); other FSDP options go "
+        "through accelerate's config file.", default=None)
     ddp_timeout: int = _help("Process-group timeout in seconds.", default=1800)
 
     # ------------------------------------------------------------------ batch sizes
@@ -553,6 +560,7 @@ class TrainConfig(TRLCompatibleFields):
         self._check_schedule()
         self._check_weighting_signal()
         check_compatibility_fields(self)
+        self._check_fsdp()
         self._convert_accelerator_config()
 
     # ------------------------------------------------------------------ validation
@@ -589,6 +597,32 @@ class TrainConfig(TRLCompatibleFields):
         if isinstance(self.include_num_input_tokens_seen, bool):
             self.include_num_input_tokens_seen = "all" if self.include_num_input_tokens_seen \
                 else "no"
+
+    @property
+    def fully_sharded(self) -> bool:
+        """``fsdp`` asks for mtgrpo's fully sharded training (:mod:`mtgrpo.trainer.sharding`)."""
+        return bool(self._fsdp_words())
+
+    def _fsdp_words(self) -> list[str]:
+        value = self.fsdp
+        words = value.split() if isinstance(value, str) else list(value or [])
+        return [str(word) for word in words]
+
+    def _check_fsdp(self) -> None:
+        words = self._fsdp_words()
+        if not words:
+            return
+        unknown = [word for word in words if word not in FSDP_OPTIONS]
+        if unknown or "full_shard" not in words:
+            raise ValueError(
+                f"fsdp={self.fsdp!r}: mtgrpo shards with fsdp='full_shard' (FSDP2, every "
+                f"decoder layer; 'auto_wrap' may be added); {', '.join(unknown) or 'it'} is not "
+                "supported here. For shard_grad_op, hybrid_shard or offload, use accelerate's "
+                "config file (accelerate launch --config_file) and leave fsdp unset")
+        if self.use_vllm:
+            raise ValueError("fsdp='full_shard' with use_vllm: the vLLM engine takes whole "
+                             "weights from an unsharded model; use generation_backend static "
+                             "or hf with fsdp, or vLLM without it")
 
     def _merge_aliases(self) -> None:
         default = "sum_then_normalize"

@@ -77,8 +77,8 @@ class TRLCompatibleFields:
     torch_compile_backend: str | None = _refused("only read with torch_compile; remove it")
     torch_compile_mode: str | None = _refused("only read with torch_compile; remove it")
     deepspeed: dict[str, Any] | str | None = _refused(f"DeepSpeed: {_LAUNCHER}")
-    fsdp: str | list[str] | None = _refused(f"FSDP: {_LAUNCHER}")
-    fsdp_config: dict[str, Any] | str | None = _refused(f"FSDP: {_LAUNCHER}")
+    fsdp_config: dict[str, Any] | str | None = _refused(
+        f"FSDP options: fsdp='full_shard' shards every decoder layer; for others {_LAUNCHER}")
     parallelism_config: Any = _refused(f"parallelism: {_LAUNCHER}")
     activation_checkpointing: bool | None = _refused(
         "use gradient_checkpointing (and gradient_checkpointing_kwargs)")

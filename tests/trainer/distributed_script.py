@@ -1,4 +1,5 @@
-"""One training step under `accelerate launch`; the main process writes what it saw."""
+"""One training step under `accelerate launch` (``--fsdp``: fully sharded); the main process
+writes what it saw."""
 
 from __future__ import annotations
 
@@ -9,22 +10,28 @@ import torch
 import trainer_helpers
 
 from mtgrpo import GRPOTrainer
+from mtgrpo.trainer.sharding import full_model_state
 
 
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
+    fsdp = "full_shard" if "--fsdp" in sys.argv[3:] else None
     args = trainer_helpers.args(out, max_steps=1, prompts_per_step=6, save_rollouts=True,
                                 task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},
                                 batch_construction="ratio_preserving",
-                                batch_construction_params={"max_resample_rounds": 1})
+                                batch_construction_params={"max_resample_rounds": 1}, fsdp=fsdp)
     trainer = GRPOTrainer(model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward],
                           args=args, train_dataset=trainer_helpers.rows(),
                           generation_backend="scripted_backend:ScriptedBackend")
     trainer.train()
+    # a sharded model's whole weights are gathered on the main process (every process calls)
+    weights = full_model_state(trainer.unwrapped) if trainer.sharded else \
+        dict(trainer.unwrapped.named_parameters())
     if trainer.is_main_process:
-        digest = sum(float(p.detach().double().sum()) for p in trainer.unwrapped.parameters())
+        digest = sum(float(p.detach().double().sum()) for p in weights.values())
         result = {"weights": trainer.weighting.weights.tolist(), "world": trainer.world,
-                  "param_sum": digest}
+                  "param_sum": digest, "sharded": trainer.sharded,
+                  "sharded_head": type(trainer.unwrapped.lm_head.weight).__name__}
         with open(f"{out}/result.json", "w") as handle:
             json.dump(result, handle)
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None

@@ -2,10 +2,11 @@
 of a step.
 
 Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
-    [--resume] [--num-generations G] [--allow FIELD ...] [--validation]
+    [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp]
 
 ``--validation``: the task weights read a held-out validation split every 3 steps
-(``task_weighting_signal: validation``).
+(``task_weighting_signal: validation``). ``--fsdp``: the whole model trained fully sharded
+(``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import os
 import signal
 
+import torch
 import trainer_helpers
 
 from mtgrpo import GRPOTrainer
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--allow", nargs="*")
     parser.add_argument("--validation", action="store_true")
+    parser.add_argument("--fsdp", action="store_true")
     options = parser.parse_args()
     held_out = {"task_weighting_signal": "validation", "validation_steps": 3,
                 "num_generations_validation": 2} if options.validation else {}
@@ -51,15 +54,17 @@ def main() -> None:
         batch_construction_params={"max_resample_rounds": 2},
         resume_from_checkpoint=True if options.resume else None,
         num_generations=options.num_generations, resume_allow_changes=options.allow,
-        **held_out,
+        fsdp="full_shard" if options.fsdp else None, **held_out,
     )
     KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(
         options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
-        train_dataset=trainer_helpers.rows(), peft_config={"r": 4},
+        train_dataset=trainer_helpers.rows(), peft_config=None if options.fsdp else {"r": 4},
         validation_dataset=trainer_helpers.validation_rows() if options.validation else None,
     )
     trainer.train()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

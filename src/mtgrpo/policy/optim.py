@@ -207,4 +207,6 @@ def clip_gradients(
     if not with_grad:
         return torch.zeros(())
     limit = math.inf if max_norm is None else max_norm
-    return torch.nn.utils.clip_grad_norm_(with_grad, limit)
+    norm = torch.nn.utils.clip_grad_norm_(with_grad, limit)
+    # sharded (FSDP2) gradients give a DTensor norm, already reduced over the shards
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

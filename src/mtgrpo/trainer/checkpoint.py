@@ -33,11 +33,13 @@ import torch
 
 __all__ = [
     "check_output_dir",
+    "check_trainable",
     "damaged_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_rng_state",
     "load_trainable",
+    "read_trainable",
     "read_trainer_state",
     "remove_stale_temporaries",
     "rng_state",
@@ -94,29 +96,42 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     return stale
 
 
-def save_trainable(model: torch.nn.Module, path: Path) -> None:
+def save_trainable(model: torch.nn.Module, path: Path,
+                   state: Mapping[str, torch.Tensor] | None = None) -> None:
+    """The trainable parameters of ``model`` by name (``state``: the whole values of a sharded
+    model's, gathered by :func:`mtgrpo.trainer.sharding.full_model_state`)."""
     from safetensors.torch import save_file
 
     tensors = {
-        name: p.detach().to("cpu").contiguous()
+        name: (p if state is None else state[name]).detach().to("cpu").contiguous()
         for name, p in model.named_parameters() if p.requires_grad
     }
     save_file(tensors, str(path))
 
 
-def load_trainable(model: torch.nn.Module, path: Path) -> None:
-    """Copy saved trainable parameters into ``model``; every trainable one must be present."""
+def read_trainable(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    saved = load_file(str(path))
+    return load_file(str(path))
+
+
+def check_trainable(model: torch.nn.Module, saved: Mapping[str, Any], checkpoint: Path) -> None:
+    """Every trainable parameter of ``model`` is in ``saved``, and nothing else."""
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
     unknown = [n for n in saved if n not in params]
     if missing or unknown:
         raise ValueError(
-            f"checkpoint {path.parent} does not match the model: missing {missing[:3]}, "
+            f"checkpoint {checkpoint} does not match the model: missing {missing[:3]}, "
             f"unexpected {unknown[:3]}; resume with the same model and LoRA settings"
         )
+
+
+def load_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Copy saved trainable parameters into ``model``; every trainable one must be present."""
+    saved = read_trainable(path)
+    check_trainable(model, saved, path.parent)
+    params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in saved.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))

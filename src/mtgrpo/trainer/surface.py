@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from mtgrpo.trainer import checkpoint as ckpt
-from mtgrpo.trainer import hooks
+from mtgrpo.trainer import hooks, sharding
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import step_line
 
@@ -67,6 +67,8 @@ class TrainerSurface:
         process uploads. (transformers' first positional argument is ``commit_message``: pass
         it by keyword.)
         """
+        # a sharded model is gathered by every process (the trainer calls this on each)
+        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
         if not self.is_main_process:
             return None
         args = self.args
@@ -77,7 +79,7 @@ class TrainerSurface:
             revision=revision or args.hub_revision,
         )
         with tempfile.TemporaryDirectory(prefix="mtgrpo-hub-") as folder:
-            self.save_model(folder)
+            self._write_model(Path(folder), weights)
             return uploader.upload(folder, commit_message=commit_message)
 
     def _record(self, logs: Mapping[str, Any]) -> None:
@@ -153,6 +155,10 @@ class TrainerSurface:
         weights = best / "trainable.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"the best checkpoint {best} holds no trainable weights")
-        ckpt.load_trainable(self.unwrapped, weights)
+        if self.sharded:  # the main process reads, every process takes its shards
+            saved = ckpt.read_trainable(weights) if self.is_main_process else {}
+            sharding.load_model_state(self.unwrapped, saved)
+        else:
+            ckpt.load_trainable(self.unwrapped, weights)
         logger.info("loaded the best model (%s = %s) from %s", self.args.metric_for_best_model,
                     self.state.best_metric, best)

@@ -67,7 +67,7 @@ from mtgrpo.rollout.agent import AgentRollouts, CustomRollouts
 from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
-from mtgrpo.trainer import hooks
+from mtgrpo.trainer import hooks, sharding
 from mtgrpo.trainer.agents import (
     WeightSync,
     agent_setup,
@@ -490,6 +490,10 @@ class GRPOTrainer(TrainerSurface):
         if args.beta > 0 and not self.is_peft:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         optimizer, scheduler = optimizers if optimizers is not None else (None, None)
+        self.sharded = args.fully_sharded
+        if self.sharded:
+            self._check_sharding(optimizer)
+            sharding.shard_model(self.model)  # before the optimizer: it holds the shards
         if optimizer is None:
             optimizer = build_optimizer(
                 self.model, args.learning_rate, weight_decay=args.weight_decay,
@@ -503,12 +507,21 @@ class GRPOTrainer(TrainerSurface):
             scheduler_kwargs=args.lr_scheduler_kwargs,
         )
         self.lr_scheduler = self.scheduler
-        self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
+        if self.sharded:  # sharded already: accelerate would wrap it in DDP
+            self.optimizer = self.accelerator.prepare(optimizer)
+        else:
+            self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
-        self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer, args,
-                                     generation_dtype=self._generation_dtype())
+        # sharded: the engine is built on, and runs with, every shard gathered (a first gather
+        # inside the engine's inference mode would leave FSDP buffers no update may write)
+        self.sharded = args.fully_sharded
+        with self._gathered():
+            self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer,
+                                         args, generation_dtype=self._generation_dtype())
+        if self.sharded:
+            self.backend = sharding.ShardedGeneration(self.backend, self.unwrapped)
         self._warned_no_engine_logprobs = False
         self.sampling_params = SamplingParams(
             max_new_tokens=args.max_completion_length, temperature=args.temperature,
@@ -525,7 +538,28 @@ class GRPOTrainer(TrainerSurface):
             args, self.model, self.optimizer, self.scheduler, self.accelerator,
             reference_model=self.ref_model, reference=reference,
             entropy_mask=self.get_high_entropy_mask, autocast=self._autocast,
+            sharded=self.sharded,
         )
+
+    def _gathered(self) -> contextlib.AbstractContextManager[None]:
+        """A sharded model's whole weights for a generation phase (:mod:`.sharding`)."""
+        return sharding.unsharded(self.unwrapped) if self.sharded else contextlib.nullcontext()
+
+    def _check_sharding(self, optimizer: Any) -> None:
+        """What ``fsdp='full_shard'`` cannot be combined with, before anything is sharded."""
+        if self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+            raise ValueError(
+                f"fsdp='full_shard' and accelerate's {self.accelerator.distributed_type.value} "
+                "configuration both shard the model; keep one (drop fsdp, or launch without "
+                "the accelerate FSDP / DeepSpeed config)")
+        if self.is_peft:
+            raise ValueError("fsdp='full_shard' with a LoRA adapter is not supported yet: an "
+                             "adapter is small enough to train replicated; drop fsdp (DDP) or "
+                             "peft_config")
+        if optimizer is not None:
+            raise ValueError("fsdp='full_shard' with optimizers=(optimizer, ...): the optimizer "
+                             "must be built over the sharded parameters; pass optimizers=None "
+                             "(and optim / optim_args) or drop fsdp")
 
     def _build_trainer_surface(self, callbacks: list[Any] | None) -> None:
         """TRL's state, callbacks, completion logs and reward-function hooks."""
@@ -888,7 +922,8 @@ class GRPOTrainer(TrainerSurface):
         weights = self.weighting.weights  # [K]
         self.rollouts.reset()
         self._pending_extra = {}
-        built = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
+        with self._gathered():  # sharded: every process gathers, prompts or not
+            built = self.sampler.build(weights, self.prompts_per_step, self.rollouts)
         generated = built.generated
         update: dict[str, Any] = {}
         with _timed(seconds, "update"):
@@ -1094,14 +1129,15 @@ class GRPOTrainer(TrainerSurface):
         (:class:`~mtgrpo.evaluation.EvaluationResult`; the same on every process)."""
         from mtgrpo.evaluation import evaluate_prompts
 
-        return evaluate_prompts(
-            prompts, self.backend, self.rewards, self._eval_params(), num_samples,
-            self.tokenizer, accuracy_threshold=self.args.accuracy_threshold,
-            accuracy_channel=self.accuracy_channel,
-            shard=Shard(self.rank, self.world, gather=self._gather_objects),
-            extra=self._reward_extras(), estimate=self._estimate,
-            agent=self._agent_runner,
-        )
+        with self._gathered():  # sharded: every process gathers, prompts or not
+            return evaluate_prompts(
+                prompts, self.backend, self.rewards, self._eval_params(), num_samples,
+                self.tokenizer, accuracy_threshold=self.args.accuracy_threshold,
+                accuracy_channel=self.accuracy_channel,
+                shard=Shard(self.rank, self.world, gather=self._gather_objects),
+                extra=self._reward_extras(), estimate=self._estimate,
+                agent=self._agent_runner,
+            )
 
     def _evaluate_set(self, prompts: PromptSet) -> dict[str, Any]:
         """Per-task accuracy (``num_generations_eval`` samples per prompt) and TRL's ``loss``:
@@ -1181,6 +1217,7 @@ class GRPOTrainer(TrainerSurface):
             "entropy": self.updater.entropy.state_dict(),
             "hf_state": dataclasses.asdict(self.state),
             "identity": self._identity(),
+            **({"sharded": True} if self.sharded else {}),
         }
 
     def _identity(self) -> dict[str, Any]:
@@ -1199,12 +1236,17 @@ class GRPOTrainer(TrainerSurface):
         rng_states = self._gather_objects([ckpt.rng_state()]) if self.world > 1 \
             else [ckpt.rng_state()]
         final = self.output_dir / f"checkpoint-{self.state.global_step}"
+        # sharded: the whole state, gathered on the main process by every process
+        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        optimizer_state = sharding.full_optimizer_state(self.unwrapped, self.optimizer) \
+            if self.sharded and not self.args.save_only_model else None
         if self.is_main_process:
             def write(tmp: Path) -> None:
-                self.save_model(tmp / "model")
+                self._write_model(tmp / "model", weights)
                 if not self.args.save_only_model:
-                    ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors")
-                    torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+                    ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors", weights)
+                    torch.save(self.optimizer.state_dict() if optimizer_state is None
+                               else optimizer_state, tmp / "optimizer.pt")
                     torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
                     for rank, state in enumerate(rng_states):
                         torch.save(state, tmp / f"rng_state_{rank}.pt")
@@ -1229,9 +1271,18 @@ class GRPOTrainer(TrainerSurface):
 
     def save_model(self, directory: str | Path | None = None) -> None:
         """The model (or LoRA adapter) and tokenizer in ``save_pretrained`` format (default
-        directory: ``output_dir``, as transformers)."""
-        directory = Path(directory if directory is not None else self.args.output_dir)
-        self.unwrapped.save_pretrained(directory, safe_serialization=True)
+        directory: ``output_dir``, as transformers). A sharded model is gathered first (every
+        process must call it) and written by the main process."""
+        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        if self.sharded and not self.is_main_process:
+            return
+        self._write_model(Path(directory if directory is not None else self.args.output_dir),
+                          weights)
+
+    def _write_model(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        """``save_pretrained`` of the model (``weights``: its gathered state when sharded) and
+        of the tokenizer."""
+        self.unwrapped.save_pretrained(directory, safe_serialization=True, state_dict=weights)
         self.tokenizer.save_pretrained(directory)
 
     def _resume(self, target: str | bool) -> None:
@@ -1254,11 +1305,21 @@ class GRPOTrainer(TrainerSurface):
         self._accepted_changes = check_resumable(checkpoint, state.get("identity"),
                                                  self._identity(),
                                                  self.args.resume_allow_changes)  # fmt: skip
-        _read(checkpoint / "trainable.safetensors",
-              lambda p: ckpt.load_trainable(self.unwrapped, p))
-        for name, target in (("optimizer.pt", self.optimizer), ("scheduler.pt", self.scheduler)):
-            saved = _read(checkpoint / name, lambda p: torch.load(p, weights_only=False))
-            _read(checkpoint / name, lambda _, s=saved, t=target: t.load_state_dict(s))
+        if bool(state.get("sharded", False)) != self.sharded:
+            raise ValueError(
+                f"{checkpoint} was written by a {'sharded' if state.get('sharded') else 'plain'}"
+                f" run (fsdp={'full_shard' if state.get('sharded') else 'unset'}); resume with "
+                "the same fsdp setting")
+        if self.sharded:
+            self._load_sharded(checkpoint)
+        else:
+            _read(checkpoint / "trainable.safetensors",
+                  lambda p: ckpt.load_trainable(self.unwrapped, p))
+            saved = _read(checkpoint / "optimizer.pt",
+                          lambda p: torch.load(p, weights_only=False))
+            _read(checkpoint / "optimizer.pt", lambda _: self.optimizer.load_state_dict(saved))
+        saved = _read(checkpoint / "scheduler.pt", lambda p: torch.load(p, weights_only=False))
+        _read(checkpoint / "scheduler.pt", lambda _: self.scheduler.load_state_dict(saved))
         self.weighting.load_state_dict(state["weighting"])
         if self.validation is not None and "validation" in state:  # else: evaluated at once
             self.validation.load_state_dict(state["validation"])
@@ -1274,6 +1335,18 @@ class GRPOTrainer(TrainerSurface):
         if self.is_main_process:
             MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _load_sharded(self, checkpoint: Path) -> None:
+        """The checkpoint's whole model and optimizer state, read by the main process and
+        handed to every process's shards."""
+        weights: dict[str, Any] = {}
+        optimizer_state: dict[str, Any] = {}
+        if self.is_main_process:
+            weights = _read(checkpoint / "trainable.safetensors", ckpt.read_trainable)
+            ckpt.check_trainable(self.unwrapped, weights, checkpoint)
+            optimizer_state = _read(checkpoint / "optimizer.pt",
+                                    lambda p: torch.load(p, weights_only=False))
+        sharding.load_full_state(self.unwrapped, self.optimizer, weights, optimizer_state)
 
     def _restore_state(self, saved: Mapping[str, Any]) -> None:
         """The checkpoint's TrainerState (log history, best metric), kept in this object so
@@ -1336,7 +1409,7 @@ class GRPOTrainer(TrainerSurface):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if args.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
-        if args.push_to_hub and self.is_main_process:
+        if args.push_to_hub:  # every process: a sharded model is gathered first
             self.push_to_hub(commit_message="End of training")
         steps = self.step - first_step
         if steps and self._idle_steps == steps and self.is_main_process:

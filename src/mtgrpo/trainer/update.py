@@ -152,8 +152,12 @@ class PolicyUpdater:
         logprob_chunk_size: int = 512,
         entropy_mask: Callable[[Tensor, Tensor, float], Tensor] | None = None,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        sharded: bool = False,
     ) -> None:
         self.args = args
+        # a sharded model gathers its shards in every forward and scatters gradients in every
+        # backward: every process must run as many micro-batches as the others
+        self.sharded = sharded and accelerator.num_processes > 1
         self.autocast = autocast or accelerator.autocast
         self.model = model
         self.optimizer = optimizer
@@ -186,7 +190,16 @@ class PolicyUpdater:
             max_rows=None if budget else self.args.per_device_train_batch_size,
             max_padding=1.0 if packed else self.args.max_padding_fraction,
         )
-        return [[rows[i] for i in micro] for micro in plan]
+        plan = [[rows[i] for i in micro] for micro in plan]
+        if self.sharded:  # filler passes (empty row lists) up to the longest plan of any process
+            count = torch.tensor([len(plan)], device=self.accelerator.device)
+            plan += [[] for _ in range(int(self.accelerator.gather(count).max()) - len(plan))]
+        return plan
+
+    def _filler(self, batch: PolicyBatch, rows: list[int]) -> PolicyBatch:
+        """The micro-batch of a filler pass: one row, forwarded so that the collectives of a
+        sharded model happen, and contributing nothing (its loss is multiplied by 0)."""
+        return batch.select(rows[:1] or [0])
 
     def _logps(self, model: torch.nn.Module, part: PolicyBatch, entropy: bool = False):
         with self.autocast():
@@ -203,6 +216,9 @@ class PolicyUpdater:
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32,
                           device=batch.completion_ids.device)
         for rows in self._plan(batch, list(range(batch.num_rows))):
+            if not rows:  # a filler pass of a sharded model
+                self._logps(model, self._filler(batch, rows))
+                continue
             part = batch.select(rows)
             logps = self._logps(model, part).logps
             out[rows, : part.completion_length] = logps.float()
@@ -232,10 +248,14 @@ class PolicyUpdater:
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
                         logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
         plan = self._plan(batch, rows)
-        normalizer = self._normalizer(batch, rows, len(plan))
+        normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
         options = loss_options(self.args, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
+            if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
+                scored = self._logps(self.model, self._filler(batch, rows))
+                self.accelerator.backward(scored.logps.sum() * 0.0)
+                continue
             part = batch.select(micro)
             sync = i == len(plan) - 1
             context = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
@@ -385,9 +405,14 @@ class PolicyUpdater:
         if forward:
             batch = self._with_logps(batch, need_old=False)
         plan = self._plan(batch, list(range(batch.num_rows)))
-        normalizer = self._normalizer(batch, list(range(batch.num_rows)), len(plan))
+        normalizer = self._normalizer(batch, list(range(batch.num_rows)),
+                                      sum(1 for rows in plan if rows))
         total = 0.0
         for rows in plan:
+            if not rows:  # a filler pass of a sharded model
+                if forward:
+                    self._logps(self.model, self._filler(batch, rows))
+                continue
             part = batch.select(rows)
             logps = (self._logps(self.model, part, entropy=False).logps if forward
                      else torch.zeros(part.completion_mask.shape, dtype=torch.float32,
