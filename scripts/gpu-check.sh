@@ -8,7 +8,7 @@
 #
 # It installs .whl/ offline into /tmp/mtgrpo-site (put before the image's own packages, so the
 # locked transformers / TRL / peft are the ones measured), then
-#   tests       pytest tests/rollout/test_static_gpu.py (CUDA-graph decoding)
+#   tests       pytest tests/fast/test_static_gpu.py (CUDA-graph decoding)
 #   step        benchmarks/step_time_vs_trl.py --workload gpu-qwen0.5b --trl-defaults
 #               (TRL 1.16 at its best setting and at its defaults, side by side in one run)
 #   generation  benchmarks/generation_speed.py --device cuda (hf, static, static-eager)
@@ -111,7 +111,7 @@ for part in "${parts[@]}"; do
         header "$part"
         echo '```'
         case "$part" in
-            tests) "$python" -m pytest -q -p no:cacheprovider tests/rollout/test_static_gpu.py ;;
+            tests) "$python" -m pytest -q -p no:cacheprovider tests/fast/test_static_gpu.py ;;
             step) "$python" benchmarks/step_time_vs_trl.py "${step_args[@]}" ;;
             generation) "$python" benchmarks/generation_speed.py "${generation_args[@]}" ;;
             profile) "$python" benchmarks/profile_step.py "${profile_args[@]}" ;;

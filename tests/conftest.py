@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtgrpo.models import build_tiny_model, write_tiny_gguf
 
@@ -87,3 +88,16 @@ def tiny_gguf_file(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pat
         out.parent.mkdir(parents=True, exist_ok=True)
         write_tiny_gguf(tiny_model_dir, out)
     return out
+
+
+@pytest.fixture
+def single_process_group(tmp_path):
+    """A one-process gloo group on CPU, enough to build a real DistributedDataParallel or an
+    FSDP2-sharded model."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()

@@ -193,3 +193,34 @@ def test_building_a_config_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _module_cycles(room: str) -> list[list[str]]:
+    """Cycles among the modules of ``room`` (imports anywhere in a module, a function's
+    included): each as the modules around it."""
+    modules = {_module_name(p): p for p in sorted((PACKAGE / room).rglob("*.py"))}
+    edges = {name: {target for target in _imported_modules(path)
+                    if target in modules and target != name}
+             for name, path in modules.items()}
+    cycles, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for target in sorted(edges[node]):
+            if target in path:
+                cycle = path[path.index(target):]
+                if frozenset(cycle) not in done:
+                    done.add(frozenset(cycle))
+                    cycles.append(cycle)
+            elif len(path) < len(modules):
+                visit(target, [*path, target])
+
+    for name in modules:
+        visit(name, [name])
+    return cycles
+
+
+def test_the_speed_layer_has_no_import_cycle():
+    """``mtgrpo.fast`` modules import one another one way only (a package's ``__init__``
+    re-exporting its modules aside): the speed layer reads bottom up."""
+    cycles = [c for c in _module_cycles("fast") if "mtgrpo.fast" not in c]
+    assert cycles == []

@@ -42,12 +42,13 @@ from mtgrpo.fast.shared_prompts import (
     shared_prompt_rows,
 )
 from mtgrpo.fast.static import Completions, StaticGenerator
-from mtgrpo.fast.static_decoders import check_static_cache_support, unwrap_causal_lm
+from mtgrpo.fast.static_decoders import check_static_cache_support
 from mtgrpo.fast.static_sampling import SamplingRule
 from mtgrpo.fast.transformers_compat import (
     disable_activation_checkpointing,
     enable_activation_checkpointing,
 )
+from mtgrpo.fast.unwrap import causal_lm_and_reason, unwrap_causal_lm
 
 __all__ = [
     "PROMPT_SHARING_MODEL_TYPES",
@@ -56,6 +57,7 @@ __all__ = [
     "SamplingRule",
     "StaticGenerator",
     "WeightReplica",
+    "causal_lm_and_reason",
     "check_static_cache_support",
     "disable_activation_checkpointing",
     "distinct_prompts",

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mtgrpo.fast.unwrap import unwrap_causal_lm
+
 __all__ = ["WeightReplica", "hooked_modules", "mergeable_lora", "merged_lora"]
 
 
@@ -52,8 +54,6 @@ class WeightReplica:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        from mtgrpo.fast.static_decoders import unwrap_causal_lm
-
         source = unwrap_causal_lm(model)
         self.dtype = dtype
         self.module = _plain_copy(source, dtype)
@@ -88,8 +88,6 @@ class WeightReplica:
         must have the same structure).
         """
         if model is not None:
-            from mtgrpo.fast.static_decoders import unwrap_causal_lm
-
             source = unwrap_causal_lm(model)
             if source is not self._source:
                 self._source = source

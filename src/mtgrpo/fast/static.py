@@ -92,10 +92,10 @@ from mtgrpo.fast.static_decoders import (
     mark_supported,
     model_dtype,
     resolve_decoder,
-    unwrap_causal_lm,
 )
 from mtgrpo.fast.static_graph import CapturedStep, capture_step
 from mtgrpo.fast.static_sampling import SamplingRule
+from mtgrpo.fast.unwrap import unwrap_causal_lm
 from mtgrpo.models.positions import position_ids_from_attention_mask
 
 __all__ = ["Completions", "StaticGenerator", "length_buckets"]

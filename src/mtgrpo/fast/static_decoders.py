@@ -76,7 +76,6 @@ __all__ = [
     "check_static_cache_support",
     "mark_supported",
     "resolve_decoder",
-    "unwrap_causal_lm",
 ]
 
 
@@ -103,29 +102,6 @@ class StaticDecoder(Protocol):
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
         visible: int | None = None,
     ) -> Tensor: ...
-
-
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The transformers causal LM behind ``torch.compile`` and peft (LoRA-style) wrappers.
-
-    Calling the base model applies LoRA (its layers live inside the base model's modules);
-    prompt-learning peft methods add virtual tokens in the peft forward only, so they are
-    refused.
-    """
-    module = getattr(model, "_orig_mod", model)
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return module
-    if not isinstance(module, PeftModel):
-        return module
-    if module.active_peft_config.is_prompt_learning:
-        raise ValueError(
-            f"the static backend cannot serve prompt-learning peft models "
-            f"({type(module.active_peft_config).__name__}: virtual tokens are added in the peft "
-            "forward); use the 'hf' generation backend"
-        )
-    return module.get_base_model()
 
 
 class StaticCacheUnsupportedError(ValueError):

@@ -63,6 +63,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mtgrpo.fast import (
     PackedLayout,
+    causal_lm_and_reason,
     distinct_prompts,
     packed_hidden,
     packed_layout,
@@ -233,7 +234,7 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     inner = model.module if via is not None else model
     if _is_instance_of(inner, "torch.distributed.fsdp", "FullyShardedDataParallel"):
         return LogprobRoute("model_forward", "the model is wrapped in FullyShardedDataParallel")
-    causal_lm, reason = _unwrap_causal_lm(inner)
+    causal_lm, reason = causal_lm_and_reason(inner)
     if reason is not None:
         return LogprobRoute("model_forward", reason)
     transform = _logit_transform(causal_lm)
@@ -555,25 +556,6 @@ def _route_for(model: nn.Module, path: str) -> LogprobRoute:
     )
 
 
-def _unwrap_causal_lm(model: nn.Module) -> tuple[nn.Module, str | None]:
-    """The causal LM behind ``torch.compile`` and PEFT wrappers, and a reason to fall back.
-
-    The reason is set for prompt-learning PEFT methods, whose virtual tokens exist only in
-    the PEFT forward (the base model is still returned, e.g. to read its signature).
-    """
-    module = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return module, None
-    if not isinstance(module, PeftModel):
-        return module, None
-    reason = None
-    if module.active_peft_config.is_prompt_learning:
-        reason = "prompt-learning PEFT adds virtual tokens in its own forward"
-    return module.get_base_model(), reason
-
-
 def _is_instance_of(value: object, module_name: str, class_name: str) -> bool:
     """``isinstance`` against a ``torch.distributed`` class, False where that is unavailable."""
     if value is None or not torch.distributed.is_available():
@@ -599,7 +581,7 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
     module = model
     while isinstance(getattr(module, "module", None), nn.Module):  # DDP / FSDP wrappers
         module = module.module
-    causal_lm, _ = _unwrap_causal_lm(module)
+    causal_lm, _ = causal_lm_and_reason(module)
     return "logits_to_keep" in inspect.signature(causal_lm.forward).parameters
 
 

@@ -4,11 +4,11 @@ model's own padded forward (``pack=False, share_prompts=False``)."""
 
 from __future__ import annotations
 
-import logprob_helpers
 import pytest
 import torch
 import transformers
 
+import logprob_helpers
 from mtgrpo.fast import (
     distinct_prompts,
     enable_activation_checkpointing,

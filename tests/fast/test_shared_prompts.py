@@ -2,15 +2,15 @@
 key/value cache is repeated for the rows that share it, and the log-probs, entropies and
 gradients equal those of the full forward (``share_prompts=False``). The padding-free forward,
 which takes precedence where it applies, is switched off here (``pack=False``); it has its own
-tests in test_policy_packed.py."""
+tests in test_packed.py."""
 
 from __future__ import annotations
 
-import logprob_helpers
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import logprob_helpers
 from mtgrpo.fast import (
     disable_activation_checkpointing,
     enable_activation_checkpointing,
