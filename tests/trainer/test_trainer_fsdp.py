@@ -63,6 +63,11 @@ def test_a_sharded_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_p
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     done = _resume_run(tiny_model_dir, full)
     assert done.returncode == 0, done.stderr[-3000:]
+    # generation re-composes the gathered Llama modules (FSDP2's classes count as the model's
+    # own); the update's log-probs go through the sharded model's forward
+    run = read_metrics(full, split="run")[0]
+    assert (run["generation/decode_path"], run["policy/logprob_path"]) == \
+        ("llama_modules", "model_forward")
     killed = _resume_run(tiny_model_dir, crashed, "--kill-at", "6")
     assert killed.returncode != 0  # rank 0 killed itself; the launcher stopped rank 1
     assert f"Signals.{signal.SIGKILL.name}" in killed.stderr or "SIGKILL" in killed.stderr

@@ -45,22 +45,34 @@ LLAMA_FAMILY: dict[str, str] = {
 _BACKBONES = {name.removesuffix("ForCausalLM") + "Model": name for name in LLAMA_FAMILY}
 
 
+def _own_class(module: Any) -> type:
+    """``module``'s class, or for a module sharded by FSDP2 (``fully_shard`` makes its class
+    ``FSDP<Class>(FSDPModule, Class)``, which adds hooks and methods but leaves every forward
+    as it was) the class it was built as."""
+    cls = type(module)
+    if len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule" and \
+            cls.__bases__[0].__module__.startswith("torch.distributed.fsdp"):
+        return cls.__bases__[1]
+    return cls
+
+
 def llama_family_mismatch(lm: Any) -> str | None:
     """Why ``lm`` (a causal LM) cannot be re-composed from its modules; None when it can.
 
     Every class on the path must be exactly the family's transformers class (a subclass may
-    change a forward that is re-composed).
+    change a forward that is re-composed); FSDP2's sharded classes count as the class they
+    wrap (:func:`_own_class`).
     """
-    name = type(lm).__name__
+    name = _own_class(lm).__name__
     if name not in LLAMA_FAMILY:
         return f"{name} is not one of {sorted(LLAMA_FAMILY)}"
     expected = name.removesuffix("ForCausalLM") + "Model"
     modeling = importlib.import_module(LLAMA_FAMILY[name])
-    if type(lm) is not getattr(modeling, name, None):
+    if _own_class(lm) is not getattr(modeling, name, None):
         return f"{name} is a subclass, not {modeling.__name__}.{name}"
     backbone = getattr(lm, "model", None)
-    if type(backbone).__name__ != expected:
-        return f"{type(backbone).__name__} found where {expected} was expected"
+    if _own_class(backbone).__name__ != expected:
+        return f"{_own_class(backbone).__name__} found where {expected} was expected"
     return llama_backbone_mismatch(backbone)
 
 
@@ -68,7 +80,7 @@ def llama_backbone_mismatch(backbone: Any) -> str | None:
     """Why a backbone (``LlamaModel``, ``Qwen2Model``, ...) cannot be re-composed; None when it
     can: the backbone, every decoder layer and every attention block must be exactly the
     family's classes."""
-    name = type(backbone).__name__
+    name = _own_class(backbone).__name__
     if name not in _BACKBONES:
         return f"{name} is not one of {sorted(_BACKBONES)}"
     modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[name]])
@@ -77,7 +89,7 @@ def llama_backbone_mismatch(backbone: Any) -> str | None:
     for layer in getattr(backbone, "layers", []):
         expected += [(layer, f"{family}DecoderLayer"), (layer.self_attn, f"{family}Attention")]
     for module, class_name in expected:
-        if type(module) is not getattr(modeling, class_name, None):
+        if _own_class(module) is not getattr(modeling, class_name, None):
             return f"{type(module).__name__} found where {class_name} was expected"
     return None
 
@@ -87,7 +99,7 @@ def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., An
     function and transformers' attention function for ``config._attn_implementation``."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[type(backbone).__name__]])
+    modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[_own_class(backbone).__name__]])
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(
         backbone.config._attn_implementation, modeling.eager_attention_forward
     )
