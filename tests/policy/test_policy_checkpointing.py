@@ -7,11 +7,11 @@ without it."""
 
 from __future__ import annotations
 
-import logprob_helpers
 import pytest
 import torch
 import transformers
 
+import logprob_helpers
 from mtgrpo.fast import enable_activation_checkpointing
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from tolerance import assert_close_f32
