@@ -321,6 +321,35 @@ def test_sequence_logprobs_gradient_equals_naive(
     llama.zero_grad()
 
 
+@pytest.mark.parametrize("path", ["chunked_head", "model_forward"])
+@pytest.mark.parametrize("keep_bytes", [0, None], ids=["recomputed", "kept"])
+def test_a_logged_entropy_has_no_graph_and_leaves_the_gradient_unchanged(
+    llama: LlamaForCausalLM, keep_bytes: int | None, path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``entropy_grad=False`` (the entropy only logged or masked): the same values, no graph
+    through it, and the log-probs' gradient exactly as with the graph."""
+    if keep_bytes is not None:
+        monkeypatch.setattr(logprobs_module, "KEEP_LOGITS_BYTES", keep_bytes)
+    input_ids, mask = padded_batch(seed=3)
+    weights = torch.randn(4, COMPLETION_LEN, generator=torch.Generator().manual_seed(9))
+    grads = []
+    entropies = []
+    for entropy_grad in (True, False):
+        llama.zero_grad()
+        out = sequence_logprobs(llama, input_ids, mask, COMPLETION_LEN, temperature=0.9,
+                                chunk_size=2, compute_entropy=True, entropy_grad=entropy_grad,
+                                path=path)
+        assert out.entropy.requires_grad is entropy_grad
+        (out.logps * weights).sum().backward()
+        grads.append({name: p.grad.clone() for name, p in llama.named_parameters()})
+        entropies.append(out.entropy.detach())
+    assert torch.equal(entropies[0], entropies[1])
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
+    llama.zero_grad()
+
+
 @pytest.mark.parametrize(("keep_bytes", "recomputed"),
                          [(None, False), (16 * VOCAB * 4, False), (16 * VOCAB * 4 - 1, True)])
 def test_chunks_are_recomputed_only_when_their_logits_exceed_the_budget(

@@ -207,6 +207,8 @@ class PolicyUpdater:
                 model, part.input_ids, part.attention_mask, part.completion_length,
                 temperature=self.args.temperature, chunk_size=self.chunk_size,
                 compute_entropy=entropy, pack=self.args.padding_free,
+                # a graph through the entropy only for the entropy bonus of the loss
+                entropy_grad=self.entropy.enabled,
             )
 
     @torch.no_grad()
