@@ -39,6 +39,7 @@ __all__ = [
     "list_checkpoints",
     "load_rng_state",
     "load_trainable",
+    "read_checked_trainable",
     "read_trainable",
     "read_trainer_state",
     "remove_stale_temporaries",
@@ -127,10 +128,17 @@ def check_trainable(model: torch.nn.Module, saved: Mapping[str, Any], checkpoint
         )
 
 
-def load_trainable(model: torch.nn.Module, path: Path) -> None:
-    """Copy saved trainable parameters into ``model``; every trainable one must be present."""
+def read_checked_trainable(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """The trainable parameters saved at ``path``, checked against ``model``'s
+    (:func:`check_trainable`)."""
     saved = read_trainable(path)
     check_trainable(model, saved, path.parent)
+    return saved
+
+
+def load_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Copy saved trainable parameters into ``model``; every trainable one must be present."""
+    saved = read_checked_trainable(model, path)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in saved.items():

@@ -29,16 +29,12 @@ import torch
 from torch import nn
 
 __all__ = ["ShardedGeneration", "full_model_state", "full_optimizer_state",
-           "is_sharded", "load_full_state", "load_model_state", "shard_model", "unsharded"]
+           "load_full_state", "load_model_state", "shard_model", "unsharded"]
 
 def _fsdp_modules(model: nn.Module) -> list[Any]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
-
-
-def is_sharded(model: nn.Module) -> bool:
-    return bool(_fsdp_modules(model))
 
 
 def shard_model(model: nn.Module) -> nn.Module:

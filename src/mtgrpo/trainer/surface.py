@@ -156,7 +156,8 @@ class TrainerSurface:
         if not weights.is_file():
             raise FileNotFoundError(f"the best checkpoint {best} holds no trainable weights")
         if self.sharded:  # the main process reads, every process takes its shards
-            saved = ckpt.read_trainable(weights) if self.is_main_process else {}
+            saved = ckpt.read_checked_trainable(self.unwrapped, weights) \
+                if self.is_main_process else {}
             sharding.load_model_state(self.unwrapped, saved)
         else:
             ckpt.load_trainable(self.unwrapped, weights)

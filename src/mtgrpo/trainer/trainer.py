@@ -516,7 +516,6 @@ class GRPOTrainer(TrainerSurface):
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         # sharded: the engine is built on, and runs with, every shard gathered (a first gather
         # inside the engine's inference mode would leave FSDP buffers no update may write)
-        self.sharded = args.fully_sharded
         with self._gathered():
             self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer,
                                          args, generation_dtype=self._generation_dtype())
@@ -1342,8 +1341,8 @@ class GRPOTrainer(TrainerSurface):
         weights: dict[str, Any] = {}
         optimizer_state: dict[str, Any] = {}
         if self.is_main_process:
-            weights = _read(checkpoint / "trainable.safetensors", ckpt.read_trainable)
-            ckpt.check_trainable(self.unwrapped, weights, checkpoint)
+            weights = _read(checkpoint / "trainable.safetensors",
+                            lambda p: ckpt.read_checked_trainable(self.unwrapped, p))
             optimizer_state = _read(checkpoint / "optimizer.pt",
                                     lambda p: torch.load(p, weights_only=False))
         sharding.load_full_state(self.unwrapped, self.optimizer, weights, optimizer_state)

@@ -196,10 +196,12 @@ class PolicyUpdater:
             plan += [[] for _ in range(int(self.accelerator.gather(count).max()) - len(plan))]
         return plan
 
-    def _filler(self, batch: PolicyBatch, rows: list[int]) -> PolicyBatch:
-        """The micro-batch of a filler pass: one row, forwarded so that the collectives of a
-        sharded model happen, and contributing nothing (its loss is multiplied by 0)."""
-        return batch.select(rows[:1] or [0])
+    @staticmethod
+    def _filler(batch: PolicyBatch) -> PolicyBatch:
+        """The micro-batch of a filler pass: one row (a process's batch always has one),
+        forwarded so that the collectives of a sharded model happen, and contributing nothing
+        (its loss is multiplied by 0)."""
+        return batch.select([0])
 
     def _logps(self, model: torch.nn.Module, part: PolicyBatch, entropy: bool = False):
         with self.autocast():
@@ -219,7 +221,7 @@ class PolicyUpdater:
                           device=batch.completion_ids.device)
         for rows in self._plan(batch, list(range(batch.num_rows))):
             if not rows:  # a filler pass of a sharded model
-                self._logps(model, self._filler(batch, rows))
+                self._logps(model, self._filler(batch))
                 continue
             part = batch.select(rows)
             logps = self._logps(model, part).logps
@@ -255,7 +257,7 @@ class PolicyUpdater:
         first = len(outputs)
         for i, micro in enumerate(plan):
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
-                scored = self._logps(self.model, self._filler(batch, rows))
+                scored = self._logps(self.model, self._filler(batch))
                 self.accelerator.backward(scored.logps.sum() * 0.0)
                 continue
             part = batch.select(micro)
@@ -413,7 +415,7 @@ class PolicyUpdater:
         for rows in plan:
             if not rows:  # a filler pass of a sharded model
                 if forward:
-                    self._logps(self.model, self._filler(batch, rows))
+                    self._logps(self.model, self._filler(batch))
                 continue
             part = batch.select(rows)
             logps = (self._logps(self.model, part, entropy=False).logps if forward
