@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mtgrpo.weighting import WEIGHTINGS, TaskStats, WeightingStrategy, make_weighting
+from mtgrpo.algo.weighting import WEIGHTINGS, TaskStats, WeightingStrategy, make_weighting
 
 FULL_SIZES = (1, 10, 100, 1_000, 10_000)
 QUICK_SIZES = (1, 10, 100)

@@ -8,7 +8,7 @@ and the same evaluation without it, side by side in one process.
 An evaluation samples ``num_generations_eval`` completions of every held-out prompt, scores
 them, and reports TRL's ``eval_loss``: the GRPO loss of those completions at the current policy.
 With ``beta = 0`` and a loss without a ``logp`` factor (TRL's default ``dapo`` among them,
-:func:`mtgrpo.policy.losses.loss_value_needs_logps`) that value is a function of the advantages
+:func:`mtgrpo.algo.losses.loss_value_needs_logps`) that value is a function of the advantages
 and the mask alone, and the trainer computes it without a forward pass. This script runs the
 evaluation of ``--config``'s held-out set twice with the same seed: with the forward pass forced
 (how every evaluation ran before) and as shipped (both sampling from the same seed, so the same

@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend, make_backend
 
 

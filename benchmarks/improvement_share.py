@@ -11,7 +11,7 @@ optimizer); this script recovers it for any ``mt_grpo`` run, older ones included
 replaying the run's weighting from its own log: a fresh strategy with the run's parameters
 (``RUN/config.yaml``) is fed each step's logged task accuracy ``J``, improvement ``I`` and
 presence, in order (the last record of a step; every step must be logged, as with
-``logging_steps: 1``), and asked for :func:`mtgrpo.weighting.improvement_share` after each
+``logging_steps: 1``), and asked for :func:`mtgrpo.algo.weighting.improvement_share` after each
 update (a step whose update was skipped has no ``I`` and no share). The replayed weights must
 reproduce the logged ones (the weights each step used): the largest difference is reported
 and a mismatch beyond float rounding is an error, so a share is only ever reported for the
@@ -21,7 +21,7 @@ Per run: the mean, median and largest share over the steps that have one, the me
 ``Σ z |centred I|`` and ``Σ z |centred λJ|``, and per task the weight at a quarter, half and
 the end of the run, its mean over the steps, and which way each term pushed it: the mean over
 the updates of ``−g``'s part from ``I`` and from ``λJ``
-(:func:`mtgrpo.weighting.gradient_parts`; with ``optimizer: sgd``, the default, the update
+(:func:`mtgrpo.algo.weighting.gradient_parts`; with ``optimizer: sgd``, the default, the update
 steps against ``g``, so a positive push raises the task's logit, and its weight when it rises
 more than the ``z``-weighted mean of the logits' moves). Prints Markdown tables; ``--out``
 appends them to a file.
@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from mtgrpo.algo.weighting import TaskStats, gradient_parts, make_weighting
 from mtgrpo.reporting.metrics import read_metrics
-from mtgrpo.weighting import TaskStats, gradient_parts, make_weighting
 
 # logged weights are float64 values written by json (repr round-trips): the replay is the same
 # arithmetic, so only a handful of float64 roundings may separate them

@@ -30,7 +30,7 @@ name                    weighting     batch              ε_high    paper
 ``mtgrpo_val`` (not in the paper; run only when named in ``--methods``) is MT-GRPO at the first
 λ with ``task_weighting_signal: validation``: its weights read ``J_k`` and ``I_k`` from an
 evaluation of the task suite's validation split every ``validation_steps`` steps instead of
-the training batch (``mtgrpo.weighting.ValidationSignal``). The split belongs to the base
+the training batch (``mtgrpo.algo.weighting.ValidationSignal``). The split belongs to the base
 config (``--set tasks.validation_size=N``), so that every method trains on, and the shared
 warm start learns from, the same problems, none of them a validation problem::
 
@@ -132,6 +132,8 @@ from typing import Any
 
 import yaml
 
+from mtgrpo.algo.sampling import SAMPLERS
+from mtgrpo.algo.weighting import WEIGHTINGS
 from mtgrpo.config import load_run_config, run_config_from_dict
 from mtgrpo.recipes import recipe_path
 from mtgrpo.reporting.compare import (
@@ -147,8 +149,6 @@ from mtgrpo.reporting.compare import (
     parse_thresholds,
 )
 from mtgrpo.reporting.metrics import read_metrics
-from mtgrpo.sampling import SAMPLERS
-from mtgrpo.weighting import WEIGHTINGS
 
 logger = logging.getLogger("mtgrpo_vs_baselines")
 

@@ -98,7 +98,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import TrainerCallback
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "WORKLOADS",

@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:

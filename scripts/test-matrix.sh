@@ -18,7 +18,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 lock="$root/requirements/lock.txt"
 dir="${MTGRPO_MATRIX_DIR:-/tmp/mtgrpo-matrix}"
-tests=(${MTGRPO_MATRIX_TESTS:-tests/fast tests/rollout tests/policy tests/trainer})
+tests=(${MTGRPO_MATRIX_TESTS:-tests/algo tests/fast tests/rollout tests/policy tests/trainer})
 py="${MTGRPO_PYTHON:-python3}"
 mkdir -p "$dir"
 

@@ -158,28 +158,31 @@ def test_the_speed_layer_is_used_through_its_package_interface():
     )
     assert not reached, f"modules of mtgrpo.fast imported directly (file, module): {reached}"
 
-# Rooms that import no model code at all, lazily or not (they run in tools, workers and the
-# configuration without torch); the first group also imports numpy only. (mtgrpo.choices asks
-# transformers about a name that is not ours; the subprocess test below holds it torch-free on
-# import.)
-_NUMPY_ONLY = ("metrics", "weighting", "sampling")
-_MODEL_FREE = ("advantages", "analysis", *_NUMPY_ONLY)
+# Modules that import no model code at all, lazily or not (they run in tools, workers and the
+# configuration without torch); the first group also imports numpy only. (mtgrpo.algo.registry
+# asks transformers about a name that is not ours; the subprocess test below holds it torch-free
+# on import.)
+_NUMPY_ONLY = ("algo.metrics", "algo.weighting", "algo.sampling")
+_MODEL_FREE = ("algo.advantages", "algo.losses", "algo.token_weights", "algo.engine_correction",
+               "analysis", "sandbox", *_NUMPY_ONLY)
 _MODEL_LIBRARIES = ("transformers", "peft", "accelerate")
 
 
-def _external_imports(room: str) -> set[str]:
-    paths = [PACKAGE / f"{room}.py"] if (PACKAGE / f"{room}.py").is_file() \
-        else sorted((PACKAGE / room).rglob("*.py"))
-    return {name.split(".")[0] for path in paths for name in _imported_modules(path)
-            if not name.startswith(FACADE)}
+def _external_imports(name: str) -> set[str]:
+    """Top-level packages outside mtgrpo that a room or a module (``algo.metrics``) imports."""
+    base = PACKAGE.joinpath(*name.split("."))
+    paths = [base.with_suffix(".py")] if base.with_suffix(".py").is_file() \
+        else sorted(base.rglob("*.py"))
+    assert paths, f"no module or package {name!r} under {PACKAGE}"
+    return {imported.split(".")[0] for path in paths for imported in _imported_modules(path)
+            if not imported.startswith(FACADE)}
 
 
-@pytest.mark.parametrize("room", _MODEL_FREE)
-def test_the_algorithm_core_imports_no_model_library(room):
-    assert not _external_imports(room) & set(_MODEL_LIBRARIES)
-    if room in _NUMPY_ONLY:
-        assert "torch" not in _external_imports(room)
-
+@pytest.mark.parametrize("name", _MODEL_FREE)
+def test_the_algorithm_core_imports_no_model_library(name):
+    assert not _external_imports(name) & set(_MODEL_LIBRARIES)
+    if name in _NUMPY_ONLY:
+        assert "torch" not in _external_imports(name)
 
 
 def test_building_a_config_imports_no_torch():
@@ -219,8 +222,13 @@ def _module_cycles(room: str) -> list[list[str]]:
     return cycles
 
 
-def test_the_speed_layer_has_no_import_cycle():
-    """``mtgrpo.fast`` modules import one another one way only (a package's ``__init__``
-    re-exporting its modules aside): the speed layer reads bottom up."""
-    cycles = [c for c in _module_cycles("fast") if "mtgrpo.fast" not in c]
+_PACKAGE_ROOMS = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("room", _PACKAGE_ROOMS)
+def test_no_import_cycle_inside_a_package(room):
+    """The modules of every package room (``mtgrpo.fast``, ``mtgrpo.algo``, ...) import one
+    another one way only (a package's ``__init__`` re-exporting its modules aside): each room
+    reads bottom up."""
+    cycles = [c for c in _module_cycles(room) if f"mtgrpo.{room}" not in c]
     assert cycles == []

@@ -172,13 +172,13 @@ def test_wrong_types_in_a_run_file_and_its_sections(tmp_path):
 
 # ------------------------------------------------------------------ validated when built
 def _weighting_names():
-    from mtgrpo.weighting import WEIGHTINGS
+    from mtgrpo.algo.weighting import WEIGHTINGS
 
     return WEIGHTINGS.names()
 
 
 def _sampler_names():
-    from mtgrpo.sampling import SAMPLERS
+    from mtgrpo.algo.sampling import SAMPLERS
 
     return SAMPLERS.names()
 
@@ -187,7 +187,7 @@ def _sampler_names():
 def test_a_typo_in_task_weighting_params_fails_when_the_config_is_built(strategy):
     """Every strategy: the misspelt key and the valid parameters are named by GRPOConfig
     itself, before a trainer (or a model) exists."""
-    from mtgrpo.weighting import WEIGHTINGS
+    from mtgrpo.algo.weighting import WEIGHTINGS
 
     valid = [p.name for p in WEIGHTINGS.get(strategy).PARAMS]
     params = {"lamm": 0.5, "weights": [1.0]} if strategy == "fixed" else {"lamm": 0.5}
@@ -199,7 +199,7 @@ def test_a_typo_in_task_weighting_params_fails_when_the_config_is_built(strategy
 
 @pytest.mark.parametrize("sampler", _sampler_names())
 def test_a_typo_in_batch_construction_params_fails_when_the_config_is_built(sampler):
-    from mtgrpo.sampling import SAMPLERS, _options
+    from mtgrpo.algo.sampling import SAMPLERS, _options
 
     valid = ", ".join(_options(SAMPLERS.get(sampler)))
     with pytest.raises(ValueError, match=rf"sampler '{sampler}' has no option\(s\) "

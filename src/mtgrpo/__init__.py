@@ -3,10 +3,9 @@
 ``from mtgrpo import GRPOConfig, GRPOTrainer`` is the TRL-shaped entry point (with TRL's
 ``ModelConfig`` and ``get_peft_config`` for scripts that use them); ``TrainConfig`` is the
 same options counted in mtgrpo's training steps (one generation batch each), as run files
-are. The algorithm
-core (``mtgrpo.advantages``, ``mtgrpo.weighting``, ``mtgrpo.sampling``, ``mtgrpo.rewards``,
-``mtgrpo.analysis``) is importable without loading any model code; ``GRPOTrainer`` is imported
-on first use.
+are. The method (``mtgrpo.algo``: advantages, task weighting, sampling, losses), the rewards
+(``mtgrpo.rewards``) and the analysis (``mtgrpo.analysis``) are importable
+without loading any model code; ``GRPOTrainer`` is imported on first use.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from typing import Any
 
 from mtgrpo._config_types import build_section, check_option_types, coerce_numbers, refuse_unknown
 from mtgrpo._config_types import option as _help
-from mtgrpo.choices import (
+from mtgrpo.algo.registry import (
     BACKENDS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
@@ -58,19 +58,19 @@ from mtgrpo.choices import (
     resolve_aggregation,
     resolve_scale_rewards,
 )
-from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
-from mtgrpo.models import DTYPES, LoraSettings
-from mtgrpo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
-from mtgrpo.sft.config import SFTConfig, WarmStartConfig
-from mtgrpo.tasks.config import TasksConfig
-from mtgrpo.tasks.episodes import EnvironmentsConfig
-from mtgrpo.weighting import (
+from mtgrpo.algo.sampling import SAMPLERS, ZERO_GRADIENT_FILTERS, check_sampler_params
+from mtgrpo.algo.weighting import (
     IMPROVEMENT_REDUCTIONS,
     TASK_WEIGHTING_SIGNALS,
     WEIGHTINGS,
     check_weighting_params,
     reads_task_stats,
 )
+from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
+from mtgrpo.models import DTYPES, LoraSettings
+from mtgrpo.sft.config import SFTConfig, WarmStartConfig
+from mtgrpo.tasks.config import TasksConfig
+from mtgrpo.tasks.episodes import EnvironmentsConfig
 
 __all__ = [
     "DataConfig",

@@ -272,7 +272,7 @@ def check_vllm_fields(config: Any) -> None:
             f"{config.generation_backend!r} asks for another engine; set only one of them"
         )
     if config.vllm_importance_sampling_correction:
-        from mtgrpo.choices import check_is_correction
+        from mtgrpo.algo.registry import check_is_correction
 
         check_is_correction(config.vllm_importance_sampling_mode,
                             config.vllm_importance_sampling_clip_min,

@@ -2,7 +2,7 @@
 
 For every test prompt ``n`` completions are sampled (paper: ``n = 8`` at temperature 1.0);
 a task's accuracy is the mean 0/1 correctness over its prompts' samples. Worst-task and average
-accuracy, and Δm% against a baseline, follow :mod:`mtgrpo.metrics` (the rules every report
+accuracy, and Δm% against a baseline, follow :mod:`mtgrpo.algo.metrics` (the rules every report
 uses). ``format_rate`` is the fraction of completions whose accuracy reward is above 0: under
 the papers' scheme (1.0 correct, 0.1 wrong but in the expected answer tag, 0 otherwise) that is
 "the answer was where it should be".
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from mtgrpo._progress import accuracy_status, progress
-from mtgrpo.metrics import scalar_rewards, task_accuracy, worst_and_average
+from mtgrpo.algo.metrics import scalar_rewards, task_accuracy, worst_and_average
 
 __all__ = ["EvaluationResult", "TaskResult", "answer_concentration", "answer_warnings",
            "evaluate_prompts", "run_evaluation"]
@@ -66,7 +66,7 @@ class TaskResult:
 
 @dataclass
 class EvaluationResult:
-    """Per-task results plus the worst task and the average (:mod:`mtgrpo.metrics`: defined
+    """Per-task results plus the worst task and the average (:mod:`mtgrpo.algo.metrics`: defined
     when every task has an accuracy; NaN and no worst task otherwise)."""
 
     tasks: dict[str, TaskResult]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mtgrpo.advantages import compute_advantages
+from mtgrpo.algo.advantages import compute_advantages
 from mtgrpo.analysis import (
     ANALYSIS_EPS,
     ChannelMarginal,

@@ -4,7 +4,7 @@
 holds the attributes its no-vLLM, text-only path reads: generation returns fixed token ids,
 TRL's own ``_calculate_rewards`` calls reward functions that return this test's scores
 (``None`` where the score is NaN), and its advantages are compared with
-:func:`mtgrpo.advantages.compute_advantages` on the same ``[N, R]`` matrix, for every setting
+:func:`mtgrpo.algo.advantages.compute_advantages` on the same ``[N, R]`` matrix, for every setting
 docs/coming-from-trl.md says matches TRL:
 
 * TRL ``sum_then_normalize`` with ``scale_rewards`` group / batch / none = ours with
@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mtgrpo.advantages import compute_advantages
+from mtgrpo.algo.advantages import compute_advantages
 from tolerance import f32_atol
 
 grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")

@@ -22,7 +22,7 @@
 #   TestGRPOTrainer.test_liger_kernel_with_peft_prompt_learning_raises: liger-kernel
 #   TestGRPOTrainer.test_train_with_off_policy_mask_with_liger: liger-kernel
 #   TestGRPOTrainer.test_compute_liger_loss_passes_vllm_is_ratio: liger-kernel
-#   TestGRPOTrainer.test_entropy_bonus_flows_gradients: calls TRL's private `_get_per_token_logps_and_entropies` and `_entropy_bonus_enabled`; the property it guards (the bonus carries gradient) is tested in tests/policy/test_policy_losses_trl_options.py
+#   TestGRPOTrainer.test_entropy_bonus_flows_gradients: calls TRL's private `_get_per_token_logps_and_entropies` and `_entropy_bonus_enabled`; the property it guards (the bonus carries gradient) is tested in tests/algo/test_losses_trl_options.py
 #   TestGRPOTrainer.test_train_vllm_and_peft: vLLM
 #   TestGRPOTrainer.test_train_vllm_structured_outputs: vLLM
 #   TestGRPOTrainer.test_train_vllm_importance_sampling_correction: vLLM

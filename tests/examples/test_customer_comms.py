@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtgrpo.advantages import Gate, compute_advantages
+from mtgrpo.algo.advantages import Gate, compute_advantages
 from mtgrpo.config import load_run_config
 from mtgrpo.examples.customer_comms import (
     CHANNELS,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mtgrpo.advantages import compute_advantages
+from mtgrpo.algo.advantages import compute_advantages
 from mtgrpo.config import load_run_config
 from mtgrpo.recipes import recipe_path
 from mtgrpo.rewards import math_reward

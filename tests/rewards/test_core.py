@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mtgrpo.advantages import Gate
+from mtgrpo.algo.advantages import Gate
 from mtgrpo.rewards import (
     RewardFunction,
     RewardSuite,

@@ -11,9 +11,9 @@ import torch
 import trainer_helpers as common
 
 from mtgrpo import GRPOTrainer
-from mtgrpo.advantages import compute_advantages
+from mtgrpo.algo.advantages import compute_advantages
+from mtgrpo.algo.weighting import softmax
 from mtgrpo.reporting import read_metrics
-from mtgrpo.weighting import softmax
 from script_loader import load_script
 from tolerance import assert_close_f32
 

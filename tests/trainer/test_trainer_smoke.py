@@ -35,7 +35,7 @@ def test_full_finetune_smoke(tiny_model_dir, tmp_path):
         for task in ("alpha", "beta"):
             for key in ("accuracy", "reward", "zero_gradient_rate", "weight", "batch_share"):
                 assert f"tasks/{task}/{key}" in record
-        # worst and average are defined only when every task was measured (mtgrpo.metrics)
+        # worst and average are defined only when every task was measured (mtgrpo.algo.metrics)
         accuracy = [record[f"tasks/{task}/accuracy"] for task in ("alpha", "beta")]
         if None in accuracy:
             assert record["accuracy/worst"] is None

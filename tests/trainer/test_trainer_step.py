@@ -9,7 +9,7 @@ import torch
 import trainer_helpers as _common
 
 from mtgrpo import GRPOTrainer
-from mtgrpo.advantages import compute_advantages
+from mtgrpo.algo.advantages import compute_advantages
 
 
 def _instrumented(tiny_model_dir, tmp_path, **overrides):

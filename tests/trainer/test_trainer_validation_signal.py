@@ -10,9 +10,9 @@ import pytest
 import trainer_helpers as _common
 
 from mtgrpo import GRPOTrainer
+from mtgrpo.algo.weighting import softmax
 from mtgrpo.config import GRPOConfig, run_config_from_dict
 from mtgrpo.reporting import read_metrics
-from mtgrpo.weighting import softmax
 
 
 def scripted_reward(prompts, completions, score, **kwargs):

@@ -31,7 +31,7 @@ Two formats:
     :func:`save_rollouts_npz`.
 
 Not-applicable entries (``null`` / NaN) stay NaN in the returned array; the analysis reads
-them with the ``"neutral"`` rule of :mod:`mtgrpo.advantages`: the entry's z-score is 0 and
+them with the ``"neutral"`` rule of :mod:`mtgrpo.algo.advantages`: the entry's z-score is 0 and
 the group statistics use the applicable entries only, so a channel that is ``None`` for a
 whole group has z = 0 and contributes neither advantage nor correlation, and a completion
 with no applicable channel gets advantage 0.
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "ROLLOUT_FORMATS",

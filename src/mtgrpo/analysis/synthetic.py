@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "MARGINALS",

@@ -11,8 +11,8 @@ Within each group ``(p, s)``, with the population std (ddof 0) and ``δ = 1e-8``
 - NA (normalise-then-aggregate) advantage ``A_j = Σ_l w_l z_jl``;
 - AN (aggregate-then-normalise) advantage: ``s_j = Σ_l w_l r_jl`` standardised the same way.
 
-Both come from :func:`mtgrpo.advantages.compute_advantages` and the z-scores from
-:func:`mtgrpo.advantages.channel_zscores`, so the analysis measures exactly the estimators
+Both come from :func:`mtgrpo.algo.advantages.compute_advantages` and the z-scores from
+:func:`mtgrpo.algo.advantages.channel_zscores`, so the analysis measures exactly the estimators
 the trainer uses. ``NaN`` (not applicable) follows that module's ``"neutral"`` rule: the
 entry's z is 0 and the group statistics use the applicable entries only, so a channel that
 is ``None`` for a whole group has z = 0 throughout; a completion with no applicable channel
@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtgrpo.advantages import channel_zscores, compute_advantages
+from mtgrpo.algo.advantages import channel_zscores, compute_advantages
 
 __all__ = [
     "ANALYSIS_DDOF",

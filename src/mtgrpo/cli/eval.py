@@ -242,8 +242,8 @@ def _config_paper_levels(tasks_config) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from mtgrpo.algo.metrics import delta_m
     from mtgrpo.evaluation import EvaluationResult, run_evaluation
-    from mtgrpo.metrics import delta_m
 
     try:
         inputs = _inputs(args)

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rewards import RewardFunction, conditioned
 from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers.answer import completion_text

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.fast.llama_family import (
     SUPPORTED_ATTENTION,
     attention_inputs,

@@ -30,7 +30,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 if TYPE_CHECKING:
     import torch

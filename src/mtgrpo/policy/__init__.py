@@ -19,6 +19,14 @@ One update of the policy on a scored batch, read top to bottom::
 Formulas and sources are in each module's docstring (ALGORITHMS.md section 3, TRL 1.16).
 """
 
+from mtgrpo.algo.losses import (
+    LOSS_TYPES,
+    LossNormalizer,
+    LossOutput,
+    combine_loss_outputs,
+    per_sequence_objective,
+    policy_loss,
+)
 from mtgrpo.fast import plan_micro_batches
 from mtgrpo.policy.logprobs import (
     DEFAULT_CHUNK_SIZE,
@@ -31,14 +39,6 @@ from mtgrpo.policy.logprobs import (
     resolve_logprob_path,
     selective_log_softmax,
     sequence_logprobs,
-)
-from mtgrpo.policy.losses import (
-    LOSS_TYPES,
-    LossNormalizer,
-    LossOutput,
-    combine_loss_outputs,
-    per_sequence_objective,
-    policy_loss,
 )
 from mtgrpo.policy.micro_batches import PolicyBatch
 from mtgrpo.policy.optim import (

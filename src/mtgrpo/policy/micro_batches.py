@@ -13,7 +13,7 @@ model sees ``cat([prompt, completion], 1)``. The padded width of a set of rows i
 given ``[N, 2]`` lengths.
 
 The loss normalisers must be those of the whole batch (see
-:class:`~mtgrpo.policy.losses.LossNormalizer`), which is what makes the order and size of the
+:class:`~mtgrpo.algo.losses.LossNormalizer`), which is what makes the order and size of the
 micro-batches irrelevant to the accumulated gradient.
 """
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from mtgrpo.choices import SCHEDULERS, check_optimizer_name, check_scheduler_name
+from mtgrpo.algo.registry import SCHEDULERS, check_optimizer_name, check_scheduler_name
 
 __all__ = [
     "SCHEDULERS",

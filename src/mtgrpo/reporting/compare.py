@@ -15,7 +15,7 @@ Rules where the paper is silent (each is also said where it applies):
 
 1. Worst and average at a step are defined only when *every* task has a finite accuracy at
    that step: a minimum over the tasks that happened to be measured would overstate the worst.
-   (:mod:`mtgrpo.metrics` defines worst, average, Δm% and steps-to-threshold once; the trainer
+   (:mod:`mtgrpo.algo.metrics` defines worst, average, Δm% and steps-to-threshold once; the trainer
    and evaluation log with the same rules.)
 2. "Final" is the last such complete step of the split; "best" is the maximum over them
    (the earliest step on a tie).
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtgrpo.metrics import DeltaM, delta_m, worst_and_average
-from mtgrpo.metrics import steps_to_threshold as first_step_reaching
+from mtgrpo.algo.metrics import DeltaM, delta_m, worst_and_average
+from mtgrpo.algo.metrics import steps_to_threshold as first_step_reaching
 from mtgrpo.reporting.metrics import read_metrics
 from mtgrpo.reporting.tables import FittedTable
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.reporting.compare import (
     ComparisonTable,
     RunHistory,

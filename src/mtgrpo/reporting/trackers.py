@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.choices import TRACKERS
+from mtgrpo.algo.registry import TRACKERS
 
 __all__ = ["TRACKERS", "Trackers", "check_trackers_available"]
 

@@ -35,7 +35,7 @@ What ``None`` means
 -------------------
 ``None`` means "this reward does not apply to this completion". It is never silently turned
 into a reward of 0: the score matrix keeps it as ``NaN``, and how it enters the advantage is a
-choice of :func:`mtgrpo.advantages.compute_advantages`, option ``none_handling``:
+choice of :func:`mtgrpo.algo.advantages.compute_advantages`, option ``none_handling``:
 
 * ``"neutral"`` (default): a ``None`` neither rewards nor penalises. Under sum-then-normalise
   the missing entry is replaced by that channel's mean over the group's completions it applies

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mtgrpo.advantages import GATE_MODES
+from mtgrpo.algo.advantages import GATE_MODES
 from mtgrpo.rewards.core import (
     GateSpec,
     RewardCallable,
@@ -128,7 +128,7 @@ def conditioned(
 
     ``mode="zero_fill"``: the gated reward becomes 0 where the gate fails;
     ``mode="subgroup"``: it is centred over the passing rows of the group and 0 elsewhere.
-    The gate is applied by :func:`mtgrpo.advantages.compute_advantages` before the ordering;
+    The gate is applied by :func:`mtgrpo.algo.advantages.compute_advantages` before the ordering;
     :attr:`RewardSuite.gates` resolves it to channel indices.
 
     ``on`` is a column name of the suite (``"format"``, ``"fintech/compliance"``) or, for a

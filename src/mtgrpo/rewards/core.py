@@ -82,7 +82,7 @@ class GateSpec:
         on: the gating channel: a column name of the suite (``"format"``,
             ``"fintech/compliance"``) or, for a multi-channel function, one of its own
             channel names.
-        mode: ``"zero_fill"`` or ``"subgroup"`` (see :mod:`mtgrpo.advantages`).
+        mode: ``"zero_fill"`` or ``"subgroup"`` (see :mod:`mtgrpo.algo.advantages`).
         threshold: the gate passes where ``r_on >= threshold``.
     """
 

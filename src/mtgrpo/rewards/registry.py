@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mtgrpo._registry import Registry, import_object
+from mtgrpo.algo.registry import Registry, import_object
 
 __all__ = ["REWARD_FUNCTIONS", "check_reward_entry", "resolve_reward", "resolve_rewards"]
 

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtgrpo._registry import Registry
-from mtgrpo.advantages import Gate
-from mtgrpo.choices import ON_UNSCORABLE
+from mtgrpo.algo.advantages import Gate
+from mtgrpo.algo.registry import ON_UNSCORABLE, Registry
 from mtgrpo.rewards.core import (
     RewardError,
     RewardFunction,
@@ -49,7 +48,7 @@ WILDCARD_TASK = "*"
 """Routing-table key whose functions apply to every task."""
 
 UnscorablePolicy = Callable[["RewardSuite", RewardBatch, np.ndarray], None]
-UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = ON_UNSCORABLE  # names in mtgrpo.choices
+UNSCORABLE_POLICIES: Registry[UnscorablePolicy] = ON_UNSCORABLE  # names in mtgrpo.algo.registry
 """What to do with a completion no reward applies to (every channel NaN): ``raise`` (default),
 ``warn`` (TRL's behaviour and warning: the row stays all-NaN and the advantage is 0) or
 ``zero_advantage`` (the same without the warning)."""
@@ -382,7 +381,7 @@ class RewardSuite:
     @property
     def gates(self) -> list[Gate]:
         """Conditioning gates with channel indices, for
-        :func:`mtgrpo.advantages.compute_advantages` (``gates=suite.gates``)."""
+        :func:`mtgrpo.algo.advantages.compute_advantages` (``gates=suite.gates``)."""
         return list(self._gates)
 
     @property

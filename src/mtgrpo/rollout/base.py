@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from mtgrpo._registry import Registry
-from mtgrpo.choices import BACKENDS as CHOSEN_BACKENDS
+from mtgrpo.algo.registry import BACKENDS as CHOSEN_BACKENDS
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "BACKENDS",
@@ -160,7 +160,7 @@ class GenerationBackend(Protocol):
 
 
 BackendFactory = Callable[..., GenerationBackend]
-BACKENDS: Registry[BackendFactory] = CHOSEN_BACKENDS  # names declared in mtgrpo.choices
+BACKENDS: Registry[BackendFactory] = CHOSEN_BACKENDS  # names declared in mtgrpo.algo.registry
 
 
 def backend_description(backend: object) -> dict[str, str]:

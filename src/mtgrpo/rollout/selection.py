@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mtgrpo._registry import import_object
+from mtgrpo.algo.registry import import_object
 from mtgrpo.rollout.base import GenerationBackend, make_backend
 
 logger = logging.getLogger(__name__)

@@ -23,19 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from mtgrpo.advantages import AdvantageResult, compute_advantages
+from mtgrpo.algo.advantages import AdvantageResult, compute_advantages
+from mtgrpo.algo.sampling import ScoredGroup
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.accuracy import correct_completions
 from mtgrpo.rollout.agent import AgentRollouts, CustomRollouts
 from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams
-from mtgrpo.sampling import ScoredGroup
 from mtgrpo.tasks import PromptSet, is_conversational
 
 __all__ = ["Estimate", "GroupPayload", "RolloutWorker", "Shard"]
 
 Estimate = Callable[[np.ndarray, int], AdvantageResult]
 """``estimate(rewards [N, R], G) -> AdvantageResult``: the advantage estimator with the run's
-settings (:func:`mtgrpo.advantages.compute_advantages`)."""
+settings (:func:`mtgrpo.algo.advantages.compute_advantages`)."""
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _Scored:
 
 
 class RolloutWorker:
-    """``worker(prompt_ids) -> list[ScoredGroup]`` for :mod:`mtgrpo.sampling`.
+    """``worker(prompt_ids) -> list[ScoredGroup]`` for :mod:`mtgrpo.algo.sampling`.
 
     ``estimate`` is the advantage estimator (default: :func:`compute_advantages` with the
     suite's reward weights, gates and ``on_unscorable`` policy, and its other defaults).

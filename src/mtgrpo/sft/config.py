@@ -24,7 +24,7 @@ from mtgrpo._config_types import (
     option,
     refuse_unknown,
 )
-from mtgrpo.choices import SCHEDULERS
+from mtgrpo.algo.registry import SCHEDULERS
 
 __all__ = ["ON_LONG_EXAMPLE", "SFTConfig", "WarmStartConfig"]
 

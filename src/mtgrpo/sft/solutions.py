@@ -35,7 +35,7 @@ import string
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.tasks.paper import ensure_trainable
 from mtgrpo.tasks.prompts import ANSWER_FORMATS, THINK_PREFIX
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtgrpo._config_types import option
-from mtgrpo._registry import Registry, import_object
+from mtgrpo.algo.registry import Registry, import_object
 
 __all__ = [
     "ENVIRONMENT_KINDS",

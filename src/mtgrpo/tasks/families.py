@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.tasks.prompts import AnswerFormat
 
 __all__ = [

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "ANSWER_FORMATS",

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.tasks.cache import CHUNK_SIZE, CacheKey, ItemCache
 from mtgrpo.tasks.families import TaskFamily, TaskSpec, resolve_task
 from mtgrpo.tasks.generation import (

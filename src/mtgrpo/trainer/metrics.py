@@ -1,5 +1,5 @@
 """The per-step metrics record (keys documented in ``docs/architecture.md``); the definitions of
-accuracy, worst / average and zero gradient are :mod:`mtgrpo.metrics`'."""
+accuracy, worst / average and zero gradient are :mod:`mtgrpo.algo.metrics`'."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from mtgrpo.metrics import task_accuracy, worst_and_average
-from mtgrpo.sampling import SamplingReport, ScoredGroup
+from mtgrpo.algo.metrics import task_accuracy, worst_and_average
+from mtgrpo.algo.sampling import SamplingReport, ScoredGroup
 
 __all__ = [
     "NOTHING_LEARNED_STEPS",
@@ -36,7 +36,7 @@ def _nanmean(values: np.ndarray) -> float:
 
 def accuracy_summary(task_names: Sequence[str], accuracy: np.ndarray) -> dict[str, Any]:
     """``accuracy/worst``, ``accuracy/average`` and ``accuracy/worst_task`` of ``accuracy [K]``
-    (NaN: a task without completions): :func:`mtgrpo.metrics.worst_and_average`, NaN (and no
+    (NaN: a task without completions): :func:`mtgrpo.algo.metrics.worst_and_average`, NaN (and no
     worst task) unless every task has an accuracy."""
     worst, average, index = worst_and_average(accuracy)
     out: dict[str, Any] = {"accuracy/worst": float(worst), "accuracy/average": float(average)}

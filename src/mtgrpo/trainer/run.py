@@ -57,7 +57,7 @@ def _load(run: RunConfig, source: Any, split: str) -> Any:
     """Rows of ``source`` through ``data.loader`` when one is set (else the source itself)."""
     if source is None or run.data.loader is None:
         return source
-    from mtgrpo._registry import import_object
+    from mtgrpo.algo.registry import import_object
 
     return import_object(run.data.loader)(source, split=split, **run.data.loader_options)
 

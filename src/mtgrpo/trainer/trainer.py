@@ -10,7 +10,7 @@ One training step, read top to bottom (:meth:`GRPOTrainer.training_step` shows t
 
 With ``task_weighting_signal: validation`` the weights read a held-out validation split
 instead: it is evaluated every ``validation_steps`` steps (at the start of the step, step 0
-included) and every update reads :meth:`mtgrpo.weighting.ValidationSignal.task_stats`.
+included) and every update reads :meth:`mtgrpo.algo.weighting.ValidationSignal.task_stats`.
 
 A reward's path to the loss: reward function -> ``RewardSuite.score`` (``[N, R]``, NaN = not
 applicable) -> the rollout worker's ``estimate`` (:meth:`GRPOTrainer._estimate`, once per
@@ -43,16 +43,18 @@ import torch
 
 from mtgrpo._files import aside_path, write_atomically, write_text_atomically
 from mtgrpo._progress import use_bar
-from mtgrpo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
-from mtgrpo.config import GRPOConfig
-from mtgrpo.metrics import logprob_mismatch, scalar_rewards
-from mtgrpo.models.precision import model_width, resolve_bf16
-from mtgrpo.policy import build_optimizer, build_scheduler
-from mtgrpo.policy.engine_correction import (
+from mtgrpo.algo.advantages import AdvantageResult, compute_advantages, normalises_over_the_batch
+from mtgrpo.algo.engine_correction import (
     correction_figures,
     correction_metrics,
     importance_weights,
 )
+from mtgrpo.algo.metrics import logprob_mismatch, scalar_rewards
+from mtgrpo.algo.sampling import ScoredGroup, make_sampler
+from mtgrpo.algo.weighting import TaskStats, ValidationSignal, improvement_by_task, make_weighting
+from mtgrpo.config import GRPOConfig
+from mtgrpo.models.precision import model_width, resolve_bf16
+from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.policy.logprobs import resolve_logprob_path
 from mtgrpo.reporting import MetricsWriter, Trackers, check_trackers_available
 from mtgrpo.rewards.accuracy import accuracy_channel_index
@@ -64,7 +66,6 @@ from mtgrpo.rollout import (
     backend_description,
 )
 from mtgrpo.rollout.agent import AgentRollouts, CustomRollouts
-from mtgrpo.sampling import ScoredGroup, make_sampler
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import checkpoint as ckpt
 from mtgrpo.trainer import hooks, sharding
@@ -97,7 +98,6 @@ from mtgrpo.trainer.setup import (
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
 from mtgrpo.trainer.surface import TrainerSurface
 from mtgrpo.trainer.update import PolicyUpdater, engine_correction, pad_policy_batch
-from mtgrpo.weighting import TaskStats, ValidationSignal, improvement_by_task, make_weighting
 
 logger = logging.getLogger(__name__)
 
@@ -692,7 +692,7 @@ class GRPOTrainer(TrainerSurface):
     def _generation_mismatch(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
                              old_logps: torch.Tensor) -> dict[str, float]:
         """``generation/logprob_mismatch_mean``, ``_max`` and ``generation/kl_k3``
-        (:func:`mtgrpo.metrics.logprob_mismatch`) over the trained completion tokens of every
+        (:func:`mtgrpo.algo.metrics.logprob_mismatch`) over the trained completion tokens of every
         process, pooled token by token (not a mean of per-process means, nor a local max): the
         backend's log-probs of its samples against the trainer's at θ_t (``old_logps`` /
         ``completion_mask``: ``[n, L]``, this process's rows).
@@ -761,8 +761,8 @@ class GRPOTrainer(TrainerSurface):
                             sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
                             off_policy_threshold: float) -> torch.Tensor:
         """TRL's off-policy sequence mask, ``[B, 1]`` (1.0 keep, 0.0 drop): see
-        :func:`mtgrpo.policy.token_weights.off_policy_mask`."""
-        from mtgrpo.policy.token_weights import off_policy_mask
+        :func:`mtgrpo.algo.token_weights.off_policy_mask`."""
+        from mtgrpo.algo.token_weights import off_policy_mask
 
         keep = off_policy_mask(advantages.reshape(-1), per_token_logps, sampling_per_token_logps,
                                mask, off_policy_threshold)
@@ -772,7 +772,7 @@ class GRPOTrainer(TrainerSurface):
                               threshold: float) -> torch.Tensor:
         """TRL's high-entropy mask: tokens whose entropy is at least the ``threshold``
         quantile of the non-padding entropies of every process."""
-        from mtgrpo.policy.token_weights import entropy_threshold, high_entropy_mask
+        from mtgrpo.algo.token_weights import entropy_threshold, high_entropy_mask
 
         local = entropies[mask.bool()].float()
         sentinel = -1e9  # entropies are >= 0, so the padding value cannot collide

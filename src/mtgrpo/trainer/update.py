@@ -17,6 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtgrpo.algo.engine_correction import EngineCorrection, importance_weights
+from mtgrpo.algo.losses import LossOptions, loss_value_needs_logps
+from mtgrpo.algo.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
 from mtgrpo.config import GRPOConfig
 from mtgrpo.policy import (
     LossNormalizer,
@@ -29,9 +32,6 @@ from mtgrpo.policy import (
     resolve_logprob_path,
     sequence_logprobs,
 )
-from mtgrpo.policy.engine_correction import EngineCorrection, importance_weights
-from mtgrpo.policy.losses import LossOptions, loss_value_needs_logps
-from mtgrpo.policy.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
 
 __all__ = ["PolicyUpdater", "UpdateOutput", "engine_correction", "loss_options",
            "pad_policy_batch"]
@@ -400,7 +400,7 @@ class PolicyUpdater:
         """The loss on an evaluation batch at the current policy (ratio 1, no update).
 
         Where that value does not depend on the log-probabilities
-        (:func:`~mtgrpo.policy.losses.loss_value_needs_logps`: ``beta = 0`` and a loss type
+        (:func:`~mtgrpo.algo.losses.loss_value_needs_logps`: ``beta = 0`` and a loss type
         without a ``logp`` factor, which covers TRL's default ``dapo``), no forward pass runs:
         the same :func:`policy_loss` is evaluated on zero log-probabilities, the same number
         as after a forward (ratio exactly 1 either way) for none of its cost (on a CPU about

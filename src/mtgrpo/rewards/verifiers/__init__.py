@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rewards.verifiers.answer import (
     ANSWER_STYLES,
     MAX_TEXT_CHARS,

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "ANSWER_STYLES",

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import completion_texts
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import column, completion_texts
 from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer

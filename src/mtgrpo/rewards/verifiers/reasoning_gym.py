@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from typing import Any
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 from mtgrpo.rewards.guard import score_each
 from mtgrpo.rewards.verifiers._batch import completion_texts, optional_column
 from mtgrpo.rewards.verifiers.answer import ANSWER_STYLES, extract_answer

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mtgrpo.choices import MALFORMED_TOOL_CALLS
+from mtgrpo.algo.registry import MALFORMED_TOOL_CALLS
 from mtgrpo.rollout.agent.execution import EventLoop, ToolResult, run_tool_calls, tools_by_name
 from mtgrpo.rollout.agent.parsing import ParsedTurn, ToolCallParser, parse_hermes_tool_calls
 from mtgrpo.rollout.base import GenerationBackend, GenerationOutput, SamplingParams

@@ -25,7 +25,7 @@ The ratio ``rho`` is per token (``importance_sampling_level="token"``) or, for G
 - ``sapo`` (SAPO): ``L = -sigmoid(tau (rho - 1)) (4 / tau) A``, ``tau`` = the positive or
   negative temperature by the sign of ``A``;
 - ``vespo`` (VESPO): ``L = -phi(w) A logp`` with the detached gamma weight of
-  :func:`~mtgrpo.policy.token_weights.gamma_weights`.
+  :func:`~mtgrpo.algo.token_weights.gamma_weights`.
 
 Then, in TRL's order: completions dropped by the off-policy mask and tokens outside the
 high-entropy mask get ``L = 0``; the KL term is added (multiplied by ``rho`` with
@@ -61,9 +61,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtgrpo._registry import Registry
-from mtgrpo.choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
-from mtgrpo.policy.token_weights import gamma_weights, off_policy_mask
+from mtgrpo.algo.registry import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, Registry
+from mtgrpo.algo.token_weights import gamma_weights, off_policy_mask
 
 __all__ = [
     "LOSS_TYPES",
@@ -153,7 +152,8 @@ class LossOutput:
 # whole-batch normaliser to this micro-batch's scalar share of the loss.
 LossAggregation = Callable[[Tensor, Tensor, LossNormalizer], Tensor]
 
-# LOSS_TYPES (mtgrpo.choices) declares the names, so a configuration validates them without torch.
+# LOSS_TYPES (mtgrpo.algo.registry) declares the names, so a configuration validates them
+# without torch.
 
 
 @LOSS_TYPES.register("grpo", aliases=("sequence_mean",))
@@ -327,7 +327,7 @@ def policy_loss(
     ``sampling_logps``: the policy that sampled the completions, for the off-policy mask
     (default ``old_logps``, else ``logps`` detached). ``token_weight [n, L]`` or ``[n, 1]``:
     multiplies each trained token's policy term before the KL penalty is added (the
-    engine's importance-sampling correction, :mod:`mtgrpo.policy.engine_correction`).
+    engine's importance-sampling correction, :mod:`mtgrpo.algo.engine_correction`).
     """
     aggregate = LOSS_TYPES.get(loss_type)
     loss_type = LOSS_TYPES.canonical(loss_type)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from loss_helpers import LN2, hand_example, trl_compute_loss
 
+from mtgrpo.algo.losses import LossOptions, loss_value_needs_logps
 from mtgrpo.policy import (
     LOSS_TYPES,
     LossNormalizer,
@@ -17,7 +18,6 @@ from mtgrpo.policy import (
     plan_micro_batches,
     policy_loss,
 )
-from mtgrpo.policy.losses import LossOptions, loss_value_needs_logps
 from tolerance import assert_close_f32
 
 # Per-token losses L = -min(rho A, clip(rho, 0.8, 1.28) A) + 0.1 KL, KL = e^d - d - 1:

@@ -1,26 +1,150 @@
-"""The named choices of a run whose implementations need torch, declared once and without torch.
+"""Names users pick things by: the registry every extension point uses, and the run's choices.
 
-The configuration validates every option the moment it is built, before any model loads, and
-building it imports no torch (:class:`mtgrpo.config.GRPOConfig`). So the names of reward
-aggregations, loss types, generation backends, ``on_unscorable`` policies and learning-rate
-schedules are declared here; the modules that implement them (:mod:`mtgrpo.advantages`,
-:mod:`mtgrpo.policy.losses`, :mod:`mtgrpo.rollout`, :mod:`mtgrpo.rewards.suite`) register their
-objects under these names (``@AGGREGATIONS.register("gdpo")``). A declared name is known at
-once (``canonical``, ``in``, ``names``) and usable (``get``) once its module is imported.
+:class:`Registry` maps names (and aliases) to objects of one kind. It refuses duplicate names
+and, when a lookup fails, lists the valid names, so a typo in a run file is answered with the
+fix rather than a ``KeyError``.
+
+The choices whose implementations need torch are declared here without it: the configuration
+validates every option the moment it is built, before any model loads, and building it imports
+no torch. So the names of reward aggregations, loss types, generation backends, ``on_unscorable``
+policies and learning-rate schedules are declared here, and the modules that implement them
+(:mod:`mtgrpo.algo.advantages`, :mod:`mtgrpo.algo.losses`, :mod:`mtgrpo.rollout`,
+:mod:`mtgrpo.rewards.suite`) register their objects under these names
+(``@AGGREGATIONS.register("gdpo")``). A declared name is known at once (``canonical``, ``in``,
+``names``) and usable (``get``) once its module is imported. Closed choices that users cannot
+extend are ``Literal`` types with their values as a tuple (``ScaleRewards`` / ``SCALE_REWARDS``).
 
 The choices of the numpy modules (task weightings, samplers, zero-gradient filters) are their own
-registries, :data:`mtgrpo.weighting.WEIGHTINGS` and :data:`mtgrpo.sampling.SAMPLERS`, which import
-no torch either.
+registries, :data:`mtgrpo.algo.weighting.WEIGHTINGS` and :data:`mtgrpo.algo.sampling.SAMPLERS`,
+which import no torch either.
 """
+
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
-from mtgrpo._registry import Registry
+T = TypeVar("T")
 
-__all__ = [
+__all__ = ["Registry", "import_object"]
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute, with an error naming what failed."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{path!r} is not an import path; write it as 'package.module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError as exc:
+        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from exc
+
+
+class Registry(Generic[T]):
+    """Maps names (and optional aliases) to objects of one kind.
+
+    >>> colours = Registry[int]("colour")
+    >>> colours.add("red", 1, aliases=("rouge",))
+    1
+    >>> colours.get("rouge")
+    1
+    """
+
+    def __init__(self, kind: str, *, provider: str | None = None) -> None:
+        self.kind = kind
+        self.provider = provider  # the module that registers declared names (for errors)
+        self._items: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}
+        self._declared: set[str] = set()  # names whose object is not registered yet
+
+    def declare(self, name: str, *, aliases: tuple[str, ...] = ()) -> None:
+        """Name a choice whose object a module registers later (with :meth:`add`): the name
+        and its aliases are known at once (``canonical``, ``in``, ``names``) without importing
+        that module; :meth:`get` works once it is registered."""
+        self._check_free((name, *aliases))
+        self._declared.add(name)
+        self._items[name] = None  # type: ignore[assignment]
+        for alias in aliases:
+            self._aliases[alias] = name
+
+    def add(self, name: str, item: T, *, aliases: tuple[str, ...] = ()) -> T:
+        if name in self._declared:  # the object of a declared name: its aliases were declared
+            undeclared = [a for a in aliases if self._aliases.get(a) != name]
+            if undeclared:
+                raise ValueError(f"{self.kind} {name!r} was declared without the aliases "
+                                 f"{undeclared}; declare them with the name")
+            self._declared.discard(name)
+            self._items[name] = item
+            return item
+        self._check_free((name, *aliases))
+        self._items[name] = item
+        for alias in aliases:
+            self._aliases[alias] = name
+        return item
+
+    def _check_free(self, keys: tuple[str, ...]) -> None:
+        for key in keys:
+            if key in self._items or key in self._aliases:
+                raise ValueError(
+                    f"{self.kind} {key!r} is already registered; pick another name "
+                    f"(registered: {', '.join(self.names())})"
+                )
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        """Decorator form of :meth:`add`."""
+
+        def decorator(item: T) -> T:
+            return self.add(name, item, aliases=aliases)
+
+        return decorator
+
+    def canonical(self, name: str) -> str:
+        """The registered name for ``name`` or one of its aliases (case-insensitive)."""
+        key = name.strip()
+        for candidate in (key, key.lower()):
+            if candidate in self._items:
+                return candidate
+            if candidate in self._aliases:
+                return self._aliases[candidate]
+        valid = ", ".join(self.names())
+        aliases = ", ".join(f"{a} (= {n})" for a, n in sorted(self._aliases.items()))
+        hint = f"; aliases: {aliases}" if aliases else ""
+        raise ValueError(f"unknown {self.kind} {name!r}; valid names: {valid}{hint}")
+
+    def get(self, name: str) -> T:
+        key = self.canonical(name)
+        if key in self._declared:
+            where = f" (import {self.provider})" if self.provider else ""
+            raise LookupError(f"{self.kind} {key!r} is declared but its implementation is not "
+                              f"loaded yet{where}")
+        return self._items[key]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.canonical(name)
+        except ValueError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+__all__ += [
     "AGGREGATIONS",
     "BACKENDS",
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -40,8 +164,8 @@ __all__ = [
 ]
 
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry(
-    "reward aggregation", provider="mtgrpo.advantages")
-"""How reward channels become one advantage (:mod:`mtgrpo.advantages` documents each)."""
+    "reward aggregation", provider="mtgrpo.algo.advantages")
+"""How reward channels become one advantage (:mod:`mtgrpo.algo.advantages` documents each)."""
 AGGREGATIONS.declare("sum_then_normalize", aliases=("an", "sum_normalize"))
 AGGREGATIONS.declare("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
 AGGREGATIONS.declare("gdpo")
@@ -51,7 +175,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 """What centred rewards are divided by: the group's std, the batch's, or nothing (Dr. GRPO)."""
 
 NONE_HANDLING = ("neutral", "zero")
-"""How a reward function's ``None`` enters the advantage (:mod:`mtgrpo.advantages`)."""
+"""How a reward function's ``None`` enters the advantage (:mod:`mtgrpo.algo.advantages`)."""
 
 ON_UNSCORABLE: Registry[Callable[..., Any]] = Registry(
     "on_unscorable policy", provider="mtgrpo.rewards.suite")
@@ -61,8 +185,8 @@ advantage 0); ``zero_advantage`` (the same, silently). The configuration also ac
 for _name in ("raise", "warn", "zero_advantage"):
     ON_UNSCORABLE.declare(_name)
 
-LOSS_TYPES: Registry[Callable[..., Any]] = Registry("loss type", provider="mtgrpo.policy.losses")
-"""How per-token policy terms are summed into the loss (:mod:`mtgrpo.policy.losses`)."""
+LOSS_TYPES: Registry[Callable[..., Any]] = Registry("loss type", provider="mtgrpo.algo.losses")
+"""How per-token policy terms are summed into the loss (:mod:`mtgrpo.algo.losses`)."""
 LOSS_TYPES.declare("grpo", aliases=("sequence_mean",))
 LOSS_TYPES.declare("dapo", aliases=("token_mean",))
 for _name in ("dr_grpo", "bnpo", "cispo", "vespo", "sapo", "luspo"):
@@ -81,7 +205,7 @@ error reply the model reads, as a failing call does."""
 
 IS_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """TRL's ``vllm_importance_sampling_mode``: the engine's importance-correction ratio per token or
-per completion, clamped to or masked outside its bounds (:mod:`mtgrpo.policy.engine_correction`)."""
+per completion, clamped to or masked outside its bounds (:mod:`mtgrpo.algo.engine_correction`)."""
 
 
 def check_is_correction(mode: str, clip_min: float | None, clip_max: float | None) -> None:

@@ -1,4 +1,4 @@
-"""Tests of mtgrpo.weighting: formulas on hand-built inputs, loop references, torch's Adam,
+"""Tests of mtgrpo.algo.weighting: formulas on hand-built inputs, loop references, torch's Adam,
 absent-task rules, validation messages, the simplex property and state round trips."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtgrpo.weighting import (
+from mtgrpo.algo.weighting import (
     DEFAULT_ADAM_STEP_SIZE,
     DEFAULT_SGD_STEP_SIZE,
     TASK_WEIGHTING_SIGNALS,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtgrpo.choices import IS_CORRECTION_MODES, check_is_correction
+from mtgrpo.algo.registry import IS_CORRECTION_MODES, check_is_correction
 
 __all__ = ["IS_MODES", "EngineCorrection", "correction_figures", "correction_metrics",
            "importance_weights"]

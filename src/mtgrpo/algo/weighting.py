@@ -88,8 +88,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from mtgrpo._registry import Registry
-from mtgrpo.metrics import task_accuracy
+from mtgrpo.algo.metrics import task_accuracy
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "DEFAULT_ADAM_STEP_SIZE",
@@ -178,7 +178,7 @@ class TaskStats:
     Fields (``K`` tasks, in the strategy's task order; coerced to numpy vectors on creation):
 
     - ``accuracy [K]``: ``J_k``, the fraction of task ``k``'s rollouts counted correct this
-      step (:func:`mtgrpo.metrics.task_accuracy`), measured before zero-gradient filtering.
+      step (:func:`mtgrpo.algo.metrics.task_accuracy`), measured before zero-gradient filtering.
       ``NaN`` = absent / not measured. (The papers call ``J_k`` the task's reward; with their
       0/1 correctness reward the two are the same number.)
     - ``count [K]``: rollouts of task ``k`` this step; 0 marks the task absent.

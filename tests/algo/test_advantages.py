@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mtgrpo.advantages import (
+from mtgrpo.algo.advantages import (
     AGGREGATIONS,
     Gate,
     apply_gates,

@@ -18,14 +18,14 @@ import pytest
 import torch
 from loss_helpers import trl_compute_loss
 
-from mtgrpo.policy import LossNormalizer, policy_loss
-from mtgrpo.policy.engine_correction import (
+from mtgrpo.algo.engine_correction import (
     IS_MODES,
     EngineCorrection,
     correction_figures,
     correction_metrics,
     importance_weights,
 )
+from mtgrpo.policy import LossNormalizer, policy_loss
 from tolerance import assert_close_f32
 
 _RATIO_START = "# Compute the importance sampling ratio when using vLLM"

@@ -1,6 +1,6 @@
 import pytest
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 
 def test_registry_lookup_alias_and_case():
@@ -45,11 +45,11 @@ def test_a_declared_name_is_known_at_once_and_usable_once_registered():
 
 
 def test_every_declared_choice_is_implemented_by_its_provider():
-    """mtgrpo.choices names what the configuration accepts; each name must have its object once
-    the module that implements it is imported (otherwise a valid config fails at run time)."""
+    """mtgrpo.algo.registry names what the configuration accepts; each name must have its object
+    once the module that implements it is imported (otherwise a valid config fails at run time)."""
     import importlib
 
-    from mtgrpo import choices
+    from mtgrpo.algo import registry as choices
 
     registries = [value for value in vars(choices).values() if isinstance(value, Registry)]
     assert len(registries) == 5

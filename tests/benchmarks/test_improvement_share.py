@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
+from mtgrpo.algo.weighting import TaskStats, make_weighting
 from mtgrpo.reporting.metrics import MetricsWriter
-from mtgrpo.weighting import TaskStats, make_weighting
 from script_loader import load_script
 
 bench = load_script("benchmarks/improvement_share.py")

@@ -3,7 +3,7 @@
 Notation: a batch holds ``B`` groups (one per prompt), each with ``G`` completions scored by
 ``R`` reward channels; every prompt belongs to one of ``K`` tasks and ``z [K]`` are the task
 weights on the simplex. A group is *zero-gradient* when the advantage estimator finds no
-contrast among its completions (ALGORITHMS.md §2; the one rule is in :mod:`mtgrpo.metrics`);
+contrast among its completions (ALGORITHMS.md §2; the one rule is in :mod:`mtgrpo.algo.metrics`);
 *informative* otherwise. The sampler never sees a model: it draws prompt ids and calls a
 :data:`GenerateAndScore` callable that returns one :class:`ScoredGroup` per prompt id, carrying
 the estimator's verdict (``zero_gradient``); the filters read it.
@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mtgrpo._registry import Registry
+from mtgrpo.algo.registry import Registry
 
 __all__ = [
     "SAMPLERS",
@@ -106,8 +106,8 @@ class ScoredGroup:
         correct: ``[G]`` bool, the completion counts as correct (the trainer decides; by default
             a reward ``>= 1``). The ``strict`` filter reads it.
         zero_gradient: the advantage estimator found no contrast among the completions (the
-            one rule of :mod:`mtgrpo.metrics`: ``compute_advantages(...).zero_gradient``); every
-            filter but ``none`` drops such a group.
+            one rule of :mod:`mtgrpo.algo.metrics`: ``compute_advantages(...).zero_gradient``);
+            every filter but ``none`` drops such a group.
         advantages: ``[G]`` the estimator's advantages, when the caller computed them with the
             verdict (the trainer does, so they are computed once).
         payload: opaque data the trainer attaches (completions, token ids, ...).
@@ -177,7 +177,7 @@ ZERO_GRADIENT_FILTERS: Registry[ZeroGradientFilter] = Registry("zero-gradient fi
 @ZERO_GRADIENT_FILTERS.register("lenient")
 def lenient_filter(group: ScoredGroup) -> bool:
     """Drop the group only when it has zero gradient (MT-GRPO Exp-2): the estimator found no
-    contrast (``group.zero_gradient``; :mod:`mtgrpo.metrics` gives the rule)."""
+    contrast (``group.zero_gradient``; :mod:`mtgrpo.algo.metrics` gives the rule)."""
     return group.zero_gradient
 
 

@@ -1,4 +1,4 @@
-"""mtgrpo.metrics: each decision and metric, checked against hand-derived values and a loop."""
+"""mtgrpo.algo.metrics: each decision and metric, checked against hand-derived values and a loop."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from mtgrpo import evaluation, metrics
-from mtgrpo.advantages import compute_advantages
-from mtgrpo.metrics import (
+from mtgrpo import evaluation
+from mtgrpo.algo import metrics
+from mtgrpo.algo.advantages import compute_advantages
+from mtgrpo.algo.metrics import (
     delta_m,
     lacks_contrast,
     logprob_mismatch,
@@ -19,8 +20,8 @@ from mtgrpo.metrics import (
     task_accuracy,
     worst_and_average,
 )
+from mtgrpo.algo.weighting import TaskStats
 from mtgrpo.reporting import compare
-from mtgrpo.weighting import TaskStats
 
 NAN = math.nan
 

@@ -1,4 +1,5 @@
-"""Tests for mtgrpo.sampling: filters, prompt pool, iid / dynamic / ratio-preserving batches."""
+"""Tests for mtgrpo.algo.sampling: filters, prompt pool, iid / dynamic / ratio-preserving
+batches."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtgrpo.advantages import compute_advantages
-from mtgrpo.sampling import (
+from mtgrpo.algo.advantages import compute_advantages
+from mtgrpo.algo.sampling import (
     SAMPLERS,
     TARGET_ROUNDINGS,
     ZERO_GRADIENT_FILTERS,
@@ -65,7 +66,7 @@ def prompts(per_task=(400, 400, 400)) -> np.ndarray:
 
 
 def group(rewards, correct, prompt_id=0, task=0, aggregation="sum_then_normalize") -> ScoredGroup:
-    """A hand-built group whose zero-gradient verdict is the estimator's (mtgrpo.metrics)."""
+    """A hand-built group whose zero-gradient verdict is the estimator's (mtgrpo.algo.metrics)."""
     values = np.asarray(rewards, dtype=float)
     verdict = compute_advantages(values, len(values), aggregation=aggregation,
                                  on_unscorable="zero_advantage").zero_gradient

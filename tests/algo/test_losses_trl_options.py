@@ -9,15 +9,15 @@ import pytest
 import torch
 from loss_helpers import LN2, hand_example, trl_compute_loss
 
-from mtgrpo.policy import LossNormalizer, policy_loss
-from mtgrpo.policy.losses import LossOptions
-from mtgrpo.policy.token_weights import (
+from mtgrpo.algo.losses import LossOptions
+from mtgrpo.algo.token_weights import (
     AdaptiveEntropy,
     entropy_threshold,
     gamma_weights,
     high_entropy_mask,
     off_policy_mask,
 )
+from mtgrpo.policy import LossNormalizer, policy_loss
 from tolerance import f32_atol
 
 
@@ -36,7 +36,7 @@ def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
-# The hand example (tests/policy/test_policy_losses.py): row 0 A = +1, logps (-1, -2, -0.5),
+# The hand example (tests/algo/test_losses.py): row 0 A = +1, logps (-1, -2, -0.5),
 # ratios (1.5, 1.1, 1.0); row 1 A = -2, logps (-1.5, -0.7), ratios (0.5, 0.9); its third
 # token (ratio 2.0) is padding.
 

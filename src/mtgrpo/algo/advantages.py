@@ -63,7 +63,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtgrpo.choices import (
+from mtgrpo.algo.metrics import lacks_contrast, scalar_rewards
+from mtgrpo.algo.registry import (
     AGGREGATIONS,
     NONE_HANDLING,
     ON_UNSCORABLE,
@@ -71,7 +72,6 @@ from mtgrpo.choices import (
     resolve_aggregation,
     resolve_scale_rewards,
 )
-from mtgrpo.metrics import lacks_contrast, scalar_rewards
 
 __all__ = [
     "AGGREGATIONS",
@@ -119,7 +119,7 @@ class AdvantageResult:
     Attributes:
         advantages: ``[N]`` one advantage per completion (0 for unscorable rows).
         zero_gradient: ``[B]`` True where the group has no within-group contrast in the values
-            the aggregation normalises (the one zero-gradient rule, :mod:`mtgrpo.metrics`),
+            the aggregation normalises (the one zero-gradient rule, :mod:`mtgrpo.algo.metrics`),
             decided before any batch-level step.
         unscorable: ``[N]`` True where every channel is NaN.
         scalar_rewards: ``[N]`` ``Σ_l w_l r_jl`` over the applicable channels (NaN for
@@ -143,7 +143,7 @@ class _Spec:
 
 # An aggregation maps gated rewards [B, G, R] (NaN = n/a) and a row mask [B, G] of scorable rows
 # to group-level advantages [B, G] and the centred contrast used for the zero-gradient test.
-# The names (and aliases) are declared in mtgrpo.choices, so a configuration validates them
+# The names (and aliases) are declared in mtgrpo.algo.registry, so a configuration validates them
 # without importing torch.
 Aggregation = Callable[[Tensor, Tensor, _Spec], tuple[Tensor, Tensor]]
 
@@ -176,7 +176,7 @@ def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
 
 def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
     """``[B]`` True where some masked centred value is non-negligible relative to ``reference``
-    (the zero-gradient rule, :func:`mtgrpo.metrics.lacks_contrast`)."""
+    (the zero-gradient rule, :func:`mtgrpo.algo.metrics.lacks_contrast`)."""
     size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
     ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
     return ~lacks_contrast(size, ref)

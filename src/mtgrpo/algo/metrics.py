@@ -8,8 +8,9 @@ Zero gradient
     completions in the values it normalises: the weighted channel sum under
     ``sum_then_normalize`` (and ``single``), every channel under the per-channel orderings
     (``normalize_then_sum``, ``gdpo``). Its advantages are then 0 whatever the rest of the batch.
-    :func:`mtgrpo.advantages.compute_advantages` decides it (``AdvantageResult.zero_gradient``),
-    with :func:`lacks_contrast` below as the tolerance; the sampler's filters
+    :func:`mtgrpo.algo.advantages.compute_advantages` decides it
+    (``AdvantageResult.zero_gradient``), with :func:`lacks_contrast` below as the
+    tolerance; the sampler's filters
     (``ScoredGroup.zero_gradient``), the per-task ``zero_gradient_rate`` and TRL's
     ``frac_reward_zero_std`` all read that one verdict. Raw channels are *not* tested
     separately: two channels that vary but sum to a constant give a group no gradient under

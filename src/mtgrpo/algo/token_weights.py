@@ -1,6 +1,6 @@
 """Which tokens a policy loss trains on, and how much: masks and weights from TRL 1.16's options.
 
-Notation as in :mod:`mtgrpo.policy.losses`: ``n`` rows, ``L`` completion tokens, ``m [n, L]``
+Notation as in :mod:`mtgrpo.algo.losses`: ``n`` rows, ``L`` completion tokens, ``m [n, L]``
 the completion mask, ``A [n]`` the advantages, ``logp`` / ``old`` the current and the sampling
 policy's token log-probabilities.
 
