@@ -152,6 +152,7 @@ def _masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     """Mean of ``x`` over ``dim`` counting only ``mask``; 0 where nothing counts."""
     count = mask.sum(dim=dim, keepdim=True)
     total = torch.where(mask, x, 0.0).sum(dim=dim, keepdim=True)
+    # A group with no counted row (all unscorable) gets mean 0, not 0/0 = NaN.
     return total / count.clamp(min=1)
 
 
@@ -160,7 +161,8 @@ def _masked_std(x: Tensor, mask: Tensor, dim: int | tuple[int, ...], ddof: int) 
     count = mask.sum(dim=dim, keepdim=True)
     mean = _masked_mean(x, mask, dim)
     sq = torch.where(mask, (x - mean) ** 2, 0.0).sum(dim=dim, keepdim=True)
-    dof = count - ddof
+    dof = count - ddof  # ddof=1: Bessel's correction, as TRL's nanstd (count / (count - 1))
+    # Too few values: std 0 where TRL's nanstd gives NaN, so the advantage stays finite.
     var = torch.where(dof > 0, sq / dof.clamp(min=1), torch.zeros_like(sq))
     return var.sqrt()
 
@@ -168,16 +170,20 @@ def _masked_std(x: Tensor, mask: Tensor, dim: int | tuple[int, ...], ddof: int) 
 def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
     """Divide centred values by the group or batch std (``x`` [B, G, C] holds the raw values)."""
     if spec.scale == "none":
-        return centred
+        return centred  # Dr. GRPO: centre only, no division by a std (ALGORITHMS.md §2)
+    # "batch" is TRL's scale_rewards="batch": the std of the raw values over the whole batch
+    # (about the batch mean), while the centring stays per group.
     dim: tuple[int, ...] = (1,) if spec.scale == "group" else (0, 1)
     std = _masked_std(x, mask, dim, spec.ddof)
-    return centred / (std + spec.eps)
+    return centred / (std + spec.eps)  # δ on the std, as TRL's (std + 1e-4)
 
 
 def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
     """``[B]`` True where some masked centred value is non-negligible relative to ``reference``
     (the zero-gradient rule, :func:`mtgrpo.algo.metrics.lacks_contrast`)."""
     size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
+    # Relative to the largest raw value: float noise on large rewards (reward-model logits)
+    # must not make a group count as informative.
     ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
     return ~lacks_contrast(size, ref)
 
@@ -186,14 +192,18 @@ def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
 def _sum_then_normalize(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     applicable = ~rewards.isnan()  # [B, G, R]
     if spec.none_handling == "neutral":
+        # The channel's group mean: a None moves s neither up nor down relative to the group.
         fill = _masked_mean(rewards, applicable, dim=1).expand_as(rewards)
     else:
-        fill = torch.zeros_like(rewards)
+        fill = torch.zeros_like(rewards)  # TRL 1.16's nansum in _generate_and_score_completions
     filled = torch.where(applicable, rewards, fill)
     s = (filled * spec.weights).sum(dim=-1)  # [B, G]
+    # Baseline over scorable rows only: TRL sets unscorable rows to NaN before its nanmean.
     centred = s - _masked_mean(s, scorable, dim=1)
     advantages = _scale(centred, s, scorable, spec)
+    # Decided before any scaling, so the verdict does not depend on the rest of the batch.
     contrast = _has_contrast(centred, s, scorable)
+    # Unscorable rows: advantage 0, TRL's nan_to_num(advantages, nan=0.0).
     return torch.where(scorable, advantages, 0.0), contrast
 
 
@@ -201,8 +211,11 @@ def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Te
     """Per-channel normalised rewards ``[B, G, R]`` (0 where not counted) and the contrast."""
     applicable = ~rewards.isnan()
     if spec.none_handling == "neutral":
+        # A None is left out of its channel's mean and std and gets z = 0: TRL 1.16's
+        # nanmean / nanstd / nansum in its normalize_then_sum branch.
         valid, values = applicable, rewards
     else:
+        # "zero": a None is a reward of 0 on every scorable row; unscorable rows stay out.
         valid = scorable.unsqueeze(-1).expand_as(rewards)
         values = torch.where(applicable, rewards, 0.0)
     centred = values - _masked_mean(values, valid, dim=1)
@@ -214,13 +227,18 @@ def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Te
 @AGGREGATIONS.register("normalize_then_sum")
 def _normalize_then_sum(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
     z, contrast = _zscores(rewards, scorable, spec)
+    # MO-GRPO weighs after normalising, so channel l's influence is proportional to w_l (the
+    # (τ²/m) wᵀCw noise law that mtgrpo.analysis.theorem3 checks).
     advantages = (z * spec.weights).sum(dim=-1)
     return torch.where(scorable, advantages, 0.0), contrast
 
 
 @AGGREGATIONS.register("gdpo")
 def _gdpo(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+    # The zero-gradient verdict stays the group-level one, decided before the batch step.
     group_level, contrast = _normalize_then_sum(rewards, scorable, spec)
+    # GDPO's batch step, TRL 1.16's normalize_then_sum: (A − nanmean) / (nanstd + 1e-4) over
+    # the batch. Each group's A sums to 0, so this mean is ~0 and the step mostly rescales.
     batch_mean = _masked_mean(group_level, scorable, dim=(0, 1))
     batch_std = _masked_std(group_level, scorable, dim=(0, 1), ddof=spec.ddof)
     advantages = (group_level - batch_mean) / (batch_std + spec.eps)
@@ -232,6 +250,7 @@ def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Ten
     channel0 = rewards[..., :1]
     one = _Spec(torch.ones(1, dtype=rewards.dtype, device=rewards.device), spec.scale,
                 spec.none_handling, spec.ddof, spec.eps)
+    # A row where channel 0 is None has no reward in this ablation: treated as unscorable.
     return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
 
 
@@ -246,12 +265,13 @@ def normalises_over_the_batch(aggregation: str, scale_rewards: str | bool) -> bo
 def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
     x = torch.as_tensor(rewards)
     if not x.is_floating_point():
-        x = x.to(torch.float32)
+        x = x.to(torch.float32)  # 0/1 verifier scores arrive as integers; NaN needs a float
     if x.dim() != 2:
         raise ValueError(
             f"rewards must have shape [N, R] (completions × reward channels), got "
             f"{tuple(x.shape)}; use rewards.unsqueeze(-1) for a single channel"
         )
+    # ±inf would turn a group's mean and std into NaN (the whole batch's under "batch" or gdpo).
     if torch.isinf(x).any():
         row = int(torch.isinf(x).any(dim=1).nonzero()[0])
         raise ValueError(
@@ -280,6 +300,7 @@ def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -
             f"on_unscorable={on_unscorable!r} is not valid; use one of "
             f"{', '.join(ON_UNSCORABLE.names())}"
         )
+    # DESIGN.md: a task with no applicable reward must never train silently.
     if on_unscorable == "raise" and unscorable.any():
         rows = unscorable.nonzero().flatten()
         first = [int(i) for i in rows[:5]]
@@ -296,7 +317,8 @@ def apply_gates(rewards: Tensor, gates: Sequence[Gate], group_size: int) -> Tens
     if not gates:
         return rewards
     r = rewards.shape[1]
-    x = rewards.reshape(-1, group_size, r).clone()  # [B, G, R]
+    x = rewards.reshape(-1, group_size, r).clone()  # [B, G, R]; the caller's rewards stay as given
+    # In order: a gate reads its gate channel as earlier gates left it, so gates can chain.
     for gate in gates:
         for index in (gate.channel, gate.on):
             if not 0 <= index < r:
@@ -305,11 +327,14 @@ def apply_gates(rewards: Tensor, gates: Sequence[Gate], group_size: int) -> Tens
         applicable = ~target.isnan()
         passed = (x[..., gate.on] >= gate.threshold) & applicable  # NaN gate: not passing
         if gate.mode == "zero_fill":
+            # ALGORITHMS.md §2: r_b ← r_b · 1[gate passes]; a None in b stays None.
             x[..., gate.channel] = torch.where(applicable & ~passed, 0.0, target)
             continue
+        # ALGORITHMS.md §2: fewer than two passing rows leave no contrast, the channel is zero.
         enough = passed.sum(dim=1, keepdim=True) >= 2  # [B, 1]
         centred = target - _masked_mean(target, passed, dim=1)
         gated = torch.where(passed & enough, centred, 0.0)
+        # Keep b's NaN so none_handling still decides how a None enters the advantage.
         x[..., gate.channel] = torch.where(applicable, gated, target)
     return x.reshape(-1, r)
 
@@ -377,12 +402,14 @@ def compute_advantages(
     )
     x = _as_tensor(rewards)
     spec = _spec(x, group_size, reward_weights, scale_rewards, none_handling, ddof, eps)
+    # Taken before the gates, which is safe: a gate writes values, never NaN.
     unscorable = x.isnan().all(dim=1)  # [N]
     _check_unscorable(unscorable, on_unscorable, group_size)
 
     gated = apply_gates(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
     scorable = ~unscorable.reshape(-1, group_size)  # [B, G]
     advantages, contrast = AGGREGATIONS.get(name)(gated, scorable, spec)
+    # The logged reward is ungated, like TRL's logged "reward" (the weighted nansum).
     scalar = scalar_rewards(x.detach().cpu().numpy(), spec.weights.detach().cpu().numpy())
     return AdvantageResult(
         advantages=advantages.reshape(-1),

@@ -92,6 +92,7 @@ def scalar_rewards(rewards: np.ndarray, weights: np.ndarray) -> np.ndarray:
     values = np.asarray(rewards, dtype=np.float64)  # [N, R]
     applicable = ~np.isnan(values)
     total = (np.where(applicable, values, 0.0) * np.asarray(weights, dtype=np.float64)).sum(axis=1)
+    # NaN, not 0, for an unscorable row: it stays out of the logged means, as TRL 1.16 logs it.
     return np.where(applicable.any(axis=1), total, np.nan)
 
 
@@ -102,6 +103,7 @@ def task_accuracy(row_tasks: np.ndarray, correct: np.ndarray, num_tasks: int) ->
     count = np.bincount(row_tasks, minlength=num_tasks)  # [K]
     hits = np.bincount(row_tasks, weights=np.asarray(correct, dtype=np.float64),
                        minlength=num_tasks)  # [K]
+    # J_k of a task without rollouts is unknown (NaN), not 0: 0 would read as a failing task.
     return np.where(count > 0, hits / np.maximum(count, 1), np.nan)
 
 
@@ -114,8 +116,9 @@ def worst_and_average(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     """
     values = np.asarray(accuracy, dtype=np.float64)
     complete = np.isfinite(values).all(axis=-1) & (values.shape[-1] > 0)  # [...]
+    # Incomplete rows are masked out below; filling them keeps min / argmin free of NaN.
     filled = np.where(complete[..., None], values, 0.0)
-    worst = np.where(complete, filled.min(axis=-1, initial=np.inf), np.nan)
+    worst = np.where(complete, filled.min(axis=-1, initial=np.inf), np.nan)  # initial: K = 0
     average = np.where(complete, filled.sum(axis=-1) / max(values.shape[-1], 1), np.nan)
     index = np.where(complete, filled.argmin(axis=-1) if values.shape[-1] else -1, -1)
     return worst, average, index.astype(np.int64)
@@ -144,7 +147,7 @@ def delta_m(accuracy: Mapping[str, float], baseline: Mapping[str, float]) -> Del
         if value is None or not math.isfinite(value):
             missing.append(task)
         elif base == 0:
-            skipped.append(task)
+            skipped.append(task)  # the paper's ratio is undefined; skipping keeps the mean finite
         else:
             used.append(task)
             changes.append((value - base) / base)
@@ -155,7 +158,7 @@ def delta_m(accuracy: Mapping[str, float], baseline: Mapping[str, float]) -> Del
 def steps_to_threshold(steps: np.ndarray, worst: np.ndarray, threshold: float) -> int | None:
     """The first of ``steps [T]`` whose worst-task accuracy ``worst [T]`` (NaN: undefined) is
     ``>= threshold``; None if never."""
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # NaN (a step with an unmeasured task) never reaches it
         reached = np.flatnonzero(np.asarray(worst) >= threshold)
     return int(np.asarray(steps)[reached[0]]) if len(reached) else None
 
@@ -178,5 +181,6 @@ def logprob_mismatch(generation_logps: np.ndarray, trainer_logps: np.ndarray) ->
     return {
         "generation/logprob_mismatch_mean": float(np.abs(delta).mean()),
         "generation/logprob_mismatch_max": float(np.abs(delta).max()),
+        # k3 (Schulman 2020) with expm1: accurate for the tiny δ of an engine close to the trainer.
         "generation/kl_k3": float(np.mean(np.expm1(delta) - delta)),
     }
