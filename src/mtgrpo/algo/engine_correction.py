@@ -43,6 +43,7 @@ IS_MODES = IS_CORRECTION_MODES
 class EngineCorrection:
     """TRL's ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``."""
 
+    # TRL 1.16's GRPOConfig defaults for the vllm_importance_sampling_* options.
     mode: str = "sequence_mask"
     clip_min: float | None = None
     clip_max: float | None = 3.0
@@ -62,15 +63,19 @@ def importance_weights(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor
     ``trainer_logps``: the trainer's log-probs of the sampled tokens at the weights that sampled
     them (``[n, L]``, no gradient); ``engine_logps``: the engine's (``[n, L]``, NaN where it had
     none); ``mask``: the completion tokens (``[n, L]``)."""
+    # log(π_θ_old / π_engine): TRL's old_per_token_logps − sampling_per_token_logps.
     diff = (trainer_logps.detach() - engine_logps.to(trainer_logps.dtype)) * mask
+    # A token the engine could not score: ratio 1 (no correction) rather than NaN in the loss.
     diff = torch.nan_to_num(diff, nan=0.0)
     if correction.sequence_level:
+        # The completion's likelihood ratio: a product of token ratios (a sum, not a mean).
         diff = diff.sum(dim=-1, keepdim=True)  # [n, 1]
     weights = torch.exp(diff)
     if correction.mode.endswith("truncate"):
         if correction.clip_min is None and correction.clip_max is None:
             return weights  # no bound on either side (TRL's torch.clamp refuses this case)
         return torch.clamp(weights, min=correction.clip_min, max=correction.clip_max)
+    # Mask modes: a missing bound is ±inf, as in TRL's _generate_and_score_completions.
     low = -math.inf if correction.clip_min is None else correction.clip_min
     high = math.inf if correction.clip_max is None else correction.clip_max
     return weights.masked_fill((weights < low) | (weights > high), 0.0)
@@ -84,6 +89,7 @@ def correction_figures(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor
     processes before :func:`correction_metrics`."""
     keep = mask.bool()
     delta = torch.abs(trainer_logps.detach() - engine_logps.to(trainer_logps.dtype))
+    # Unscored tokens are left out, as TRL does: counting them as 0 would understate the gap.
     delta = delta[keep & ~torch.isnan(delta)]
     flat = weights.flatten() if correction.sequence_level else weights[keep]
     return (delta.double().cpu().numpy(), flat.detach().double().cpu().numpy())
@@ -92,6 +98,8 @@ def correction_figures(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor
 def correction_metrics(delta: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     """TRL's ``sampling/*`` figures from pooled :func:`correction_figures` (0 when empty)."""
 
+    # Over the pooled figures: TRL 1.16 averages the per-process means instead, which agrees
+    # only when every process holds as many tokens. Empty: 0, TRL's value.
     def stat(values: np.ndarray, reduce) -> float:
         return float(reduce(values)) if values.size else 0.0
 

@@ -159,11 +159,15 @@ LossAggregation = Callable[[Tensor, Tensor, LossNormalizer], Tensor]
 @LOSS_TYPES.register("grpo", aliases=("sequence_mean",))
 def _sequence_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
     lengths = mask.sum(-1).clamp(min=1)  # [n]
+    # Original GRPO: each completion's token mean, then the mean over the whole batch's N rows
+    # (TRL's .mean() over the local rows, which differs when micro-batches differ in size).
     return (per_token_loss.sum(-1) / lengths).sum() / normalizer.num_sequences
 
 
 @LOSS_TYPES.register("dapo", aliases=("token_mean",))
 def _token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    # DAPO's token-level mean, so a long completion weighs by its tokens; the whole batch's
+    # count plays TRL's num_items_in_batch.
     return per_token_loss.sum() / max(normalizer.num_tokens, 1)
 
 
@@ -174,14 +178,18 @@ def _constant_length(per_token_loss: Tensor, mask: Tensor, normalizer: LossNorma
             "loss_type='dr_grpo' divides by the constant max_completion_length; pass "
             "LossNormalizer(..., max_completion_length=<generation limit>)"
         )
+    # Dr. GRPO: a constant denominator, so no completion is scaled by its own length.
     return per_token_loss.sum() / (normalizer.num_sequences * normalizer.max_completion_length)
 
 
 @LOSS_TYPES.register("bnpo")
 def _local_token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    # TRL 1.16's bnpo: the micro-batch's own token count over the accumulation steps, kept
+    # split-dependent on purpose so the numbers match TRL's.
     return per_token_loss.sum() / mask.sum().clamp(min=1) / normalizer.num_micro_batches
 
 
+# TRL 1.16's _compute_loss aggregates cispo and vespo as dapo, and sapo as grpo.
 LOSS_TYPES.add("cispo", _token_mean)
 LOSS_TYPES.add("vespo", _token_mean)
 LOSS_TYPES.add("sapo", _sequence_mean)
@@ -189,6 +197,7 @@ LOSS_TYPES.add("sapo", _sequence_mean)
 
 @LOSS_TYPES.register("luspo")
 def _length_weighted(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
+    # TRL's luspo: summed over tokens, averaged over sequences.
     return per_token_loss.sum() / normalizer.num_sequences
 
 
@@ -203,6 +212,7 @@ class LossOptions:
     threshold (None: off). ``entropy_coef``: the entropy bonus coefficient applied (0: off).
     """
 
+    # TRL 1.16's GRPOConfig defaults, except use_bias_correction_kl (below).
     importance_sampling_level: str = "token"
     delta: float | None = None
     sapo_temperature_pos: float = 1.0
@@ -211,6 +221,8 @@ class LossOptions:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+    # TRL 1.16 defaults to True; ours is ALGORITHMS.md §3's plain k3 penalty (acts only with
+    # beta != 0).
     use_bias_correction_kl: bool = False
     off_policy_threshold: float | None = None
     entropy_coef: float = 0.0
@@ -247,13 +259,18 @@ SURROGATES: Registry[Surrogate] = Registry("policy objective")
 
 @SURROGATES.register("clip")
 def _clipped(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    # Decoupled ε_low / ε_high: DAPO's clip-higher (MT-GRPO's recipes use 0.2 / 0.28).
     clipped = torch.clamp(x.ratio, 1 - x.epsilon_low, 1 + x.epsilon_high)
+    # INTELLECT-2's two-sided clipping (TRL's delta): for A < 0 the min would otherwise take
+    # the unbounded ratio. The clip statistics read this capped ratio, as TRL's do.
     ratio = x.ratio if x.options.delta is None else torch.clamp(x.ratio, max=x.options.delta)
     return -torch.min(ratio * x.advantages, clipped * x.advantages), ratio
 
 
 @SURROGATES.register("cispo")
 def _cispo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
+    # CISPO (MiniMax-M1): clip and detach the IS weight so every token keeps a gradient through
+    # logp; TRL reuses epsilon_high as the cap (ScaleRL recommends 5.0).
     weight = torch.clamp(x.ratio, max=x.epsilon_high).detach()
     return -weight * x.advantages * x.logps, None
 
@@ -262,7 +279,8 @@ def _cispo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
 def _sapo(x: _Surrogate) -> tuple[Tensor, Tensor | None]:
     pos, neg = (torch.tensor(t, dtype=x.ratio.dtype, device=x.ratio.device)
                 for t in (x.options.sapo_temperature_pos, x.options.sapo_temperature_neg))
-    tau = torch.where(x.advantages > 0, pos, neg)
+    tau = torch.where(x.advantages > 0, pos, neg)  # A = 0 takes the negative temperature (TRL)
+    # SAPO's soft gate in place of the hard clip; 4 / τ makes its slope 1 at ρ = 1.
     return -torch.sigmoid(tau * (x.ratio - 1)) * 4 / tau * x.advantages, None
 
 
@@ -321,7 +339,8 @@ def policy_loss(
     TRL 1.16's (``loss_type="dapo"``, ``epsilon=0.2``, ``epsilon_high=None`` meaning
     ``epsilon_low``, ``beta=0``). ``beta = 0`` needs no ``ref_logps``; when they are given
     anyway, the KL is still reported in ``mean_kl``. ``normalizer=None`` treats this
-    micro-batch as the whole batch. ``options``: :class:`LossOptions` (TRL's defaults).
+    micro-batch as the whole batch. ``options``: :class:`LossOptions` (TRL's defaults but
+    ``use_bias_correction_kl=False``).
     ``entropy [n, L]``: the policy's token entropy, with its graph when the entropy bonus is
     on. ``token_mask [n, L]``: the tokens to train on (the high-entropy mask; None: all).
     ``sampling_logps``: the policy that sampled the completions, for the off-policy mask
@@ -332,15 +351,17 @@ def policy_loss(
     aggregate = LOSS_TYPES.get(loss_type)
     loss_type = LOSS_TYPES.canonical(loss_type)
     options = options or LossOptions()
-    eps_high = epsilon_low if epsilon_high is None else epsilon_high
+    eps_high = epsilon_low if epsilon_high is None else epsilon_high  # TRL: None is symmetric
     _check_loss_inputs(logps, advantages, completion_mask, old_logps, ref_logps)
     _check_coefficients(epsilon_low, eps_high, beta, ref_logps)
     mask = completion_mask.bool()  # [n, L]
     if normalizer is None:
         normalizer = LossNormalizer.for_batch(mask, max_completion_length=None)
+    # μ = 1: π_old = π_θ in value, so ρ = 1 but its gradient is ∇logp; no old-policy forward.
     old = logps.detach() if old_logps is None else old_logps
     log_ratio = logps - old  # [n, L]
     if options.importance_sampling_level == "sequence":
+        # GSPO: the length-normalised sequence log-ratio (geometric mean of the token ratios).
         kept = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
         log_weights = (kept.sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)  # [n, 1]
     else:
@@ -349,24 +370,31 @@ def policy_loss(
     adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [n, 1]
     inputs = _Surrogate(logps, log_ratio, ratio, adv, mask, epsilon_low, eps_high, options)
     per_token_loss, clip_ratio = SURROGATES.get(_SURROGATE_OF.get(loss_type, "clip"))(inputs)
+    # A sequence-level loss [n, 1] is broadcast to the tokens, as TRL's product with the mask
+    # does, so luspo and the token aggregations weigh it by length.
     per_token_loss = raw_loss = per_token_loss.expand_as(logps)
     trained = mask if token_mask is None else mask & token_mask.bool()
     if options.off_policy_threshold is not None:
+        # TRL prefers the engine's log-probs: they also see the train / inference mismatch.
         sampler = old if sampling_logps is None else sampling_logps
         keep = off_policy_mask(advantages, logps, sampler, mask, options.off_policy_threshold)
         trained = trained & keep.unsqueeze(-1)
     per_token_loss = torch.where(trained, per_token_loss, torch.zeros_like(per_token_loss))
     if token_weight is not None:
+        # After the masks and before the KL: where TRL's _compute_loss applies the engine's
+        # importance_sampling_ratio.
         per_token_loss = per_token_loss * token_weight.detach().to(per_token_loss.dtype)
     kl = None if ref_logps is None else _k3_kl(logps, ref_logps)  # [n, L]
     if kl is not None and options.use_bias_correction_kl:
-        kl = kl * ratio
+        kl = kl * ratio  # DeepSeek-V3.2: the unbiased reverse-KL gradient
     if beta != 0.0 and kl is not None:
+        # On every completion token, also those the masks dropped from the policy term (TRL).
         per_token_loss = per_token_loss + beta * kl
     per_token_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
     loss = aggregate(per_token_loss, mask, normalizer)
     policy_part, trained_entropy = loss, None
     if entropy is not None:
+        # Measured even at coefficient 0: the adaptive controller reads the trained tokens' entropy.
         trained_entropy, bonus = _entropy_bonus(entropy, trained, normalizer)
         if options.entropy_coef != 0.0:
             loss = loss - options.entropy_coef * bonus
@@ -388,9 +416,13 @@ def _entropy_bonus(entropy: Tensor, trained: Tensor,
                    normalizer: LossNormalizer) -> tuple[Tensor, Tensor]:
     """``[sum, count]`` of the trained tokens' entropy (detached) and the bonus ``H``: their
     mean over this micro-batch divided by the number of micro-batches (TRL's definition)."""
+    # Over the tokens the policy term trains (TRL's effective_mask), so both act on the same ones.
     values = torch.where(trained, entropy.float(), torch.zeros((), device=entropy.device))
     total, count = values.sum(), trained.sum().to(torch.float32)
+    # Scaled for accumulation only, never by the loss type's normaliser: L = L_policy − coef · H.
     bonus = total / count.clamp(min=1) / normalizer.num_micro_batches
+    # Sum and count, not a mean: the controller needs the step's token mean over every
+    # micro-batch and rank, as TRL's _entropy_window_stats pools them.
     return torch.stack([total.detach(), count]), bonus
 
 
@@ -423,6 +455,7 @@ def per_sequence_objective(
     _check_loss_inputs(logps, advantages, completion_mask, old_logps, None)
     _check_coefficients(epsilon_low, eps_high, 0.0, None)
     _, surrogate = _clipped_surrogate(logps, old_logps, advantages, epsilon_low, eps_high)
+    # Always the clipped surrogate: IWU's I_k is defined on the GRPO objective (ALGORITHMS §4).
     return _masked_row_mean(surrogate, completion_mask.bool())
 
 
@@ -457,11 +490,13 @@ def combine_loss_outputs(
     tokens = torch.stack([part.num_tokens for part in outputs])  # [num_micro_batches]
     total = tokens.sum()
 
+    # Token-weighted, so the result is the whole batch's token mean, not a mean of means.
     def weighted(values: list[Tensor]) -> Tensor:
         return (torch.stack(values) * tokens).sum() / total.clamp(min=1)
 
     kls = [part.mean_kl for part in outputs if part.mean_kl is not None]
     return LossOutput(
+        # Each micro-batch loss is a share of the batch loss (LossNormalizer): they add up.
         loss=torch.stack([part.loss.detach() for part in outputs]).sum(),
         per_sequence_loss=per_seq_loss,
         per_sequence_objective=per_seq_obj,
@@ -470,6 +505,7 @@ def combine_loss_outputs(
         clip_high_fraction=weighted([part.clip_high_fraction for part in outputs]),
         clip_region_fraction=weighted([part.clip_region_fraction for part in outputs]),
         mean_ratio=weighted([part.mean_ratio for part in outputs]),
+        # A KL from only some micro-batches would misstate the batch's; report none then.
         mean_kl=weighted(kls) if len(kls) == len(outputs) else None,
     )
 
@@ -492,7 +528,7 @@ def _clipped_surrogate(
 def _k3_kl(logps: Tensor, ref_logps: Tensor) -> Tensor:
     """``KL_t = pi_ref/pi - log(pi_ref/pi) - 1``, non-negative, unbiased for KL(pi || pi_ref)."""
     delta = ref_logps - logps
-    return torch.exp(delta) - delta - 1
+    return torch.exp(delta) - delta - 1  # TRL 1.16's per_token_kl, term for term
 
 
 def _masked_row_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -518,8 +554,10 @@ def _token_stats(
     sequence (``[n, 1]``) the ratio statistics are means over sequences, as in TRL.
     """
     adv = advantages.unsqueeze(-1)  # [n, 1]
+    # GSPO's [n, 1] ratio: statistics over sequences, as TRL's global_masked_mean for x [B, 1].
     per_sequence = ratio.shape[-1] == 1 and mask.shape[-1] != 1
     if clip_ratio is not None:
+        # Only the side where clipping removes the gradient counts (TRL's is_low/high_clipped).
         low = (clip_ratio < 1 - epsilon_low) & (adv < 0)
         high = (clip_ratio > 1 + epsilon_high) & (adv > 0)
     elif loss_type == "cispo":

@@ -45,9 +45,12 @@ def off_policy_mask(
     ``sampling_logp − logp`` (detached); NaN tokens (unscored by the sampler) count as 0, and
     padding is excluded.
     """
+    # An unscored token gives no KL evidence; as NaN it would make the mean NaN and drop a
+    # negative-advantage completion on one token (TRL 1.16's get_off_policy_mask does the same).
     kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)
     kept = torch.where(mask.bool(), kl, torch.zeros_like(kl))
     mean_kl = kept.sum(-1) / mask.sum(-1).clamp(min=1)  # [n]
+    # DeepSeek-V3.2's Eq. 9 (per TRL's docs): only negative-advantage completions that drifted go.
     return (advantages >= 0) | (mean_kl <= threshold)
 
 
@@ -55,7 +58,7 @@ def entropy_threshold(entropies: Tensor, quantile: float) -> Tensor | None:
     """The ``quantile`` of the 1-D tensor of non-padding ``entropies`` (None when empty)."""
     if not 0 <= quantile <= 1:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
-    values = entropies.float().flatten()
+    values = entropies.float().flatten()  # torch.quantile takes float32 / float64 only
     if values.numel() == 0:
         return None
     return torch.quantile(values, quantile)
@@ -65,7 +68,7 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, threshold: Tensor | None)
     """``[n, L]`` True at non-padding tokens whose entropy is >= ``threshold`` (none if None)."""
     keep = mask.bool()
     if threshold is None:
-        return torch.zeros_like(keep)
+        return torch.zeros_like(keep)  # no entropies anywhere: TRL's get_high_entropy_mask
     return (entropies.detach() >= threshold) & keep
 
 
@@ -81,8 +84,10 @@ def gamma_weights(
     lambda_neg: float = 2.0,
 ) -> Tensor:
     """VESPO's ``φ(w) [n]`` (see the module docstring); ``log_ratio = logp − old  [n, L]``."""
+    # ln 1e-8 ≈ −18.42: TRL 1.16's get_gamma_weights clamps here to match VESPO's original code.
     floor = math.log(1e-8)
     clamped = torch.clamp(log_ratio, -20.0, 20.0)
+    # VESPO's sequence ratio is a product of token ratios: a sum of log-ratios, not a mean.
     summed = torch.where(mask.bool(), clamped, torch.zeros_like(clamped)).sum(-1)  # [n]
     log_w = torch.clamp(summed, floor, 20.0)
     positive = advantages >= 0
@@ -91,9 +96,10 @@ def gamma_weights(
         as_tensor = [torch.tensor(v, dtype=log_w.dtype, device=log_w.device) for v in (pos, neg)]
         return torch.where(positive, *as_tensor)
 
-    k, lam = pick(k_pos, k_neg), pick(lambda_pos, lambda_neg).clamp(min=1e-4)
+    k, lam = pick(k_pos, k_neg), pick(lambda_pos, lambda_neg).clamp(min=1e-4)  # TRL's clamp
+    # φ = e^λ w^k e^{−λw}, computed in log space as TRL 1.16's get_gamma_weights does.
     phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
-    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # as TRL: non-finite weighs 0
 
 
 @dataclass
@@ -107,19 +113,24 @@ class AdaptiveEntropy:
 
     coef: float
     adaptive: bool = False
+    # TRL 1.16's defaults: entropy_target, entropy_coef_delta, entropy_coef_min / _max.
     target: float = 0.2
     delta: float = 0.005
     minimum: float = 0.0
     maximum: float = 1.0
+    # inf: no adaptive bonus before the first measurement (TRL's _last_world_entropy).
     last_entropy: float = math.inf
 
     @property
     def enabled(self) -> bool:
         """The bonus term is computed (a constant non-zero coefficient, or adaptive)."""
+        # Adaptive stays enabled at coef 0 so the bonus can recover (TRL's _entropy_bonus_enabled).
         return self.coef != 0.0 or self.adaptive
 
     @property
     def applied(self) -> float:
+        # Read from the previous step's entropy, so every micro-batch of a step applies the same
+        # bonus (TRL's apply_coef); the bonus acts only while entropy is at or below the target.
         if self.adaptive and self.last_entropy > self.target:
             return 0.0
         return self.coef
