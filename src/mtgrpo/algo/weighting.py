@@ -118,9 +118,11 @@ __all__ = [
     "softmax",
 ]
 
+# Ours (the paper gives no value): moves a logit 0.005–0.05 per step at gradients 0.01–0.1,
+# the order of the released code's Adam step.
 DEFAULT_SGD_STEP_SIZE = 0.5
-DEFAULT_ADAM_STEP_SIZE = 0.025
-ADAM_BETAS = (0.9, 0.999)
+DEFAULT_ADAM_STEP_SIZE = 0.025  # the released MT-GRPO code's Adam lr on ξ
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which the released code runs with
 ADAM_EPS = 1e-8
 # Far beyond where softmax saturates (a logit gap of ~745 already gives weight 0 in float64),
 # yet small enough that Adam's squared gradient (≤ (2e150)²) never overflows.
@@ -228,6 +230,7 @@ class TaskStats:
         present = count > 0
         mean_abs = None
         if abs_advantages is not None:
+            # SEC's arm reward: mean |A|, its proxy for how much a task can still teach.
             total = np.bincount(task_ids, weights=np.asarray(abs_advantages, dtype=np.float64),
                                 minlength=num_tasks)
             mean_abs = np.where(present, total / np.maximum(count, 1), np.nan)
@@ -267,6 +270,7 @@ def improvement_by_task(
     change = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     total = np.bincount(task_ids, weights=change, minlength=num_tasks)  # [K]
     count = np.bincount(task_ids, minlength=num_tasks)
+    # "sum" keeps the released code's total, which grows with the task's share of the batch.
     if reduction == "mean":
         total = total / np.maximum(count, 1)
     return np.where(count > 0, total, np.nan)
@@ -295,7 +299,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def _softmax_nonfinite(logits: np.ndarray) -> np.ndarray:
     if np.isnan(logits).any():
         raise ValueError(f"softmax got NaN logits: {logits.tolist()}")
-    winners = logits == np.inf
+    winners = logits == np.inf  # the limit of softmax as these logits grow together
     if not winners.any():  # every logit is -inf: no preference at all
         winners = np.ones_like(winners)
     return winners / winners.sum()
@@ -311,6 +315,7 @@ def simplex_gradient(weights: np.ndarray, signal: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):  # handled just below
         gradient = weights * (signal - weights @ signal)  # [K]
     if not np.isfinite(gradient).all():
+        # inf · 0 (NaN) comes from a task whose weight underflowed: it has nothing to move.
         gradient = np.clip(np.nan_to_num(gradient, nan=0.0), -_LIMIT, _LIMIT)
     return gradient
 
@@ -319,6 +324,7 @@ def _bounded(logits: np.ndarray) -> np.ndarray:
     if np.abs(logits).max() <= _LIMIT:
         return logits
     assert not np.isnan(logits).any(), "logit update produced NaN"
+    # Bounded logits keep η ξ, hence Adam's squared gradient, finite (see _LIMIT).
     return np.clip(logits, -_LIMIT, _LIMIT)
 
 
@@ -328,7 +334,7 @@ def floored(weights: np.ndarray, min_weight: float) -> np.ndarray:
     (``ε = 0`` returns ``p`` itself, ``ε = 1/K`` the uniform weights)."""
     if min_weight == 0.0:
         return weights
-    return (1.0 - len(weights) * min_weight) * weights + min_weight
+    return (1.0 - len(weights) * min_weight) * weights + min_weight  # Exp3's exploration mix
 
 
 def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
@@ -355,6 +361,7 @@ def gradient_parts(improvement: np.ndarray, reward: np.ndarray,
     for term in (improvement, reward):
         term = np.where(seen & np.isfinite(term), term, 0.0)
         part = _observed_gradient(weights, term, seen)  # [K]
+        # 8 ulps of the term: equal values centre to a rounding residue, which is no signal.
         floor = 8 * np.finfo(np.float64).eps * float(np.abs(term).max())
         parts.append(part if np.abs(part).sum() > floor else np.zeros_like(part))
     return parts[0], parts[1]
@@ -527,7 +534,7 @@ class WeightingStrategy(ABC):
         self.params: dict[str, Any] = {k: rules[k].check(self.name, v) for k, v in params.items()}
         if "min_weight" in self.params:
             _check_min_weight(self.name, self.params["min_weight"], self.num_tasks)
-        self._weights = np.full(self.num_tasks, 1.0 / self.num_tasks)  # [K]
+        self._weights = np.full(self.num_tasks, 1.0 / self.num_tasks)  # [K]; ξ_0 = 0 (paper)
         self.steps = 0
 
     def _floored(self, weights: np.ndarray) -> np.ndarray:
@@ -587,6 +594,7 @@ class WeightingStrategy(ABC):
                 f"the strategy's task order"
             )
         present = stats.count > 0  # [K]
+        # Only present tasks: an absent task's values are ignored whatever they hold.
         for field, values in stats._fields().items():
             if field != "count" and (bad := np.isinf(values) & present).any():
                 raise ValueError(
@@ -655,6 +663,7 @@ class WeightingStrategy(ABC):
 
 
 def _to_json(values: np.ndarray) -> list[float | None]:
+    # JSON has no NaN; None stands for it (state_dict's contract).
     return [float(v) if math.isfinite(v) else None for v in values.tolist()]
 
 
@@ -754,6 +763,8 @@ class FixedWeighting(WeightingStrategy):
         super().__init__(num_tasks, task_names=task_names, params={})
         vector = self._weight_vector(weights)  # [K]
         self._weights = vector / vector.sum()
+        # Kept normalised, as a list: a mapping or a rescaled vector that means the same
+        # weights passes the parameter check on resume.
         self.params = {"weights": _to_json(self._weights)}
 
     def _weight_vector(self, weights: Any) -> np.ndarray:
@@ -818,6 +829,8 @@ class _RewardMemory:
         if observed.any():
             batch = np.where(observed, reward, 0.0)  # absent entries may be inf: keep them out
             smoothed = self.decay * self.value + (1.0 - self.decay) * batch
+            # First observation taken as is: an EMA started at 0 would make a new task look
+            # failing and pull weight to it.
             fresh = np.where(np.isnan(self.value), batch, smoothed)
             self.value = np.where(observed, fresh, self.value)
         return observed
@@ -838,11 +851,14 @@ class _LogitOptimizer:
         self.exp_avg_sq = np.zeros(num_tasks)  # [K]
 
     def step(self, logits: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+        # η ξ joins the gradient (L2, as torch.optim.Adam's weight_decay; not AdamW's decay).
         direction = gradient + self.damping * logits if self.damping else gradient  # [K]
         if self.kind == "sgd":
             return _bounded(logits - self.step_size * direction)
         beta1, beta2 = ADAM_BETAS
         self.t += 1
+        # torch's operation order (lerp form, bias corrections split), so the logits agree
+        # with torch.optim.Adam to 1e-14 (tests/algo/test_weighting.py).
         self.exp_avg += (1.0 - beta1) * (direction - self.exp_avg)
         self.exp_avg_sq *= beta2
         self.exp_avg_sq += (1.0 - beta2) * direction * direction
@@ -885,6 +901,7 @@ _MIN_WEIGHT = WeightingParam(
 
 def _check_min_weight(strategy: str, floor: float, k: int) -> None:
     """A ``min_weight`` ε checked against the task count ``k``: ``k ε <= 1``."""
+    # Slack of 8 ulps: K · (1/K) in floating point may land just above 1.
     if k * floor > 1.0 + 8 * np.finfo(np.float64).eps:
         raise ValueError(
             f"{strategy} parameter 'min_weight' is {floor:g}, but {k} tasks cannot each "
@@ -921,8 +938,9 @@ class _SignalWeighting(WeightingStrategy):
 
     def _update(self, stats: TaskStats, present: np.ndarray) -> None:
         if not self._memory.observe(stats.accuracy, present).any():
-            return
+            return  # nothing measured: neither the logits nor the optimizer state move
         seen = ~np.isnan(self._memory.value)  # [K]
+        # p, not the floored z: the min_weight floor must not change how the strategy moves.
         gradient = _observed_gradient(self._softmax, self._signal(stats, present), seen)  # [K]
         self._set_logits(self._optimizer.step(self._logits, gradient))
         self.steps += 1
@@ -1048,10 +1066,10 @@ class MTGRPOWeighting(_SignalWeighting):
         self,
         num_tasks: int,
         *,
-        lam: float = 0.25,
+        lam: float = 0.25,  # Exp-1's λ of the reported 58.8 / 66.9 % (ALGORITHMS.md §8)
         step_size: float | None = None,
         optimizer: Literal["sgd", "adam"] = "sgd",
-        damping: float = 1e-5,
+        damping: float = 1e-5,  # Exp-1's η
         improvement_clip: float | None = None,
         reward_ema: float = 0.0,
         min_weight: float = 0.0,
@@ -1119,7 +1137,8 @@ class MTGRPOWeighting(_SignalWeighting):
         improvement = np.where(measured, improvement, 0.0)  # absent or not measured: no change
         clip = self.params["improvement_clip"]
         if clip is not None:
-            improvement = np.clip(improvement, -clip, clip)
+            improvement = np.clip(improvement, -clip, clip)  # the released code: c = 0.1 or 0.2
+        # IWU's s_k = I_k + λ J_k: λ trades worst-task robustness against balanced improvement.
         reward = self.params["lam"] * self._memory.value  # [K] λJ, NaN where never observed
         as_measured = np.where(measured, improvement, math.nan)  # [K] for diagnostics()
         self._terms = (as_measured, reward, self._softmax.copy())
@@ -1179,7 +1198,7 @@ class SECWeighting(WeightingStrategy):
         observed = present & ~np.isnan(advantage)  # [K]
         if not observed.any():
             return
-        reward = np.where(observed, advantage, 0.0)  # [K]
+        reward = np.where(observed, advantage, 0.0)  # [K]; SEC's rule: an absent arm gets r = 0
         alpha = self.params["alpha"]
         self._set_q((1.0 - alpha) * self._q + alpha * reward)
         self.steps += 1
@@ -1275,7 +1294,9 @@ class ValidationSignal:
         if self._before is not None:
             before_step, before = self._before
             both = (last.count > 0) & (before.count > 0)  # [K]
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"):  # NaN of absent tasks, masked by `both` below
+                # Per training step, so its reuse at every step until the next evaluation adds
+                # up to the change measured once (departure 3).
                 change = (last.accuracy - before.accuracy) / (step - before_step)
             improvement = np.where(both, change, math.nan)
         return TaskStats(accuracy=last.accuracy, count=last.count, improvement=improvement,
@@ -1294,7 +1315,7 @@ class ValidationSignal:
             raise ValueError(
                 f"not a validation-signal state over {self.num_tasks} tasks: {state!r}")
         loaded = [_evaluation_from_state(e, self.num_tasks) for e in state["evaluations"]]
-        loaded = [None] * (2 - len(loaded)) + loaded
+        loaded = [None] * (2 - len(loaded)) + loaded  # the missing evaluations are the oldest
         self._before, self._last = loaded[0], loaded[1]
 
 
