@@ -86,10 +86,11 @@ __all__ = [
 
 # Floor of the acceptance rate in the AAS inflation 1 / max(1 - ρ, 0.01) (MT-GRPO Algorithm 2).
 _MIN_ACCEPTANCE = 0.01
-_SIMPLEX_ATOL = 1e-6
+_SIMPLEX_ATOL = 1e-6  # a strategy's z sums to 1 up to rounding; build() renormalises after
 
 
 def _as_index(name: str, value: Any) -> int:
+    # bool is an int subclass; True is no prompt id or task index.
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")
     return int(value)
@@ -225,8 +226,8 @@ def largest_remainder_counts(
     exact = total * np.asarray(weights, dtype=np.float64)  # [K]
     counts = np.floor(exact).astype(np.int64)
     leftover = total - int(counts.sum())
-    fractions = np.where(exact > 0, exact - counts, -1.0)
-    order = np.argsort(-fractions, kind="stable")
+    fractions = np.where(exact > 0, exact - counts, -1.0)  # -1: a zero-weight task gets no unit
+    order = np.argsort(-fractions, kind="stable")  # stable: ties go to the lower task index
     assert leftover <= int((exact > 0).sum()), "more leftover units than weighted tasks"
     counts[order[:leftover]] += 1
     return counts
@@ -301,6 +302,8 @@ class PromptPool:
         if order is None and not self._shuffle:
             order = self._orders[task] = self._ids[task]
         if order is None:
+            # Derived from (seed, k, e), not stored: the state is (epoch, position) per task and
+            # a resumed run reads the same order.
             rng = np.random.default_rng([self._seed, task, self._epochs[task]])
             order = self._ids[task][rng.permutation(self._ids[task].size)]
             self._orders[task] = order
@@ -314,7 +317,7 @@ class PromptPool:
                 f"task {task} has no prompts but {n} were requested; give it prompts or weight 0"
             )
         parts = []
-        while n > 0:
+        while n > 0:  # more than a task holds wraps through several epochs (decision 5)
             position = self._positions[task]
             take = min(n, size - position)
             parts.append(self._order(task)[position : position + take])
@@ -322,12 +325,13 @@ class PromptPool:
             n -= take
             if position == size:
                 self._epochs[task] += 1
-                self._orders[task] = None
+                self._orders[task] = None  # a fresh permutation for the next epoch
                 position = 0
             self._positions[task] = position
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def _fingerprint(self) -> int:
+        # Sizes alone would miss a remapped task column, whose saved positions point elsewhere.
         return zlib.crc32(self._tasks.tobytes())
 
     def state_dict(self) -> dict[str, Any]:
@@ -351,7 +355,7 @@ class PromptPool:
         self._seed = int(state["seed"])
         self._epochs = [int(e) for e in state["epochs"]]
         self._positions = [int(p) for p in state["positions"]]
-        self._orders = [None] * self.num_tasks
+        self._orders = [None] * self.num_tasks  # rebuilt from (seed, k, e) on the next draw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,6 +409,7 @@ class SamplingReport:
                 f"task_names must hold {num_tasks} distinct names, one per task; got {names!r}"
             )
         size = self.batch_size
+        # An empty batch (decision 1) has no composition: NaN, not 0 for every task.
         share = self.batch_counts / size if size else np.full(num_tasks, np.nan)
         metrics: dict[str, float] = {
             "sampling/rounds": float(self.rounds),
@@ -421,7 +426,7 @@ class SamplingReport:
             "batch_count": self.batch_counts,
             "batch_share": share,
             "filter_rate": self.filter_rate,
-            "filter_rate_ema": self.acceptance,
+            "filter_rate_ema": self.acceptance,  # ρ is the filtered fraction, not the accepted
             "generation_inflation": self.inflation,
         }
         for metric, values in per_task.items():
@@ -479,6 +484,7 @@ def _rounds(value: Any) -> int:
 
 def _prompts_per_round(oversample_factor: float, size: int) -> int:
     """``⌈M_os·B⌉``, rounded first so that float noise (0.1·30 = 3.0000000000000004) adds none."""
+    # At least one prompt: a round that generates nothing could never fill a deficit.
     return max(1, math.ceil(round(oversample_factor * size, 9)))
 
 
@@ -543,8 +549,10 @@ class Sampler(ABC):
         self.filter_name = ZERO_GRADIENT_FILTERS.canonical(zero_gradient_filter)
         self._is_zero_gradient = ZERO_GRADIENT_FILTERS.get(self.filter_name)
         self.acceptance_ema = _ema_decay(acceptance_ema)
+        # Every random choice comes from this one generator, saved in state_dict: a restored
+        # sampler builds exactly the batches an uninterrupted one would.
         self.rng = np.random.default_rng(seed)
-        self._filter_rate_ema = np.zeros(self.num_tasks)  # [K] ρ
+        self._filter_rate_ema = np.zeros(self.num_tasks)  # [K] ρ; 0: m = 1 until it warms up
 
     @property
     def filter_rate_ema(self) -> np.ndarray:  # [K]
@@ -565,10 +573,11 @@ class Sampler(ABC):
             raise ValueError(f"num_groups must be >= 1; got {size}")
         if not callable(generate):
             raise TypeError(f"generate must be callable; got {type(generate).__name__}")
-        inflation = self._inflation()
+        inflation = self._inflation()  # from ρ before this build: AAS plans on past acceptance
         rollouts = _Rollouts(self.num_tasks)
         chosen, target = self._collect(z, size, generate, rollouts)
         self._update_filter_rate_ema(rollouts)
+        # Decision 2: shuffled, so a contiguous mini-batch mixes tasks instead of holding one.
         groups = [rollouts.groups[i] for i in self.rng.permutation(np.asarray(chosen))]
         return SampledBatch(groups, self._report(z, target, inflation, rollouts, groups),
                             list(rollouts.groups))
@@ -593,6 +602,7 @@ class Sampler(ABC):
                 f"weights must lie on the simplex (finite, >= 0, summing to 1 within "
                 f"{_SIMPLEX_ATOL}); got {z.tolist()}; normalise them with w / w.sum()"
             )
+        # Refused before generating: such a task's target could never be met.
         empty = np.flatnonzero((z > 0) & (self.pool.sizes == 0))
         if empty.size:
             raise ValueError(
@@ -640,7 +650,7 @@ class Sampler(ABC):
     def _update_filter_rate_ema(self, rollouts: _Rollouts) -> None:
         """``ρ_k ← d ρ_k + (1 − d) f_k`` for every task generated in this build."""
         generated = rollouts.generated_counts()
-        seen = generated > 0
+        seen = generated > 0  # a task not generated this build keeps its ρ: no new evidence
         dropped = generated - rollouts.informative_counts()
         fraction = dropped[seen] / generated[seen]
         decay = self.acceptance_ema
@@ -709,7 +719,7 @@ class Sampler(ABC):
         if rho.shape != (self.num_tasks,) or not ((rho >= 0) & (rho <= 1)).all():
             raise ValueError(f"filter_rate_ema must be [K] values in [0, 1]; got {rho.tolist()}")
         saved = state["rng"]
-        rng = np.random.default_rng()
+        rng = np.random.default_rng()  # a new generator: self.rng changes only once all is checked
         rng.bit_generator.state = {
             "bit_generator": saved["bit_generator"],
             "state": {"state": int(saved["state"]), "inc": int(saved["inc"])},
@@ -733,7 +743,7 @@ class IIDSampler(Sampler):
     def _collect(
         self, z: np.ndarray, size: int, generate: GenerateAndScore, rollouts: _Rollouts
     ) -> tuple[np.ndarray, np.ndarray]:
-        counts = self.rng.multinomial(size, z)  # [K]
+        counts = self.rng.multinomial(size, z)  # [K]; each prompt's task from z (ALGORITHMS §5)
         self._generate_round(counts, generate, rollouts)
         return np.arange(len(rollouts.groups)), counts
 
@@ -754,7 +764,7 @@ class DynamicSampler(Sampler):
         prompt_tasks: Any,
         num_tasks: int,
         *,
-        oversample_factor: float = 3.0,
+        oversample_factor: float = 3.0,  # M_os = 3, N_rs = 10: the MT-GRPO paper's 3-task values
         max_resample_rounds: int = 10,
         **common: Any,
     ) -> None:
@@ -766,15 +776,17 @@ class DynamicSampler(Sampler):
         self, z: np.ndarray, size: int, generate: GenerateAndScore, rollouts: _Rollouts
     ) -> tuple[np.ndarray, np.ndarray]:
         per_round = _prompts_per_round(self.oversample_factor, size)
+        # Every round draws from z as is: a task the filter drops more often ends up with less
+        # than its share of the batch, the drift the RP-sampler corrects.
         self._generate_round(self.rng.multinomial(per_round, z), generate, rollouts)
-        extra = 0
+        extra = 0  # N_rs counts the rounds after the first (decision 6)
         while rollouts.informative_counts().sum() < size and extra < self.max_resample_rounds:
             self._generate_round(self.rng.multinomial(per_round, z), generate, rollouts)
             extra += 1
         informative = rollouts.informative_indices()
         if informative.size > size:
             informative = self.rng.choice(informative, size=size, replace=False)
-        return informative, largest_remainder_counts(z, size)
+        return informative, largest_remainder_counts(z, size)  # a target for the report only
 
 
 @SAMPLERS.register("ratio_preserving", aliases=("rp", "rp_sampler"))
@@ -797,7 +809,7 @@ class RatioPreservingSampler(Sampler):
         num_tasks: int,
         *,
         oversample_factor: float = 3.0,
-        max_resample_rounds: int = 10,
+        max_resample_rounds: int = 10,  # Exp-1's N_rs (Exp-2, with AAS on, used 2)
         acceptance_aware: bool = True,
         max_acceptance_inflation: float = 5.0,
         target_rounding: str = "multinomial",
@@ -827,9 +839,12 @@ class RatioPreservingSampler(Sampler):
     def _collect(
         self, z: np.ndarray, size: int, generate: GenerateAndScore, rollouts: _Rollouts
     ) -> tuple[np.ndarray, np.ndarray]:
+        # Algorithm 2: n is drawn from z before generating, so the batch follows the weights
+        # rather than whichever tasks the filter happens to spare.
         target = TARGET_ROUNDINGS.get(self.target_rounding)(z, size, self.rng)  # [K]
         m = self._inflation()  # [K]
         per_round = _prompts_per_round(self.oversample_factor, size)
+        # AAS: ẑ ∝ z ⊙ m generates more of the tasks whose groups the filter tends to drop.
         self._generate_round(
             self.rng.multinomial(per_round, _normalised(z * m)), generate, rollouts
         )
@@ -837,6 +852,7 @@ class RatioPreservingSampler(Sampler):
         while (deficit := np.maximum(target - rollouts.informative_counts(), 0)).sum() > 0 and (
             extra < self.max_resample_rounds
         ):
+            # Algorithm 2: later rounds go only to the tasks still short, ∝ deficit ⊙ m.
             weights = _normalised(deficit * m)
             self._generate_round(self.rng.multinomial(per_round, weights), generate, rollouts)
             extra += 1
@@ -849,6 +865,8 @@ class RatioPreservingSampler(Sampler):
         kept = [informative[tasks == k][: target[k]] for k in range(self.num_tasks)]
         chosen = np.concatenate(kept)
         leftovers = np.setdiff1d(informative, chosen)  # sorted: generation order
+        # A task still short after N_rs rounds gives its places to others (any task), so the
+        # batch stays at B whenever B informative groups exist.
         top_up = min(size - chosen.size, leftovers.size)
         extra = self.rng.choice(leftovers, size=top_up, replace=False)
         return np.concatenate([chosen, extra]).astype(np.int64)
@@ -875,7 +893,8 @@ def check_sampler_params(name: str, params: Mapping[str, Any]) -> None:
         raise ValueError(
             f"sampler {cls.name!r} has no option(s) {unknown}; valid options: {', '.join(valid)}"
         )
-    cls(np.zeros(1, dtype=np.int64), 1, **params)  # one prompt: the constructor's own checks
+    # One prompt is enough to run the constructor's own checks before any dataset is loaded.
+    cls(np.zeros(1, dtype=np.int64), 1, **params)
 
 
 def make_sampler(

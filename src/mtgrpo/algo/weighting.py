@@ -267,6 +267,7 @@ def improvement_by_task(
     if reduction not in IMPROVEMENT_REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} must be 'mean' (paper) or 'sum' (code)")
     task_ids = np.asarray(task_ids, dtype=np.int64)
+    # On the same samples before and after the step, so only the update moves I_k.
     change = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     total = np.bincount(task_ids, weights=change, minlength=num_tasks)  # [K]
     count = np.bincount(task_ids, minlength=num_tasks)
@@ -454,6 +455,7 @@ class WeightingParam:
         if self.kind == "choice":
             if isinstance(value, str) and value.lower() in self.choices:
                 return value.lower()
+        # bool is an int subclass: a YAML `true` must not pass as 1.0.
         elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
             value, bool
         ):
@@ -825,7 +827,7 @@ class _RewardMemory:
 
     def observe(self, reward: np.ndarray, present: np.ndarray) -> np.ndarray:
         """Fold this step's rewards in; returns the mask of tasks observed this step ``[K]``."""
-        observed = present & ~np.isnan(reward)  # [K]
+        observed = present & ~np.isnan(reward)  # [K]; NaN: not measured, the last J stands
         if observed.any():
             batch = np.where(observed, reward, 0.0)  # absent entries may be inf: keep them out
             smoothed = self.decay * self.value + (1.0 - self.decay) * batch
@@ -920,6 +922,7 @@ class _SignalWeighting(WeightingStrategy):
     """
 
     def _setup(self, optimizer: str, step_size: float | None, damping: float, ema: float) -> None:
+        # One default per optimizer: SGD moves ξ by β·g, Adam by about β whatever g's size.
         if step_size is None:
             step_size = DEFAULT_ADAM_STEP_SIZE if optimizer == "adam" else DEFAULT_SGD_STEP_SIZE
         self.params["step_size"] = step_size
@@ -995,6 +998,7 @@ class WorstCaseWeighting(_SignalWeighting):
     ) -> None:
         params = {"step_size": step_size, "reward_ema": reward_ema, "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
+        # No damping: the ε = 0 baseline whose collapse the module docstring describes.
         self._setup("sgd", self.params["step_size"], 0.0, self.params["reward_ema"])
 
     def _signal(self, stats: TaskStats, present: np.ndarray) -> np.ndarray:
@@ -1018,7 +1022,7 @@ class RegularizedWeighting(_SignalWeighting):
         num_tasks: int,
         *,
         step_size: float = DEFAULT_SGD_STEP_SIZE,
-        damping: float = 1e-2,
+        damping: float = 1e-2,  # the paper's largest η, the one visibly unlike worst_case
         reward_ema: float = 0.0,
         min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
@@ -1070,8 +1074,8 @@ class MTGRPOWeighting(_SignalWeighting):
         step_size: float | None = None,
         optimizer: Literal["sgd", "adam"] = "sgd",
         damping: float = 1e-5,  # Exp-1's η
-        improvement_clip: float | None = None,
-        reward_ema: float = 0.0,
+        improvement_clip: float | None = None,  # paper text; the released code: 0.1 or 0.2
+        reward_ema: float = 0.0,  # paper text; the released code: 0.5
         min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
@@ -1172,14 +1176,14 @@ class SECWeighting(WeightingStrategy):
         self,
         num_tasks: int,
         *,
-        alpha: float = 0.5,
+        alpha: float = 0.5,  # α and τ of SEC's multi-task puzzle setting
         temperature: float = 0.2,
         min_weight: float = 0.0,
         task_names: Sequence[str] | None = None,
     ) -> None:
         params = {"alpha": alpha, "temperature": temperature, "min_weight": min_weight}
         super().__init__(num_tasks, task_names=task_names, params=params)
-        self._q = np.zeros(self.num_tasks)  # [K]
+        self._q = np.zeros(self.num_tasks)  # [K]; Q_0 = 0: uniform until the first update
 
     @property
     def q_values(self) -> np.ndarray:
@@ -1197,6 +1201,7 @@ class SECWeighting(WeightingStrategy):
         assert advantage is not None  # REQUIRES checked it
         observed = present & ~np.isnan(advantage)  # [K]
         if not observed.any():
+            # Ours: r = 0 for every arm would shrink Q towards 0 and flatten z with no evidence.
             return
         reward = np.where(observed, advantage, 0.0)  # [K]; SEC's rule: an absent arm gets r = 0
         alpha = self.params["alpha"]
@@ -1277,6 +1282,7 @@ class ValidationSignal:
                 f"the validation result has {len(measured.count)} tasks but the weights cover "
                 f"{self.num_tasks}; evaluate the validation split in the strategy's task order"
             )
+        # I_k divides by the steps between evaluations: they must increase.
         if self._last is not None and step <= self._last[0]:
             raise ValueError(
                 f"validation results must come in step order: step {step} after step "
