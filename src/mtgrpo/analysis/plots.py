@@ -20,7 +20,7 @@ import numpy as np
 
 from mtgrpo.analysis.theorem3 import DEFAULT_BAND, AnalysisResult
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: importing this module never loads matplotlib
     from matplotlib.axes import Axes
 
 __all__ = ["plot_influence", "plot_mse", "save_money_plot"]
@@ -45,7 +45,7 @@ def plot_mse(ax: Axes, result: AnalysisResult, band: tuple[float, float] = DEFAU
                    marker=marker, label=f"{name}: realised / predicted = {ratio:.3f}")
         shown.extend((predicted[positive], realised[positive]))
     values = np.concatenate(shown)
-    low, high = values.min() / 1.5, values.max() * 1.5
+    low, high = values.min() / 1.5, values.max() * 1.5  # a margin, so no point sits on the frame
     line = np.array([low, high])
     ax.plot(line, line, color="black", linewidth=1, linestyle="--", label="y = x")
     ax.fill_between(line, band[0] * line, band[1] * line, color=_NA_COLOUR, alpha=0.1,
@@ -66,7 +66,7 @@ def plot_influence(ax: Axes, result: AnalysisResult) -> None:
     """Grouped bars per channel: weight share, NA influence share, AN influence share."""
     s = result.summary
     positions = np.arange(result.num_channels)
-    width = 0.27
+    width = 0.27  # three bars fill 0.81 of each channel's unit slot
     bars = (
         ("weight share", s.weight_share, _WEIGHT_COLOUR),
         ("NA influence share", s.na.influence_share, _NA_COLOUR),
@@ -74,7 +74,7 @@ def plot_influence(ax: Axes, result: AnalysisResult) -> None:
     )
     for offset, (label, values, colour) in zip((-1, 0, 1), bars, strict=True):
         ax.bar(positions + offset * width, values, width, label=label, color=colour)
-    std = result.channel_std.mean(axis=0)  # [R]
+    std = result.channel_std.mean(axis=0)  # [R]; AN's influence follows w_l σ_l: show σ_l
     ax.set_xticks(positions)
     ax.set_xticklabels([f"{name}\n(std {value:.2g})" for name, value in
                         zip(result.channels, std, strict=True)])
@@ -93,11 +93,12 @@ def save_money_plot(
     dpi: int = 120,
 ) -> Path:
     """Draw both panels side by side and save them as a PNG at ``path``; returns the path."""
+    # Imported here, so the analysis without plots needs no matplotlib.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(13, 5.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    FigureCanvasAgg(figure)  # the Agg canvas directly: no pyplot, no global backend, no window
     mse_axes, influence_axes = figure.subplots(1, 2, width_ratios=(1.15, 1))
     plot_mse(mse_axes, result, band)
     plot_influence(influence_axes, result)

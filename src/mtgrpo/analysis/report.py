@@ -82,7 +82,7 @@ def _influence_table(result: AnalysisResult) -> Table:
     )
     for name in ("channel", "weight", "within-group std", "NA influence", "AN influence"):
         table.add_column(name, justify="left" if name == "channel" else "right")
-    std = result.channel_std.mean(axis=0)  # [R]
+    std = result.channel_std.mean(axis=0)  # [R]; the scale AN's influence follows
     for index, channel in enumerate(result.channels):
         table.add_row(
             channel,
@@ -124,6 +124,7 @@ def print_summary(result: AnalysisResult, console: Console | None = None) -> Non
 def summary_text(result: AnalysisResult, width: int = 110) -> str:
     """The summary tables as plain text, ``width`` columns wide."""
     buffer = io.StringIO()
+    # No colour, no terminal codes: the text goes to logs and test assertions.
     console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
     console.print(summary_renderable(result))
     return buffer.getvalue()

@@ -120,9 +120,9 @@ def load_rollouts_jsonl(
                 f"line {line_number} of {path} has channels {list(record_channels)} but earlier "
                 f"lines have {list(channels)}; every group must name the same channels in order"
             )
-        prompt_id = str(record["prompt_id"])
+        prompt_id = str(record["prompt_id"])  # as a string: 17 and "17" are one prompt
         groups.setdefault(prompt_id, []).append(_group_rewards(record, len(channels), line_number))
-        tasks.setdefault(prompt_id, record.get("task"))
+        tasks.setdefault(prompt_id, record.get("task"))  # the first line's, for the record
     if channels is None:
         raise ValueError(f"{path} holds no rollouts (no JSON lines)")
     return _arrange(groups, tasks, channels, min_seeds, group_size, str(path))
@@ -132,7 +132,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
-                continue
+                continue  # a blank or trailing line is no record
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -170,6 +170,7 @@ def _group_rewards(record: dict[str, Any], num_channels: int, line_number: int) 
                 f"line {line_number}: every rewards row must list {num_channels} values (one per "
                 f"channel, null = not applicable), got {row!r}"
             )
+        # JSON true / false load as bool, which Python counts as int: refuse them.
         if any(v is not None and (isinstance(v, bool) or not isinstance(v, int | float))
                for v in row):
             raise ValueError(f"line {line_number}: rewards must be numbers or null, got {row!r}")
@@ -190,11 +191,12 @@ def _arrange(
 ) -> RolloutRewards:
     sizes = Counter(len(group) for prompt_groups in groups.values() for group in prompt_groups)
     if group_size is None:
-        group_size = max(sizes, key=lambda size: (sizes[size], size))
+        group_size = max(sizes, key=lambda size: (sizes[size], size))  # ties: the larger size
     elif group_size not in sizes:
         raise ValueError(
             f"no group of size {group_size} in {source}; group sizes found: {dict(sizes)}"
         )
+    # Skipped, not padded: a group's z-scores and Ĉ depend on its size m.
     sized = {pid: [g for g in gs if len(g) == group_size] for pid, gs in groups.items()}
     kept = {pid: gs for pid, gs in sized.items() if len(gs) >= min_seeds}
     if not kept:
@@ -203,6 +205,7 @@ def _arrange(
             f"no prompt in {source} has at least {min_seeds} groups of size {group_size} (the "
             f"most any prompt has is {most}); lower min_seeds (--min-seeds) or log more steps"
         )
+    # Rectangular, and no prompt weighted by how often it was drawn.
     num_seeds = min(len(gs) for gs in kept.values())
     rewards = np.stack([np.stack(gs[:num_seeds]) for gs in kept.values()])  # [P, S, m, R]
     return RolloutRewards(
@@ -222,12 +225,13 @@ def load_rollouts_npz(
 ) -> RolloutRewards:
     """Read an ``.npz`` file written by :func:`save_rollouts_npz` (or by hand, same keys)."""
     _check_min_seeds(min_seeds)
-    with np.load(Path(path), allow_pickle=False) as data:
+    with np.load(Path(path), allow_pickle=False) as data:  # a file from elsewhere runs no code
         if "rewards" not in data:
             raise ValueError(
                 f"{path} has no array 'rewards' (it has {sorted(data.files)}); save the rewards "
                 "[P, S, m, R] under the key 'rewards'"
             )
+        # Read inside the `with`: the arrays load lazily from the archive it closes.
         rewards = np.asarray(data["rewards"], dtype=np.float64)
         extras = {key: data[key] for key in ("weights", "channels", "prompt_ids") if key in data}
     _check_reward_array(rewards, str(path))
@@ -265,6 +269,7 @@ def save_rollouts_npz(
     extras: dict[str, np.ndarray] = {}
     if weights is not None:
         extras["weights"] = np.asarray(weights, dtype=np.float64)
+    # Unicode arrays, not objects: load_rollouts_npz reads them back with allow_pickle=False.
     if channels is not None:
         extras["channels"] = np.asarray([str(c) for c in channels])
     if prompt_ids is not None:
@@ -289,7 +294,7 @@ def _check_reward_array(rewards: np.ndarray, source: str) -> None:
             f"rewards in {source} must have shape [P, S, m, R] (prompts, seeds, group size, "
             f"channels), got {rewards.shape}"
         )
-    if np.isinf(rewards).any():
+    if np.isinf(rewards).any():  # inf would turn its group's statistics into NaN
         raise ValueError(f"rewards in {source} contain ±inf; use NaN for not applicable")
 
 

@@ -49,7 +49,7 @@ __all__ = [
 
 # Distinct entropy prefix so synthetic draws never coincide with the analysis noise.
 _SYNTHETIC_STREAM = 0x5E7D
-_TOLERANCE = 1e-8
+_TOLERANCE = 1e-8  # slack for a matrix typed in decimals or computed in floating point
 
 # (latent of one channel [P, S, m], its marginal, per-prompt threshold [P]) -> rewards [P, S, m]
 MarginalTransform = Callable[[np.ndarray, "ChannelMarginal", np.ndarray], np.ndarray]
@@ -58,7 +58,7 @@ MARGINALS: Registry[MarginalTransform] = Registry("reward marginal")
 
 @MARGINALS.register("binary", aliases=("bernoulli", "correctness"))
 def _binary(latent: np.ndarray, marginal: ChannelMarginal, threshold: np.ndarray) -> np.ndarray:
-    passed = latent > threshold[:, None, None]  # [P, S, m]
+    passed = latent > threshold[:, None, None]  # [P, S, m]; P(pass) = π_p, the difficulty
     return marginal.loc + marginal.scale * passed.astype(np.float64)
 
 
@@ -69,7 +69,7 @@ def _gaussian(latent: np.ndarray, marginal: ChannelMarginal, threshold: np.ndarr
 
 @MARGINALS.register("uniform")
 def _uniform(latent: np.ndarray, marginal: ChannelMarginal, threshold: np.ndarray) -> np.ndarray:
-    return marginal.loc + marginal.scale * ndtr(latent)
+    return marginal.loc + marginal.scale * ndtr(latent)  # Φ(x) ~ Uniform(0, 1) for x ~ N(0, 1)
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ class ChannelMarginal:
     loc: float = 0.0
 
     def __post_init__(self) -> None:
+        # The canonical name, so marginals given by an alias compare and print alike.
         object.__setattr__(self, "kind", MARGINALS.canonical(self.kind))
         if not (np.isfinite(self.scale) and self.scale > 0):
             raise ValueError(
@@ -114,6 +115,7 @@ def default_marginals(num_channels: int) -> tuple[ChannelMarginal, ...]:
     """
     if num_channels < 1:
         raise ValueError(f"need at least one reward channel, got {num_channels}")
+    # geomspace of one point would be 0.25 alone: two channels get a unit-scale Gaussian.
     spreads = np.geomspace(0.25, 2.0, num_channels - 1) if num_channels > 2 else [1.0]
     rest = [ChannelMarginal("gaussian", scale=float(s)) for s in spreads[: num_channels - 1]]
     return (ChannelMarginal("binary"), *rest)
@@ -164,6 +166,7 @@ def validate_correlation(correlation: np.ndarray | Sequence[Sequence[float]]) ->
             f"a correlation matrix has a unit diagonal, got diagonal {diagonal.tolist()}; "
             "set every C[l,l] to 1 (scales belong in the channel marginals)"
         )
+    # Semi-definite, not Cholesky's definite: ρ = ±1 (singular) is a valid copula.
     smallest = float(np.linalg.eigvalsh(matrix).min())
     if smallest < -_TOLERANCE:
         raise ValueError(
@@ -184,9 +187,10 @@ def sample_latent(
     """
     matrix = validate_correlation(correlation)
     eigenvalues, eigenvectors = np.linalg.eigh(matrix)
+    # eigh of a singular C may return eigenvalues like −1e-17: clip before the square root.
     factor = eigenvectors * np.sqrt(np.clip(eigenvalues, 0.0, None))  # [R, R], L Lᵀ = C
     standard = rng.standard_normal((*size, matrix.shape[0]))  # [*size, R]
-    return standard @ factor.T
+    return standard @ factor.T  # x = L u with u ~ N(0, I): Cov x = L Lᵀ = C
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,8 +250,8 @@ def _check_sizes(
 ) -> None:
     for name, value, minimum in (
         ("num_prompts", num_prompts, 1),
-        ("num_seeds", num_seeds, 2),
-        ("group_size", group_size, 2),
+        ("num_seeds", num_seeds, 2),  # a variance over seeds needs two
+        ("group_size", group_size, 2),  # so does a within-group std
     ):
         if not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -257,6 +261,7 @@ def _check_sizes(
             "correlation matrix; give one marginal per channel"
         )
     low, high = success_range
+    # π = 0 or 1 gives an infinite threshold and a constant channel.
     if not 0.0 < low <= high < 1.0:
         raise ValueError(
             f"success_range must satisfy 0 < low <= high < 1, got {success_range!r}; "

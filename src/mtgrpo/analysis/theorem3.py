@@ -80,10 +80,10 @@ __all__ = [
 
 ANALYSIS_DDOF = 0  # population std, as the analysis's formulas use
 ANALYSIS_EPS = 1e-8  # δ of the analysis
-DEFAULT_BAND = (0.85, 1.15)  # accepted NA realised / predicted ratio
+DEFAULT_BAND = (0.85, 1.15)  # accepted NA realised / predicted: ALGORITHMS.md §7's "within 15 %"
 REALISED_DDOF = 1  # sample variance over seeds (unbiased)
 _NOISE_STREAM = 0x7E03  # entropy prefix: the gradient draws never reuse synthetic draws
-_QUANTILES = (0.1, 0.5, 0.9)
+_QUANTILES = (0.1, 0.5, 0.9)  # per-prompt spread: ±10-15 % is sampling noise at S = 200
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,7 +165,7 @@ class AnalysisResult:
                 "eps": ANALYSIS_EPS,
                 "std_ddof": ANALYSIS_DDOF,
                 "realised_ddof": REALISED_DDOF,
-                "tau2": 1.0,
+                "tau2": 1.0,  # g ~ N(0, 1) by construction
             },
             "summary": {
                 "predicted_mse": s.predicted_mse,
@@ -227,19 +227,22 @@ def analyze(
     num_prompts, num_seeds, group_size, num_channels = r.shape
     names = _names(channels, num_channels, "r", "channels")
     ids = _names(prompt_ids, num_prompts, "p", "prompt_ids")
+    # One draw shared by NA and AN: their difference is the estimator's, not the noise's.
     g = gradient_noise(r.shape[:3], seed) if noise is None else _check_noise(noise, r.shape[:3])
 
+    # The trainer's own estimator, not a re-derivation, so the check measures what trains.
     a_na, zero_gradient = _advantages(r, w, "normalize_then_sum")  # [P, S, m], [P, S]
     a_an, _ = _advantages(r, w, "sum_then_normalize")
-    if zero_gradient.all():
+    if zero_gradient.all():  # every prediction would be 0 and every ratio NaN
         raise ValueError(
             "every group is constant in every channel (no within-group contrast), so there is "
             "no gradient noise to analyse; check that the rewards vary between completions"
         )
     z = _zscores(r)  # [P, S, m, R]
+    # Ĉ = (1/m) ZᵀZ of each group, averaged over seeds: unbiased for the E[Ĉ] of the law.
     c_hat = np.einsum("psjl,psjk->plk", z, z) / (group_size * num_seeds)  # [P, R, R]
     c_pooled = c_hat.mean(axis=0)  # [R, R]
-    predicted = np.einsum("l,plk,k->p", w, c_hat, w) / group_size  # [P]
+    predicted = np.einsum("l,plk,k->p", w, c_hat, w) / group_size  # [P]; (τ²/m) wᵀĈw, τ² = 1
     return AnalysisResult(
         weights=w,
         channels=names,
@@ -250,6 +253,7 @@ def analyze(
         realised_na=_realised_mse(a_na, g),
         realised_an=_realised_mse(a_an, g),
         predicted=predicted,
+        # The map is linear: same mean as `predicted`, only the per-prompt ratios change.
         predicted_pooled=float(w @ c_pooled @ w) / group_size,
         c_hat=c_hat,
         c_pooled=c_pooled,
@@ -311,6 +315,7 @@ def _names(given: Sequence[str] | None, count: int, prefix: str, what: str) -> t
 
 
 def _flat(r: np.ndarray) -> torch.Tensor:
+    # Contiguous first: torch.from_numpy refuses the negative strides of a reversed view.
     return torch.from_numpy(np.ascontiguousarray(r).reshape(-1, r.shape[-1]))  # [P*S*m, R]
 
 
@@ -324,8 +329,9 @@ def _advantages(r: np.ndarray, w: np.ndarray, aggregation: str) -> tuple[np.ndar
         aggregation=aggregation,
         scale_rewards="group",
         none_handling="neutral",
+        # A completion with no applicable channel gets advantage 0 rather than stopping the check.
         on_unscorable="zero_advantage",
-        ddof=ANALYSIS_DDOF,
+        ddof=ANALYSIS_DDOF,  # the analysis's population std and δ, not TRL's ddof 1 and 1e-4
         eps=ANALYSIS_EPS,
     )
     advantages = result.advantages.numpy().reshape(num_prompts, num_seeds, group_size)
@@ -343,17 +349,20 @@ def _zscores(r: np.ndarray) -> np.ndarray:
 def _realised_mse(advantages: np.ndarray, g: np.ndarray) -> np.ndarray:
     """``Var_s ĝ_{p,s}`` (ddof 1) with ``ĝ = (1/m) Σ_j A_j g_j``, shape ``[P]``."""
     estimate = (advantages * g).mean(axis=2)  # [P, S]
+    # ddof 1: unbiased for Var ĝ, which the ratio-1 argument of the module docstring needs.
     return estimate.var(axis=1, ddof=REALISED_DDOF)
 
 
 def _influence(advantages: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Mean over seeds of ``(1/m) Σ_j A_j z_jl``, shape ``[P, R]``."""
     num_seeds, group_size = z.shape[1], z.shape[2]
+    # A plain mean of products is the covariance: z is centred within every group.
     return np.einsum("psj,psjl->pl", advantages, z) / (num_seeds * group_size)
 
 
 def _channel_std(r: np.ndarray) -> np.ndarray:
     """Within-group population std of each channel (applicable entries), seed mean. [P, R]"""
+    # σ_l of the raw channel: AN's influence grows with w_l σ_l, so the report shows it.
     applicable = ~np.isnan(r)  # [P, S, m, R]
     count = applicable.sum(axis=2)  # [P, S, R]
     values = np.where(applicable, r, 0.0)
@@ -363,12 +372,12 @@ def _channel_std(r: np.ndarray) -> np.ndarray:
 
 
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 predictions give NaN just below
         return np.where(denominator > 0, numerator / denominator, np.nan)
 
 
 def _quantiles(values: np.ndarray) -> tuple[float, float, float]:
-    finite = values[np.isfinite(values)]
+    finite = values[np.isfinite(values)]  # prompts without a prediction have no ratio
     if finite.size == 0:
         return (float("nan"),) * 3
     low, mid, high = np.quantile(finite, _QUANTILES)
@@ -376,6 +385,7 @@ def _quantiles(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def _share(values: np.ndarray) -> np.ndarray:
+    # Σ|·|, not Σ: an anti-correlated channel's influence (or a weight) can be negative.
     total = np.abs(values).sum()
     return values / total if total > 0 else np.full_like(values, np.nan)
 
@@ -385,6 +395,7 @@ def _estimator(name: str, realised: np.ndarray, result: AnalysisResult) -> Estim
     return EstimatorSummary(
         name=name,
         realised_mse=float(realised.mean()),
+        # Mean over mean: a mean of ratios would be dominated by prompts with tiny predictions.
         ratio=float(realised.mean() / result.predicted.mean()),
         ratio_quantiles=_quantiles(_ratio(realised, result.predicted)),
         influence=influence,
@@ -425,7 +436,7 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
+        return float(value) if np.isfinite(value) else None  # JSON has no NaN or inf
     if isinstance(value, np.integer):
         return int(value)
     return value
