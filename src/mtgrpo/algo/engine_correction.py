@@ -36,7 +36,7 @@ from mtgrpo.algo.registry import IS_CORRECTION_MODES, check_is_correction
 __all__ = ["IS_MODES", "EngineCorrection", "correction_figures", "correction_metrics",
            "importance_weights"]
 
-IS_MODES = IS_CORRECTION_MODES
+IS_MODES = IS_CORRECTION_MODES  # declared in the registry, so a config validates without torch
 
 
 @dataclass(frozen=True)

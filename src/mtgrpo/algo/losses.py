@@ -561,7 +561,7 @@ def _token_stats(
         low = (clip_ratio < 1 - epsilon_low) & (adv < 0)
         high = (clip_ratio > 1 + epsilon_high) & (adv > 0)
     elif loss_type == "cispo":
-        low = torch.zeros_like(mask)
+        low = torch.zeros_like(mask)  # CISPO caps its weight from above only
         high = (ratio > epsilon_high) & (adv > 0)
     else:
         low = high = torch.zeros_like(ratio, dtype=torch.bool)

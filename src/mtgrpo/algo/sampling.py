@@ -540,8 +540,8 @@ class Sampler(ABC):
         num_tasks: int,
         *,
         seed: int = 0,
-        zero_gradient_filter: str = "strict",
-        acceptance_ema: float = 0.9,
+        zero_gradient_filter: str = "strict",  # MT-GRPO Exp-1's filter
+        acceptance_ema: float = 0.9,  # the paper's ρ decay (ALGORITHMS.md §5)
         shuffle: bool = True,
     ) -> None:
         self.pool = PromptPool(prompt_tasks, num_tasks, seed, shuffle=shuffle)

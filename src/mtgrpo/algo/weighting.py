@@ -823,7 +823,7 @@ class _RewardMemory:
 
     def __init__(self, num_tasks: int, decay: float) -> None:
         self.decay = decay
-        self.value = np.full(num_tasks, np.nan)  # [K]
+        self.value = np.full(num_tasks, np.nan)  # [K]; NaN: never seen, no J to centre on
 
     def observe(self, reward: np.ndarray, present: np.ndarray) -> np.ndarray:
         """Fold this step's rewards in; returns the mask of tasks observed this step ``[K]``."""
@@ -1146,7 +1146,7 @@ class MTGRPOWeighting(_SignalWeighting):
         reward = self.params["lam"] * self._memory.value  # [K] λJ, NaN where never observed
         as_measured = np.where(measured, improvement, math.nan)  # [K] for diagnostics()
         self._terms = (as_measured, reward, self._softmax.copy())
-        return improvement + reward
+        return improvement + reward  # NaN where never observed: _fill_unseen gives it g = 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -260,7 +260,7 @@ def analyze(
         influence_na=_influence(a_na, z),
         influence_an=_influence(a_an, z),
         channel_std=_channel_std(r),
-        zero_gradient_rate=zero_gradient.mean(axis=1),
+        zero_gradient_rate=zero_gradient.mean(axis=1),  # explains a prompt's low realised MSE
     )
 
 
