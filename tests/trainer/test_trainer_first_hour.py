@@ -11,7 +11,7 @@ import trainer_helpers as common
 
 from mtgrpo import GRPOConfig, GRPOTrainer
 from mtgrpo.reporting import read_metrics
-from mtgrpo.trainer.trainer import _check_context_length
+from mtgrpo.trainer.building import _check_context_length
 
 
 def _model(positions: int) -> SimpleNamespace:

@@ -22,7 +22,7 @@ def _instrumented(tiny_model_dir, tmp_path, **overrides):
         train_dataset=_common.rows(),
     )
     estimated, builds = [], []
-    estimate, build = trainer._estimate, trainer.sampler.build
+    estimate, build = trainer.estimate, trainer.sampler.build
 
     def counting(rewards, group_size):
         estimated.append(len(rewards))
@@ -32,7 +32,7 @@ def _instrumented(tiny_model_dir, tmp_path, **overrides):
         builds.append(build(*args, **kwargs))
         return builds[-1]
 
-    trainer._estimate = trainer.rollouts.estimate = counting
+    trainer.estimate = trainer.rollouts.estimate = counting
     trainer.sampler.build = recording
     return trainer, estimated, builds
 

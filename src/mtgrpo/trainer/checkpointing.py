@@ -1,0 +1,225 @@
+"""Saving and resuming :class:`~mtgrpo.trainer.GRPOTrainer`: checkpoints (model or adapter,
+optimizer, scheduler, every process's RNG, the sampler's and the weighting's state), the final
+model, ``config.yaml`` and the run's identity, and the exact resume from any of them (a
+sharded run's checkpoint included). The file formats are in :mod:`mtgrpo.trainer.checkpoint`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtgrpo._files import aside_path, write_atomically, write_text_atomically
+from mtgrpo.reporting import MetricsWriter
+from mtgrpo.trainer import checkpoint as ckpt
+from mtgrpo.trainer import sharding
+from mtgrpo.trainer.identity import check_resumable, run_identity
+
+logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger
+
+_RUN_OUTPUTS = ("metrics.jsonl", "completions.jsonl", "rollouts.jsonl", "config.yaml")
+
+
+class Checkpointing:
+    """Mixed into :class:`~mtgrpo.trainer.GRPOTrainer` (see the module docstring)."""
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "world_size": self.world,
+            "task_names": self.task_names,
+            "weighting": self.weighting.state_dict(),
+            **({"validation": self.validation.state_dict()} if self.validation else {}),
+            "sampler": self.sampler.state_dict(),
+            "entropy": self.updater.entropy.state_dict(),
+            "hf_state": dataclasses.asdict(self.state),
+            "identity": self._identity(),
+            **({"sharded": True} if self.sharded else {}),
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What this run's steps mean (:mod:`mtgrpo.trainer.identity`)."""
+        config = getattr(self.unwrapped, "config", None)
+        parameters = sum(p.numel() for p in self.unwrapped.parameters())
+        model = f"{getattr(config, 'model_type', type(self.unwrapped).__name__)}, " \
+                f"{parameters} parameters"
+        return run_identity(self.args, tasks=self.task_names, channels=self.rewards.channel_names,
+                            model=model)  # fmt: skip
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones.
+
+        With ``save_only_model`` only the model is written (no resuming from it)."""
+        rng_states = self._gather_objects([ckpt.rng_state()]) if self.world > 1 \
+            else [ckpt.rng_state()]
+        final = self.output_dir / f"checkpoint-{self.state.global_step}"
+        # sharded: the whole state, gathered on the main process by every process
+        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        optimizer_state = sharding.full_optimizer_state(self.unwrapped, self.optimizer) \
+            if self.sharded and not self.args.save_only_model else None
+        if self.is_main_process:
+            def write(tmp: Path) -> None:
+                self._write_model(tmp / "model", weights)
+                if not self.args.save_only_model:
+                    ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors", weights)
+                    torch.save(self.optimizer.state_dict() if optimizer_state is None
+                               else optimizer_state, tmp / "optimizer.pt")
+                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                    for rank, state in enumerate(rng_states):
+                        torch.save(state, tmp / f"rng_state_{rank}.pt")
+                (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state()))
+
+            if self.state.best_global_step == self.state.global_step:
+                self.state.best_model_checkpoint = str(final)
+            previous = ckpt.latest_checkpoint(self.output_dir)
+            try:
+                write_atomically(final, write)
+            except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
+                raise ckpt.save_failure(final, error, previous) from error
+            best = self.state.best_model_checkpoint
+            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
+                                    keep=Path(best) if best else None)
+            if self._hub is not None:
+                self._hub.on_save(self.args.hub_strategy, final / "model", final,
+                                  self.state.global_step)
+        self.accelerator.wait_for_everyone()
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        return final if self.is_main_process else None
+
+    def save_model(self, directory: str | Path | None = None) -> None:
+        """The model (or LoRA adapter) and tokenizer in ``save_pretrained`` format (default
+        directory: ``output_dir``, as transformers). A sharded model is gathered first (every
+        process must call it) and written by the main process."""
+        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        if self.sharded and not self.is_main_process:
+            return
+        self._write_model(Path(directory if directory is not None else self.args.output_dir),
+                          weights)
+
+    def _write_model(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        """``save_pretrained`` of the model (``weights``: its gathered state when sharded) and
+        of the tokenizer."""
+        self.unwrapped.save_pretrained(directory, safe_serialization=True, state_dict=weights)
+        self.tokenizer.save_pretrained(directory)
+
+    def _resume(self, target: str | bool) -> None:
+        checkpoint = ckpt.latest_checkpoint(self.output_dir) if target is True else Path(target)
+        if checkpoint is None or not (checkpoint / "trainer_state.json").is_file():
+            raise FileNotFoundError(
+                f"no checkpoint to resume from ({target!r} in {self.output_dir}); train from "
+                "scratch by leaving resume_from_checkpoint unset"
+            )
+        state = _read(checkpoint / "trainer_state.json",
+                      lambda p: ckpt.read_trainer_state(p.parent))
+        if not (checkpoint / "trainable.safetensors").is_file():
+            raise ValueError(f"{checkpoint} was written with save_only_model=True and holds no "
+                             "optimizer or sampler state; it cannot be resumed from")
+        if state["world_size"] != self.world or state["task_names"] != self.task_names:
+            raise ValueError(
+                f"{checkpoint} was written by {state['world_size']} process(es) for tasks "
+                f"{state['task_names']}; resume with the same processes and tasks"
+            )
+        self._accepted_changes = check_resumable(checkpoint, state.get("identity"),
+                                                 self._identity(),
+                                                 self.args.resume_allow_changes)  # fmt: skip
+        if bool(state.get("sharded", False)) != self.sharded:
+            raise ValueError(
+                f"{checkpoint} was written by a {'sharded' if state.get('sharded') else 'plain'}"
+                f" run (fsdp={'full_shard' if state.get('sharded') else 'unset'}); resume with "
+                "the same fsdp setting")
+        if self.sharded:
+            self._load_sharded(checkpoint)
+        else:
+            _read(checkpoint / "trainable.safetensors",
+                  lambda p: ckpt.load_trainable(self.unwrapped, p))
+            saved = _read(checkpoint / "optimizer.pt",
+                          lambda p: torch.load(p, weights_only=False))
+            _read(checkpoint / "optimizer.pt", lambda _: self.optimizer.load_state_dict(saved))
+        saved = _read(checkpoint / "scheduler.pt", lambda p: torch.load(p, weights_only=False))
+        _read(checkpoint / "scheduler.pt", lambda _: self.scheduler.load_state_dict(saved))
+        self.weighting.load_state_dict(state["weighting"])
+        if self.validation is not None and "validation" in state:  # else: evaluated at once
+            self.validation.load_state_dict(state["validation"])
+        self.sampler.load_state_dict(state["sampler"])
+        if "entropy" in state:
+            self.updater.entropy.load_state_dict(state["entropy"])
+        if "hf_state" in state:
+            self._restore_state(state["hf_state"])
+        self.step = int(state["step"])
+        self.state.global_step = self._optimizer_steps_after(self.step)
+        _read(checkpoint / f"rng_state_{self.rank}.pt",
+              lambda p: ckpt.load_rng_state(p.parent, self.rank))
+        if self.is_main_process:
+            MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
+        logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _load_sharded(self, checkpoint: Path) -> None:
+        """The checkpoint's whole model and optimizer state, read by the main process and
+        handed to every process's shards."""
+        weights: dict[str, Any] = {}
+        optimizer_state: dict[str, Any] = {}
+        if self.is_main_process:
+            weights = _read(checkpoint / "trainable.safetensors",
+                            lambda p: ckpt.read_checked_trainable(self.unwrapped, p))
+            optimizer_state = _read(checkpoint / "optimizer.pt",
+                                    lambda p: torch.load(p, weights_only=False))
+        sharding.load_full_state(self.unwrapped, self.optimizer, weights, optimizer_state)
+
+    def _restore_state(self, saved: Mapping[str, Any]) -> None:
+        """The checkpoint's TrainerState (log history, best metric), kept in this object so
+        reward functions holding ``trainer_state`` see the same one."""
+        for name, value in saved.items():
+            if hasattr(self.state, name):
+                setattr(self.state, name, value)
+        self.state.max_steps = self.max_optimizer_steps
+
+    def _write_config(self) -> None:
+        import yaml
+
+        config = self.run_config if self.run_config is not None \
+            else self.args.run_file_dict()
+        # atomically: another process (a grid planning its runs) may read it meanwhile
+        write_text_atomically(self.output_dir / "config.yaml",
+                              yaml.safe_dump(config, sort_keys=False))
+
+    def _write(self, metrics: Mapping[str, Any], split: str) -> None:
+        """One record of metrics.jsonl and the trackers (main process, during train())."""
+        if self._writer is None:
+            return
+        self._writer.write({"step": self.step, "split": split, **metrics})
+        if self._trackers is not None:
+            self._trackers.log(metrics, self.step, split)
+
+
+def _read(path: Path, load: Any) -> Any:
+    """``load(path)``; a damaged file is an error naming it and the checkpoint to use instead
+    (a missing one keeps its own message)."""
+    try:
+        return load(path)
+    except FileNotFoundError:
+        raise
+    except Exception as error:
+        if isinstance(error, ValueError) and "does not match the model" in str(error):
+            raise
+        raise ckpt.damaged_checkpoint(path, error) from error
+
+
+def _set_aside_previous_run(output_dir: Path) -> Path | None:
+    """A fresh run in a directory that holds an earlier run: move the earlier run's logs and
+    checkpoints into ``previous-<time>/`` (nothing is deleted) so the new logs start clean."""
+    old = [output_dir / name for name in _RUN_OUTPUTS if (output_dir / name).exists()]
+    old += ckpt.list_checkpoints(output_dir)
+    if not old:
+        return None
+    target = aside_path(output_dir, "previous")
+    target.mkdir()
+    for path in old:
+        path.rename(target / path.name)
+    logger.warning("%s held an earlier run; its logs and checkpoints were moved to %s "
+                   "(use resume_from_checkpoint to continue it instead)", output_dir, target)
+    return target
