@@ -370,11 +370,57 @@ def _logits_scorer(temperature: float, with_entropy: bool,
 
 
 def _head_scorer(head: nn.Module, temperature: float, with_entropy: bool,
-                 entropy_grad: bool = True) -> _Scorer:
+                 entropy_grad: bool = True, grad_into_weight: bool = False) -> _Scorer:
     def score(hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
-        return _row_scores(head(hidden), targets, temperature, with_entropy, entropy_grad)
+        if grad_into_weight:  # see _grad_goes_into_weight
+            logits = nn.functional.linear(hidden, _GradIntoParameter.apply(head.weight),
+                                          head.bias)
+        else:
+            logits = head(hidden)
+        return _row_scores(logits, targets, temperature, with_entropy, entropy_grad)
 
     return score
+
+
+class _GradIntoParameter(torch.autograd.Function):
+    """The identity on a parameter, whose backward adds the incoming gradient into
+    ``parameter.grad`` in place and passes nothing on (the technique of Megatron-LM's
+    ``gradient_accumulation_fusion``, which writes weight gradients straight into ``main_grad``).
+
+    Autograd sums the gradients of a leaf used twice out of place before accumulating them:
+    for an output head tied to the input embedding that is the head's ``[V, H]`` gradient, the
+    embedding's and their sum alive at once, on top of ``.grad``: 3 x 519 MiB for a
+    Qwen2.5-0.5B head, the update's peak (benchmarks/results/update_memory_cpu.md). Added here
+    chunk by chunk, one ``[V, H]`` temporary is alive at a time."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, parameter: Tensor) -> Tensor:
+        ctx.parameter = parameter  # type: ignore[attr-defined]
+        return parameter.view_as(parameter)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> None:
+        parameter: Tensor = ctx.parameter  # type: ignore[attr-defined]
+        if parameter.grad is None:
+            parameter.grad = torch.empty_like(parameter).copy_(grad)
+        else:
+            parameter.grad.add_(grad)
+
+
+def _grad_goes_into_weight(route: LogprobRoute) -> bool:
+    """Whether the head's weight gradient is added into ``.grad`` directly
+    (:class:`_GradIntoParameter`): only where that is all autograd would do with it, so that no
+    hook on the weight's accumulation misses a part: a plain ``nn.Linear`` head that trains,
+    tied to the input embedding (whose own gradient then runs the weight's accumulation and its
+    hooks, after the head's part is in), in a single process (DDP and FSDP reduce gradients
+    from those hooks)."""
+    head, backbone = route.head, route.backbone
+    if type(head) is not nn.Linear or not head.weight.requires_grad or route.via is not None:
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    embeddings = getattr(backbone, "get_input_embeddings", lambda: None)()
+    return embeddings is not None and getattr(embeddings, "weight", None) is head.weight
 
 
 def _recompute(positions: int, vocab: int | None, checkpointing: bool = False) -> bool:
@@ -476,7 +522,8 @@ def _chunked_head_scores(
             hidden = hidden[scored]  # [M, H]
         # Only scored positions reach the head: padding costs no [V]-wide work at all.
         logps, entropy = _chunked_scores(
-            _head_scorer(head, temperature, compute_entropy, entropy_grad),
+            _head_scorer(head, temperature, compute_entropy, entropy_grad,
+                         grad_into_weight=_grad_goes_into_weight(route)),
             hidden,
             targets[scored],  # [M]
             chunk_size,
