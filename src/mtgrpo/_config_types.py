@@ -100,6 +100,8 @@ def _matches(value: Any, kind: Any) -> bool:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if kind is Any:
         return True
+    if origin is typing.Literal:  # the type here; the value where the choice is checked, which
+        return isinstance(value, tuple({type(a) for a in args}))  # lists the valid names
     if kind is type(None):
         return value is None
     if kind is bool:
@@ -130,6 +132,8 @@ def _describe(kind: Any) -> str:
              type(None): "null"}  # fmt: skip
     if kind in names:
         return names[kind]
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
     if origin in (list, tuple):
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" \
             if args else "a list"

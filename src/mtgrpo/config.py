@@ -53,6 +53,10 @@ from mtgrpo.algo.registry import (
     NONE_HANDLING,
     ON_UNSCORABLE,
     TRACKERS,
+    ImportanceSamplingLevel,
+    MalformedToolCalls,
+    NoneHandling,
+    ScaleRewards,
     check_optimizer_name,
     check_scheduler_name,
     resolve_aggregation,
@@ -63,6 +67,8 @@ from mtgrpo.algo.weighting import (
     IMPROVEMENT_REDUCTIONS,
     TASK_WEIGHTING_SIGNALS,
     WEIGHTINGS,
+    ImprovementReduction,
+    TaskWeightingSignal,
     check_weighting_params,
     reads_task_stats,
 )
@@ -84,12 +90,23 @@ __all__ = [
     "reference_markdown",
 ]
 
-ON_LONG_PROMPT = ("truncate", "error")
-INTERVALS = ("no", "steps", "epoch")
-SAVE_INTERVALS = ("no", "steps", "epoch", "best")
-HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
-LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
-FSDP_OPTIONS = ("full_shard", "auto_wrap")
+# Closed choices: a Literal type for the fields and readers, its values for the checks.
+OnLongPrompt = typing.Literal["truncate", "error"]
+Interval = typing.Literal["no", "steps", "epoch"]
+SaveInterval = typing.Literal["no", "steps", "epoch", "best"]
+HubStrategy = typing.Literal["end", "every_save", "checkpoint", "all_checkpoints"]
+LogLevel = typing.Literal["passive", "debug", "info", "warning", "error", "critical"]
+FsdpOption = typing.Literal["full_shard", "auto_wrap"]
+SamplingOrder = typing.Literal["random", "sequential"]
+TokensSeen = typing.Literal["no", "all"]
+ON_LONG_PROMPT: tuple[str, ...] = typing.get_args(OnLongPrompt)
+INTERVALS: tuple[str, ...] = typing.get_args(Interval)
+SAVE_INTERVALS: tuple[str, ...] = typing.get_args(SaveInterval)
+HUB_STRATEGIES: tuple[str, ...] = typing.get_args(HubStrategy)
+LOG_LEVELS: tuple[str, ...] = typing.get_args(LogLevel)
+FSDP_OPTIONS: tuple[str, ...] = typing.get_args(FsdpOption)
+SAMPLING_ORDERS: tuple[str, ...] = typing.get_args(SamplingOrder)
+TOKENS_SEEN: tuple[str, ...] = typing.get_args(TokensSeen)
 """The words of TRL's ``fsdp`` string mtgrpo acts on: ``full_shard`` (required) and
 ``auto_wrap`` (implied: the decoder layers are always sharded one by one)."""
 DEFAULT_VALIDATION_STEPS = 10  # validation_steps when neither it nor eval_steps says
@@ -160,7 +177,7 @@ class TrainConfig(TRLCompatibleFields):
     output_dir: str = _help("Run directory: metrics, checkpoints, report.", default="runs/mtgrpo")
     run_name: str | None = _help("Name shown by trackers (default: output_dir's name).",
                                  default=None)
-    logging_strategy: str = _help("When to log: steps (every logging_steps), epoch or no "
+    logging_strategy: Interval = _help("When to log: steps (every logging_steps), epoch or no "
                                   "(the last step is always logged).", default="steps")
     logging_steps: int | float = _help(
         "Log metrics every N training steps (a value below 1: that fraction of all steps).",
@@ -168,10 +185,10 @@ class TrainConfig(TRLCompatibleFields):
     logging_first_step: bool = _help("Also log the first step.", default=False)
     logging_nan_inf_filter: bool = _help(
         "Leave NaN and infinite step losses out of train_loss (TRL's option).", default=True)
-    log_level: str = _help("Level of mtgrpo's and transformers' loggers on the main process: "
+    log_level: LogLevel = _help("Level of mtgrpo's and transformers' loggers on the main process: "
                            "passive (leave as configured), debug, info, warning, error, "
                            "critical.", default="passive")
-    log_level_replica: str = _help("The same on the other processes.", default="warning")
+    log_level_replica: LogLevel = _help("The same on the other processes.", default="warning")
     disable_tqdm: bool | None = _help("Hide the progress bar.", default=None)
     report_at_end: bool = _help(
         "When train() ends, the main process writes the report/ figures and prints the run "
@@ -184,7 +201,7 @@ class TrainConfig(TRLCompatibleFields):
     num_completions_to_print: int | None = _help(
         "With log_completions: print this many of the step's completions at each log (None: "
         "none are printed).", default=None)
-    include_num_input_tokens_seen: str | bool = _help(
+    include_num_input_tokens_seen: TokensSeen | bool = _help(
         "Also log the count of prompt and completion tokens trained on "
         "(state.num_input_tokens_seen) as num_input_tokens_seen, the Trainer's name: no, all "
         "(or true). It is counted at every step and logged as num_tokens either way, as TRL "
@@ -192,7 +209,7 @@ class TrainConfig(TRLCompatibleFields):
     save_rollouts: bool = _help(
         "Write every group's rewards and advantages to rollouts.jsonl (the gradient-noise "
         "analysis reads it).", default=False)
-    save_strategy: str = _help(
+    save_strategy: SaveInterval = _help(
         "When to checkpoint: steps (every save_steps, and at the end), epoch, best (when "
         "metric_for_best_model improves) or no (never).", default="steps")
     save_steps: int | float = _help(
@@ -219,7 +236,7 @@ class TrainConfig(TRLCompatibleFields):
     greater_is_better: bool | None = _help(
         "Whether a larger metric_for_best_model is better (default: true, except for names "
         "ending in loss).", default=None)
-    eval_strategy: str | None = _help(
+    eval_strategy: Interval | None = _help(
         "When to evaluate: steps (every eval_steps, and at the end), epoch or no (default: "
         "steps when eval_steps > 0, else no).", default=None)
     eval_steps: int | float | None = _help(
@@ -249,7 +266,7 @@ class TrainConfig(TRLCompatibleFields):
     hub_private_repo: bool | None = _help(
         "Create the repository private (None: the Hub's default for the account).",
         default=None)
-    hub_strategy: str = _help(
+    hub_strategy: HubStrategy = _help(
         "end (the final model), every_save (the model at every checkpoint and at the end), "
         "checkpoint (also the newest checkpoint as last-checkpoint/) or all_checkpoints "
         "(every checkpoint in its own folder).", default="every_save")
@@ -371,7 +388,7 @@ class TrainConfig(TRLCompatibleFields):
     max_prompt_length: int | None = _help("Prompts longer than this many tokens are "
                                           "handled by on_long_prompt (None: no limit).",
                                           default=512)
-    on_long_prompt: str = _help("truncate (keep the end, warn once) or error.",
+    on_long_prompt: OnLongPrompt = _help("truncate (keep the end, warn once) or error.",
                                 default="truncate")
     max_completion_length: int = _help("Maximum new tokens per completion.", default=256)
     temperature: float = _help("Sampling temperature (also applied to training log-probs).",
@@ -413,7 +430,7 @@ class TrainConfig(TRLCompatibleFields):
     shuffle_dataset: bool = _help(
         "Visit each task's prompts in a seeded shuffled order, reshuffled every epoch "
         "(false: dataset order).", default=True)
-    train_sampling_strategy: str = _help(
+    train_sampling_strategy: SamplingOrder = _help(
         "random (as shuffle_dataset) or sequential (dataset order, whatever shuffle_dataset "
         "says); transformers' name.", default="random")
     max_tool_calling_iterations: int | None = _help(
@@ -424,7 +441,7 @@ class TrainConfig(TRLCompatibleFields):
     tool_call_timeout: float = _help(
         "With tools or an environment_factory: seconds one tool call may take; a call past "
         "it is answered with a timed-out message and the rollout goes on.", default=60.0)
-    malformed_tool_calls: str = _help(
+    malformed_tool_calls: MalformedToolCalls = _help(
         "With tools or an environment_factory: a malformed call (not JSON, no name) ends the "
         "rollout (end, TRL's rule) or is answered with the parse error, which the model reads "
         "and which counts as a failed call (reply).", default="end")
@@ -434,7 +451,7 @@ class TrainConfig(TRLCompatibleFields):
         "grpo (sequence mean), dapo (token mean), dr_grpo (constant length), bnpo, cispo "
         "(clipped importance weights), sapo (soft gate), luspo (length-weighted sequences), "
         "vespo (gamma-shaped sequence weights).", default="dapo")
-    importance_sampling_level: str = _help(
+    importance_sampling_level: ImportanceSamplingLevel = _help(
         "token (a ratio per token) or sequence (GSPO: one ratio per completion, the "
         "geometric mean of its token ratios).", default="token")
     beta: float = _help("KL coefficient (0: no reference model is used).", default=0.0)
@@ -494,9 +511,9 @@ class TrainConfig(TRLCompatibleFields):
         default="sum_then_normalize")
     reward_aggregation_method: str | None = _help(
         "Alias of multi_objective_aggregation (TRL tutorials' name).", default=None)
-    scale_rewards: str | bool = _help("group, batch or none (TRL's true/false accepted).",
+    scale_rewards: ScaleRewards | bool = _help("group, batch or none (TRL's true/false accepted).",
                                default="group")
-    none_handling: str = _help(
+    none_handling: NoneHandling = _help(
         "How a reward function's None enters the advantage: neutral or zero.", default="neutral")
     on_unscorable: str = _help(
         "A completion no reward applies to: raise, warn (TRL's behaviour and warning: "
@@ -523,10 +540,10 @@ class TrainConfig(TRLCompatibleFields):
     task_weighting_params: dict[str, Any] = _help(
         "Parameters of the task weighting, e.g. {lam: 0.25, optimizer: adam}.",
         default_factory=dict)
-    improvement_reduction: str = _help(
+    improvement_reduction: ImprovementReduction = _help(
         "MT-GRPO's I_k over a task's samples: mean (paper text) or sum (released code, use "
         "with improvement_clip).", default="mean")
-    task_weighting_signal: str = _help(
+    task_weighting_signal: TaskWeightingSignal = _help(
         "What the task weights read: train (the training batch's accuracy, as the papers) or "
         "validation (held-out accuracy on the task suite's validation split, evaluated every "
         "validation_steps steps; J_k its last value, I_k its change per step; needs "
@@ -803,9 +820,8 @@ class TrainConfig(TRLCompatibleFields):
                                           IMPORTANCE_SAMPLING_LEVELS),
             "log_level": (self.log_level, LOG_LEVELS),
             "log_level_replica": (self.log_level_replica, LOG_LEVELS),
-            "include_num_input_tokens_seen": (self.include_num_input_tokens_seen,
-                                              ("no", "all")),
-            "train_sampling_strategy": (self.train_sampling_strategy, ("random", "sequential")),
+            "include_num_input_tokens_seen": (self.include_num_input_tokens_seen, TOKENS_SEEN),
+            "train_sampling_strategy": (self.train_sampling_strategy, SAMPLING_ORDERS),
         }
         for name, (value, valid) in choices.items():
             if value not in valid:

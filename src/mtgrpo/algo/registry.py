@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 T = TypeVar("T")
 
@@ -156,6 +156,12 @@ __all__ += [
     "SCALE_REWARDS",
     "SCHEDULERS",
     "TRACKERS",
+    "ISCorrectionMode",
+    "ImportanceSamplingLevel",
+    "MalformedToolCalls",
+    "NoneHandling",
+    "ScaleRewards",
+    "Tracker",
     "check_is_correction",
     "check_optimizer_name",
     "check_scheduler_name",
@@ -171,10 +177,12 @@ AGGREGATIONS.declare("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_
 AGGREGATIONS.declare("gdpo")
 AGGREGATIONS.declare("single")
 
-SCALE_REWARDS = ("group", "batch", "none")
+ScaleRewards = Literal["group", "batch", "none"]
+SCALE_REWARDS: tuple[str, ...] = get_args(ScaleRewards)
 """What centred rewards are divided by: the group's std, the batch's, or nothing (Dr. GRPO)."""
 
-NONE_HANDLING = ("neutral", "zero")
+NoneHandling = Literal["neutral", "zero"]
+NONE_HANDLING: tuple[str, ...] = get_args(NoneHandling)
 """How a reward function's ``None`` enters the advantage (:mod:`mtgrpo.algo.advantages`)."""
 
 ON_UNSCORABLE: Registry[Callable[..., Any]] = Registry(
@@ -192,18 +200,22 @@ LOSS_TYPES.declare("dapo", aliases=("token_mean",))
 for _name in ("dr_grpo", "bnpo", "cispo", "vespo", "sapo", "luspo"):
     LOSS_TYPES.declare(_name)
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
+Tracker = Literal["tensorboard", "wandb", "trackio"]
+TRACKERS: tuple[str, ...] = get_args(Tracker)
 """The experiment trackers ``report_to`` may name: each is also the name of its package and of
 mtgrpo's extra (``pip install 'mtgrpo[wandb]'``); ``metrics.jsonl`` is always written."""
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+ImportanceSamplingLevel = Literal["token", "sequence"]
+IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = get_args(ImportanceSamplingLevel)
 """One importance ratio per token, or one per completion (GSPO)."""
 
-MALFORMED_TOOL_CALLS = ("end", "reply")
+MalformedToolCalls = Literal["end", "reply"]
+MALFORMED_TOOL_CALLS: tuple[str, ...] = get_args(MalformedToolCalls)
 """What a malformed tool call (not JSON, no name) does: end the rollout (TRL's rule) or get an
 error reply the model reads, as a failing call does."""
 
-IS_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ISCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+IS_CORRECTION_MODES: tuple[str, ...] = get_args(ISCorrectionMode)
 """TRL's ``vllm_importance_sampling_mode``: the engine's importance-correction ratio per token or
 per completion, clamped to or masked outside its bounds (:mod:`mtgrpo.algo.engine_correction`)."""
 

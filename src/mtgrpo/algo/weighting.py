@@ -84,7 +84,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
@@ -94,13 +94,16 @@ from mtgrpo.algo.registry import Registry
 __all__ = [
     "DEFAULT_ADAM_STEP_SIZE",
     "DEFAULT_SGD_STEP_SIZE",
+    "IMPROVEMENT_REDUCTIONS",
     "TASK_WEIGHTING_SIGNALS",
     "WEIGHTINGS",
     "FixedWeighting",
+    "ImprovementReduction",
     "MTGRPOWeighting",
     "RegularizedWeighting",
     "SECWeighting",
     "TaskStats",
+    "TaskWeightingSignal",
     "UniformWeighting",
     "ValidationSignal",
     "WeightingParam",
@@ -246,7 +249,8 @@ class TaskStats:
         return fields
 
 
-IMPROVEMENT_REDUCTIONS = ("mean", "sum")
+ImprovementReduction = Literal["mean", "sum"]
+IMPROVEMENT_REDUCTIONS: tuple[str, ...] = get_args(ImprovementReduction)
 
 
 def improvement_by_task(
@@ -1225,7 +1229,8 @@ class SECWeighting(WeightingStrategy):
 # ---------------------------------------------------------------------------------------------
 # The held-out signal (task_weighting_signal: validation)
 
-TASK_WEIGHTING_SIGNALS = ("train", "validation")
+TaskWeightingSignal = Literal["train", "validation"]
+TASK_WEIGHTING_SIGNALS: tuple[str, ...] = get_args(TaskWeightingSignal)
 
 
 class ValidationSignal:
