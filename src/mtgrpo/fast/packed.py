@@ -207,13 +207,14 @@ def packed_layout(
         prompt_mask, torch.arange(width, device=device) >= (width - prompt_len)[:, None]
     )
     right_padded = torch.equal(completion_mask, columns < completion_len[:, None])
-    if not (left_padded and right_padded) or bool((prompt_len == 0).any()):
+    prompt_lengths = prompt_len.tolist()  # read once: the sizes below are host integers
+    if not (left_padded and right_padded) or min(prompt_lengths) == 0:
         return None
     prefix = shared_prefix(input_ids[first, :width], position_ids[first, :width], prompt_len)
     own_len = prompt_len - prefix  # [U] each prompt's tokens after the shared prefix
     own_mask = prompt_mask & (torch.arange(width, device=device)
                               >= (width - own_len)[:, None])  # [U, W]
-    shared_columns = slice(width - int(prompt_len[0]), width - int(own_len[0]))
+    shared_columns = slice(width - prompt_lengths[0], width - prompt_lengths[0] + prefix)
     token_ids = torch.cat([input_ids[first[0], shared_columns],
                            input_ids[first, :width][own_mask],
                            input_ids[:, width:][completion_mask]])
@@ -221,7 +222,8 @@ def packed_layout(
                            position_ids[first, :width][own_mask],
                            position_ids[:, width:][completion_mask]])
     own_start = prefix + _starts(own_len)  # [U] into the packed tokens
-    completion_start = prefix + int(own_len.sum()) + _starts(completion_len)  # [N]
+    completion_start = sum(prompt_lengths) - prefix * (len(prompt_lengths) - 1) + _starts(
+        completion_len)  # [N]: after the prefix and every prompt's own tokens
     rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
     own_prompt = inverse[rows]
     none = torch.zeros_like(own_len)
@@ -244,7 +246,9 @@ def packed_layout(
     spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
     plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
     groups = tuple(
-        _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()})
+        _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()},
+                         # the group's widths: its most queries, its most keys (offset + queries)
+                         max(spans[i][1] for i in part), max(sum(spans[i]) for i in part))
         for part in plan
     )
     query_slots = torch.cat([g.query_index.reshape(-1) for g in groups])  # [sum of S * Lq]
@@ -265,12 +269,11 @@ def packed_layout(
                         prefix=prefix, prompt_index=prompt_index)
 
 
-def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
+def _attention_group(segment: dict[str, Tensor], width_q: int, width_k: int) -> AttentionGroup:
     query_count = segment["query_count"][:, None]  # [S, 1]
     prefix_keys, prompt_keys = segment["prefix_keys"][:, None], segment["prompt_keys"][:, None]
     key_count = prefix_keys + prompt_keys + segment["own_keys"][:, None]  # [S, 1]
     device = query_count.device
-    width_q, width_k = int(query_count.max()), int(key_count.max())
     # right-aligned: slot j holds the segment's query / key j - (width - count)
     jq = torch.arange(width_q, device=device) - (width_q - query_count)  # [S, Lq]
     jk = torch.arange(width_k, device=device) - (width_k - key_count)  # [S, Lk]
