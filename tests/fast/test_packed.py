@@ -297,3 +297,51 @@ def test_fsdp2_sharded_parameters_fall_back() -> None:
     fully_shard(model, mesh=init_device_mesh("cpu", (1,)))  # the root: layer classes unchanged
     assert type(model.model.layers[0]) is transformers.models.llama.modeling_llama.LlamaDecoderLayer
     assert packed_mismatch(model.model) == "parameters are sharded DTensors (FSDP2)"
+
+
+def test_queries_are_the_last_key_slots_of_their_segment() -> None:
+    """Right-aligned groups: query slot ``i`` of a ``[S, Lq]`` group is key slot ``Lk - Lq + i``
+    (a layer gathers query, key and value heads once, at the key slots), and every query slot,
+    padding included, may attend at least one key (a row with none makes the softmax NaN)."""
+    for input_ids, mask in (batch(), prefixed_batch()):
+        first, inverse = distinct_prompts(input_ids, mask, PROMPT)
+        layout = packed_layout(input_ids, mask, position_ids_from_attention_mask(mask),
+                               COMPLETION, first, inverse)
+        assert layout is not None
+        for group in layout.groups:
+            width_q, width_k = group.query_index.shape[1], group.key_index.shape[1]
+            valid = group.query_valid.view(group.query_index.shape)
+            last_keys = group.key_index[:, width_k - width_q:]
+            assert torch.equal(last_keys[valid], group.query_index[valid])
+            assert bool(group.mask.any(-1).all())
+
+
+def test_packed_attention_runs_in_float32_under_bf16_autocast(monkeypatch) -> None:
+    """On the CPU the packed attention of bfloat16 states (autocast) runs in float32, where
+    torch's flash-attention backward is several times faster; the model's padded forward keeps
+    bfloat16 attention under the same autocast. Both round every projection to bfloat16, so
+    their log-probs and entropies agree to bfloat16 precision only: one bfloat16 eps (2**-7)
+    at their magnitude (near 4.5: 0.035; observed 0.0015 on an Intel Xeon), while a wrong key
+    or position moves a log-prob by more than 0.1."""
+    model = tiny("llama")
+    input_ids, mask = batch()
+    dtypes: list[torch.dtype] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # the dtype the kernel ran in (autocast casts inside the call)
+        output = sdpa(*args, **kwargs)
+        dtypes.append(output.dtype)
+        return output
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = scores_and_grads(model, input_ids, mask, pack=True)
+        assert set(dtypes) == {torch.float32}
+        dtypes.clear()
+        padded = scores_and_grads(model, input_ids, mask, pack=False)
+        assert set(dtypes) == {torch.bfloat16}
+    eps = torch.finfo(torch.bfloat16).eps
+    for ours, theirs in zip(packed[:2], padded[:2], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0,
+                                   atol=eps * max(1.0, float(theirs.abs().max())))
+    assert packed[2].keys() == padded[2].keys()

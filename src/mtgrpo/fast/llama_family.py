@@ -112,6 +112,8 @@ def attention_inputs(
     cos_sin: tuple[Any, Any],
     rotary: Callable[..., Any],
     project: Callable[[Any, Any], Any] | None = None,
+    *,
+    heads_first: bool = True,
 ) -> tuple[Any, Any, Any]:
     """Query, key and value of ``<Family>Attention.forward`` for ``hidden [b, s, H]``.
 
@@ -120,6 +122,9 @@ def attention_inputs(
     ``[b, kv_heads, s, d]``), rotary embedding on query and key with ``cos_sin`` from the
     backbone's ``rotary_emb`` and the family's ``rotary`` (see :func:`llama_functions`).
     ``project(module, x)`` applies a projection module (default: ``module(x)``).
+    ``heads_first=False``: ``hidden [s, H]`` and ``cos_sin`` ``[s, d]`` give ``[s, heads, d]``
+    (key and value ``[s, kv_heads, d]``), no transposes (the rotary function's
+    ``unsqueeze(1)`` of ``cos_sin`` broadcasts over the heads).
     """
     if project is None:
         project = _call
@@ -129,9 +134,11 @@ def attention_inputs(
     q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
         query, key = q_norm(query), attn.k_norm(key)
-    value = project(attn.v_proj, hidden).view(shape).transpose(1, 2)
+    value = project(attn.v_proj, hidden).view(shape)
+    if not heads_first:
+        return (*rotary(query, key, *cos_sin), value)
     query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), *cos_sin)
-    return query, key, value
+    return query, key, value.transpose(1, 2)
 
 
 def _call(module: Any, hidden: Any) -> Any:

@@ -24,11 +24,15 @@ The static generation backend prefills prompts the same way (``L = 0``, see
 :func:`packed_states`).
 
 Segments of similar length are grouped (like length-bucketed micro-batches) and each group is
-padded to its longest (``[S, heads, Lq, d]`` queries, ``[S, kv_heads, Lk, d]`` keys/values, a
-``[S, 1, Lq, Lk]`` mask: boolean for ``sdpa``, additive for ``eager``); the attention function is
-the model's own (on the CPU, ``sdpa`` is called with ``enable_gqa`` rather than through
-transformers' wrapper, which copies the key/value heads when a mask is given), and the outputs
-of real queries are gathered back into packed order.
+padded to its longest, at the front: a segment's queries are its last keys, so with keys and
+queries right-aligned the group's ``[S, heads, Lq, d]`` queries are the last ``Lq`` of its
+``[S, ., Lk, d]`` key slots, and one gather of the packed query, key and value heads together
+at the key slots serves every group of a layer (a ``[S, 1, Lq, Lk]`` mask, boolean for ``sdpa``,
+additive for ``eager``, keeps each query to its segment's keys). The attention function is the
+model's own (on the CPU, ``sdpa`` is called with ``enable_gqa`` rather than through
+transformers' wrapper, which copies the key/value heads when a mask is given, and in float32
+when the states are in half precision), and the outputs of real queries are gathered back
+into packed order.
 Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
 forward of :mod:`mtgrpo.fast.shared_prompts`, so log-probabilities, entropies and gradients equal
 those of the model's padded forward up to float rounding (tests check them against it).
@@ -107,9 +111,12 @@ def _sharded(backbone: nn.Module) -> bool:
 class AttentionGroup:
     """Segments that run through one attention call, padded to the group's longest.
 
-    ``query_index: [S, Lq]`` and ``key_index: [S, Lk]`` index packed tokens (0 where a segment
-    is shorter: those slots are masked or discarded); ``query_valid: [S * Lq]`` marks real
-    queries; ``mask: [S, 1, Lq, Lk]`` is True where a query may attend a key.
+    ``query_index: [S, Lq]`` and ``key_index: [S, Lk]`` index packed tokens, right-aligned
+    (0 in the leading slots where a segment is shorter: those keys are masked, those queries'
+    outputs discarded); query slot ``i`` is key slot ``Lk - Lq + i`` (a segment's queries are
+    its last keys). ``query_valid: [S * Lq]`` marks real queries; ``mask: [S, 1, Lq, Lk]`` is
+    True where a query may attend a key (and on the diagonal for a padding query slot, which
+    would otherwise attend nothing and make the kernel's softmax NaN).
     """
 
     query_index: Tensor
@@ -127,7 +134,8 @@ class PackedLayout:
     concatenated (``S * Lq`` rows per group, row-major); ``predictor: [K]``: for each scored
     completion token (row-major over the completion mask), the packed token whose hidden state
     predicts it. ``query_slots`` / ``key_slots``: every group's ``query_index`` / ``key_index``
-    flattened and concatenated, so that a layer gathers each tensor once for all groups.
+    flattened and concatenated (a layer gathers its query, key and value heads once, at the key
+    slots, for all groups).
     ``prefix``: the number of leading prompt tokens every distinct prompt shares (packed once,
     first); ``prompt_index: [U, W]``: the packed token of each distinct prompt's column (0 at
     its left padding).
@@ -199,13 +207,14 @@ def packed_layout(
         prompt_mask, torch.arange(width, device=device) >= (width - prompt_len)[:, None]
     )
     right_padded = torch.equal(completion_mask, columns < completion_len[:, None])
-    if not (left_padded and right_padded) or bool((prompt_len == 0).any()):
+    prompt_lengths = prompt_len.tolist()  # read once: the sizes below are host integers
+    if not (left_padded and right_padded) or min(prompt_lengths) == 0:
         return None
     prefix = shared_prefix(input_ids[first, :width], position_ids[first, :width], prompt_len)
     own_len = prompt_len - prefix  # [U] each prompt's tokens after the shared prefix
     own_mask = prompt_mask & (torch.arange(width, device=device)
                               >= (width - own_len)[:, None])  # [U, W]
-    shared_columns = slice(width - int(prompt_len[0]), width - int(own_len[0]))
+    shared_columns = slice(width - prompt_lengths[0], width - prompt_lengths[0] + prefix)
     token_ids = torch.cat([input_ids[first[0], shared_columns],
                            input_ids[first, :width][own_mask],
                            input_ids[:, width:][completion_mask]])
@@ -213,7 +222,8 @@ def packed_layout(
                            position_ids[first, :width][own_mask],
                            position_ids[:, width:][completion_mask]])
     own_start = prefix + _starts(own_len)  # [U] into the packed tokens
-    completion_start = prefix + int(own_len.sum()) + _starts(completion_len)  # [N]
+    completion_start = sum(prompt_lengths) - prefix * (len(prompt_lengths) - 1) + _starts(
+        completion_len)  # [N]: after the prefix and every prompt's own tokens
     rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
     own_prompt = inverse[rows]
     none = torch.zeros_like(own_len)
@@ -236,7 +246,9 @@ def packed_layout(
     spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
     plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
     groups = tuple(
-        _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()})
+        _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()},
+                         # the group's widths: its most queries, its most keys (offset + queries)
+                         max(spans[i][1] for i in part), max(sum(spans[i]) for i in part))
         for part in plan
     )
     query_slots = torch.cat([g.query_index.reshape(-1) for g in groups])  # [sum of S * Lq]
@@ -257,14 +269,15 @@ def packed_layout(
                         prefix=prefix, prompt_index=prompt_index)
 
 
-def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
-    query_count = segment["query_count"]
+def _attention_group(segment: dict[str, Tensor], width_q: int, width_k: int) -> AttentionGroup:
+    query_count = segment["query_count"][:, None]  # [S, 1]
     prefix_keys, prompt_keys = segment["prefix_keys"][:, None], segment["prompt_keys"][:, None]
     key_count = prefix_keys + prompt_keys + segment["own_keys"][:, None]  # [S, 1]
     device = query_count.device
-    jq = torch.arange(int(query_count.max()), device=device)
-    jk = torch.arange(int(key_count.max()), device=device)
-    query_valid = jq < query_count[:, None]  # [S, Lq]
+    # right-aligned: slot j holds the segment's query / key j - (width - count)
+    jq = torch.arange(width_q, device=device) - (width_q - query_count)  # [S, Lq]
+    jk = torch.arange(width_k, device=device) - (width_k - key_count)  # [S, Lk]
+    query_valid = jq >= 0
     query_index = torch.where(query_valid, segment["query_start"][:, None] + jq, 0)
     key_index = torch.where(  # the shared prefix sits at packed tokens 0..prefix-1
         jk < prefix_keys,
@@ -275,13 +288,17 @@ def _attention_group(segment: dict[str, Tensor]) -> AttentionGroup:
             segment["own_key_start"][:, None] + jk - prefix_keys - prompt_keys,
         ),
     )
-    key_valid = jk < key_count  # [S, Lk]
-    causal = jk[None, None, :] <= (segment["offset"][:, None] + jq)[:, :, None]  # [S, Lq, Lk]
+    key_valid = jk >= 0  # [S, Lk]
+    # query slot i is key slot Lk - Lq + i: it attends the valid key slots up to its own
+    own_slot = torch.arange(width_k - width_q, width_k, device=device)  # [Lq]
+    slots = torch.arange(width_k, device=device)
+    causal = slots[None, :] <= own_slot[:, None]  # [Lq, Lk]
+    diagonal = slots[None, :] == own_slot[:, None]
     return AttentionGroup(
         query_index=query_index,
         key_index=torch.where(key_valid, key_index, 0),
         query_valid=query_valid.reshape(-1),
-        mask=(causal & key_valid[:, None, :]).unsqueeze(1),
+        mask=((causal & key_valid[:, None, :]) | diagonal).unsqueeze(1),
     )
 
 
@@ -306,22 +323,24 @@ def packed_states(
     """Hidden states ``[M, H]`` of every packed token after the last layer (before the final
     norm). ``project(module, x)`` and ``mlp(module, x)`` replace the projection and MLP calls
     (the static backend's prefill multiplies by its merged weight copies); ``keys_values``
-    receives each layer's key and value ``[kv_heads, M, d]`` (after the rotary embedding), as a
-    key/value cache holds them."""
+    receives each layer's key and value ``[M, kv_heads, d]`` (after the rotary embedding), the
+    states a key/value cache holds."""
     rotary, attention = llama_functions(backbone)
-    hidden = backbone.embed_tokens(layout.token_ids[None])  # [1, M, H]
+    # [M, H] with no batch dimension: every projection is one matrix product, no reshapes
+    # (the embedding still sees one packed row [1, M], as the model's forward would).
+    hidden = backbone.embed_tokens(layout.token_ids[None])[0]
+    cos, sin = backbone.rotary_emb(hidden, layout.positions[None])  # [1, M, d]
     # sdpa takes the boolean mask as it is (True = attend); eager adds it to the scores.
     sdpa = backbone.config._attn_implementation == "sdpa"
     if sdpa and hidden.device.type == "cpu" and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
     shared = _LayerInputs(
-        layout=layout, cos_sin=backbone.rotary_emb(hidden, layout.positions[None]),
-        rotary=rotary, attention=attention,
+        layout=layout, cos_sin=(cos[0], sin[0]), rotary=rotary, attention=attention,
         masks=[g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups],
-        # One gather per tensor and layer for all groups (and one gradient scatter in the
-        # backward, where a gather per group would sum a full-size gradient per group).
-        query_sizes=[g.query_index.numel() for g in layout.groups],
+        # One gather per layer for all groups (and one gradient scatter in the backward,
+        # where a gather per group would sum a full-size gradient per group).
         key_sizes=[g.key_index.numel() for g in layout.groups],
+        upcast=attention is _sdpa_with_grouped_heads,
         project=project, mlp=mlp, keys_values=keys_values,
     )
     for layer in backbone.layers[: backbone.config.num_hidden_layers]:
@@ -334,56 +353,82 @@ def packed_states(
         checkpointed = (getattr(layer, "gradient_checkpointing", False) and layer.training
                         and torch.is_grad_enabled() and keys_values is None)
         hidden = layer._gradient_checkpointing_func(run, hidden) if checkpointed else run(hidden)
-    return hidden.squeeze(0)
+    return hidden
 
 
 @dataclass(frozen=True)
 class _LayerInputs:
-    """What every decoder layer of one :func:`packed_states` call reads besides its input."""
+    """What every decoder layer of one :func:`packed_states` call reads besides its input.
+    ``upcast``: attention runs in float32 when the states are in half precision."""
 
     layout: PackedLayout
     cos_sin: tuple[Tensor, Tensor]
     rotary: Callable[..., tuple[Tensor, Tensor]]
     attention: Callable[..., tuple[Tensor, Any]]
     masks: list[Tensor]
-    query_sizes: list[int]
     key_sizes: list[int]
+    upcast: bool
     project: Callable[[nn.Module, Tensor], Tensor] | None
     mlp: Callable[[nn.Module, Tensor], Tensor] | None
     keys_values: list[tuple[Tensor, Tensor]] | None
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Tensor:
-    """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [1, M, H]`` in and out."""
+    """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [M, H]`` in and out."""
     layout, project, attn = shared.layout, shared.project, layer.self_attn
-    # query [heads, M, d]; key, value [kv_heads, M, d]
-    query, key, value = (
-        t.squeeze(0)
-        for t in attention_inputs(attn, layer.input_layernorm(hidden), shared.cos_sin,
-                                  shared.rotary, project)
+    query, key, value = attention_inputs(  # [M, heads, d]; [M, kv_heads, d]
+        attn, layer.input_layernorm(hidden), shared.cos_sin, shared.rotary, project,
+        heads_first=False,
     )
     if shared.keys_values is not None:
         shared.keys_values.append((key, value))
-    queries = _gather(query, 1, layout.query_slots).split(shared.query_sizes, 1)
-    keys = _gather(key, 1, layout.key_slots).split(shared.key_sizes, 1)
-    values = _gather(value, 1, layout.key_slots).split(shared.key_sizes, 1)
-    outputs = []
-    for group, mask, q, k, v in zip(layout.groups, shared.masks, queries, keys, values,
-                                    strict=True):
-        output, _ = shared.attention(
-            attn,
-            _segments(q, group.query_index),  # [S, heads, Lq, d]
-            _segments(k, group.key_index),  # [S, kv_heads, Lk, d]
-            _segments(v, group.key_index),
-            mask,
-            dropout=attn.attention_dropout if attn.training else 0.0,
-            scaling=attn.scaling,
-        )  # [S, Lq, heads, d]
-        outputs.append(output.reshape(group.query_valid.shape[0], -1))
-    output = _gather(torch.cat(outputs), 0, layout.order)[None]  # [1, M, heads * d]
+    states = torch.cat([query, key, value], 1)  # [M, heads + 2 kv_heads, d]
+    dtype = states.dtype
+    if shared.upcast and dtype in _HALF:
+        # torch's CPU flash-attention backward runs 4x slower in bfloat16 than in float32
+        # (measured on an Intel Xeon with AMX), so the CPU attention runs in float32, outside
+        # autocast; the forward too, so that a scoring pass gives the training pass's numbers.
+        # (Under autocast the float32 rotary tables already made query and key float32 here.)
+        states = states.float()
+    gathered = _gather(states, 0, layout.key_slots)  # [sum of S * Lk, heads + 2 kv_heads, d]
+    parts = gathered.split(shared.key_sizes) if len(shared.key_sizes) > 1 else (gathered,)
+    heads = [query.shape[1], key.shape[1], value.shape[1]]
+    outputs = [_group_attention(attn, shared.attention, group, mask, part, heads)
+               for group, mask, part in zip(layout.groups, shared.masks, parts, strict=True)]
+    output = _gather(torch.cat(outputs) if len(outputs) > 1 else outputs[0], 0, layout.order)
+    if output.dtype != dtype:
+        output = output.to(dtype)  # [M, heads * d]
     hidden = hidden + (attn.o_proj(output) if project is None else project(attn.o_proj, output))
     normed = layer.post_attention_layernorm(hidden)
     return hidden + (layer.mlp(normed) if shared.mlp is None else shared.mlp(layer.mlp, normed))
+
+
+def _group_attention(
+    attn: nn.Module,
+    attention: Callable[..., tuple[Tensor, Any]],
+    group: AttentionGroup,
+    mask: Tensor,
+    gathered: Tensor,
+    heads: list[int],
+) -> Tensor:
+    """One group's attention: ``gathered: [S * Lk, heads + 2 kv_heads, d]``, the query, key
+    and value heads at the group's key slots, to the outputs ``[S * Lq, heads * d]`` of its
+    query slots (the last ``Lq`` key slots of each segment)."""
+    count, width_k = group.key_index.shape
+    width_q = group.query_index.shape[1]
+    states = gathered.view(count, width_k, -1, gathered.shape[-1]).transpose(1, 2)
+    query, key, value = states.split(heads, 1)  # [S, heads | kv_heads, Lk, d]
+    if width_q < width_k:
+        query = query[:, :, width_k - width_q:]
+    output, _ = attention(
+        attn, query, key, value, mask,
+        dropout=attn.attention_dropout if attn.training else 0.0,
+        scaling=attn.scaling,
+    )  # [S, Lq, heads, d]
+    return output.reshape(count * width_q, -1)
 
 
 # ``enable_gqa`` arrived in torch 2.5; before it the CPU path keeps transformers' function.
@@ -410,22 +455,18 @@ def _sdpa_with_grouped_heads(
     scaling: float,
 ) -> tuple[Tensor, None]:
     """transformers' ``sdpa_attention_forward`` for a boolean mask, with the key/value heads
-    shared by ``enable_gqa`` instead of copied by ``repeat_kv``: ``[S, Lq, heads, d]``.
+    shared by ``enable_gqa`` instead of copied by ``repeat_kv``: ``[S, Lq, heads, d]`` (a
+    transposed view; the caller's reshape copies it once).
 
     transformers repeats the key/value heads whenever a mask is given (some CUDA kernels lack
     grouped-query support); on the CPU the copy and its backward (a sum over the copies) cost
     about a quarter of a group's attention forward and backward on the benchmark's model, with
-    the same gradients. Used on the CPU only (measured there).
+    the same gradients. Used on the CPU only (measured there), outside autocast: the caller
+    chose the dtype (float32 for half-precision states, see :func:`_decoder_layer`).
     """
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )  # [S, heads, Lq, d]
-    return output.transpose(1, 2).contiguous(), None
-
-
-def _segments(gathered: Tensor, index: Tensor) -> Tensor:
-    """``gathered: [heads, S * Lq, d]`` (the states at ``index``'s slots, row-major) viewed as
-    ``[S, heads, Lq, d]``."""
-    heads, _, dim = gathered.shape
-    return gathered.view(heads, *index.shape, dim).transpose(0, 1)
+    with torch.autocast("cpu", enabled=False):
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )  # [S, heads, Lq, d]
+    return output.transpose(1, 2), None

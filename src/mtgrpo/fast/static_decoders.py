@@ -597,11 +597,11 @@ class LlamaModulesDecoder(ModelForwardDecoder):
 
 
 def _cache_rows(states: Tensor, columns: Tensor) -> Tensor:
-    """``states: [kv_heads, M, d]`` at ``columns: [n, P]`` (packed token indices), laid out as
+    """``states: [M, kv_heads, d]`` at ``columns: [n, P]`` (packed token indices), laid out as
     a cache's rows: ``[n, kv_heads, P, d]``."""
-    heads, _, dim = states.shape
-    gathered = states.index_select(1, columns.reshape(-1))  # [kv_heads, n * P, d]
-    return gathered.view(heads, *columns.shape, dim).transpose(0, 1)
+    _, heads, dim = states.shape
+    gathered = states.index_select(0, columns.reshape(-1))  # [n * P, kv_heads, d]
+    return gathered.view(*columns.shape, heads, dim).transpose(1, 2)
 
 
 def _plain_linear(module: nn.Module) -> bool:

@@ -97,11 +97,12 @@ class PolicyBatch:
         """
         if len(rows) == 0:
             raise ValueError("a micro-batch needs at least one row; got an empty row list")
-        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.prompt_ids.device)
-        if int(index.min()) < 0 or int(index.max()) >= self.num_rows:
+        rows = [int(row) for row in rows]  # checked on the host: no device read
+        if min(rows) < 0 or max(rows) >= self.num_rows:
             raise ValueError(
                 f"row indices must be in [0, {self.num_rows - 1}], got {min(rows)}..{max(rows)}"
             )
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
         prompt_mask = self.prompt_mask[index]
         completion_mask = self.completion_mask[index]
         prompt_width = int(_prompt_spans(prompt_mask).max())

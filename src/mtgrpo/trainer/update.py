@@ -379,7 +379,8 @@ class PolicyUpdater:
 
         steps = max(len(grad_norms), 1)
         metrics = {
-            "loss": float(sum(float(o.loss.detach()) for o in outputs) / steps),
+            # one device read for all micro-batches' losses (summed in float64, as before)
+            "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
