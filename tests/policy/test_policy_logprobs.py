@@ -25,6 +25,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from mtgrpo.fast import head_logprobs as logprobs_module
 from mtgrpo.policy import (
     LOGIT_TRANSFORM_FIELDS,
     entropy_from_logits,
@@ -33,7 +34,6 @@ from mtgrpo.policy import (
     selective_log_softmax,
     sequence_logprobs,
 )
-from mtgrpo.policy import logprobs as logprobs_module
 from tolerance import assert_close_f32, f32_atol
 
 VOCAB = 300

@@ -16,8 +16,10 @@ Generation (:class:`StaticGenerator`, behind the ``"static"`` backend of
 * :mod:`mtgrpo.fast.static_graph`: capture and replay of the decode step;
 * :mod:`mtgrpo.fast.replica`: a bfloat16 copy of a float32 policy (LoRA merged) to decode from.
 
-Log-probabilities (behind :func:`mtgrpo.policy.sequence_logprobs`):
+Log-probabilities (behind :func:`mtgrpo.policy.sequence_logprobs`, which picks the route):
 
+* :mod:`mtgrpo.fast.head_logprobs`: the output head on scored positions chunk by chunk (no
+  ``[N, L, V]`` logits), or the model's own forward keeping only the needed logits;
 * :mod:`mtgrpo.fast.packed`: the padding-free forward (each distinct prompt and every
   completion token once);
 * :mod:`mtgrpo.fast.shared_prompts`: a group's prompt run once, its cache repeated for the rows;
@@ -33,6 +35,15 @@ this package only.
 from __future__ import annotations
 
 from mtgrpo.fast.buckets import plan_micro_batches
+from mtgrpo.fast.head_logprobs import (
+    DEFAULT_CHUNK_SIZE,
+    KEEP_LOGITS_BYTES,
+    check_scoring_options,
+    chunked_head_scores,
+    entropy_from_logits,
+    model_forward_scores,
+    selective_log_softmax,
+)
 from mtgrpo.fast.packed import PackedLayout, packed_hidden, packed_layout, packed_mismatch
 from mtgrpo.fast.replica import WeightReplica, hooked_modules
 from mtgrpo.fast.shared_prompts import (
@@ -51,6 +62,8 @@ from mtgrpo.fast.transformers_compat import (
 from mtgrpo.fast.unwrap import causal_lm_and_reason, unwrap_causal_lm
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "KEEP_LOGITS_BYTES",
     "PROMPT_SHARING_MODEL_TYPES",
     "Completions",
     "PackedLayout",
@@ -58,15 +71,20 @@ __all__ = [
     "StaticGenerator",
     "WeightReplica",
     "causal_lm_and_reason",
+    "check_scoring_options",
     "check_static_cache_support",
+    "chunked_head_scores",
     "disable_activation_checkpointing",
     "distinct_prompts",
     "enable_activation_checkpointing",
+    "entropy_from_logits",
     "hooked_modules",
+    "model_forward_scores",
     "packed_hidden",
     "packed_layout",
     "packed_mismatch",
     "plan_micro_batches",
+    "selective_log_softmax",
     "shared_prompt_hidden",
     "shared_prompt_rows",
     "unwrap_causal_lm",

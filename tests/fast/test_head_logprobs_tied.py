@@ -12,8 +12,9 @@ import torch
 import transformers
 
 from mtgrpo.fast import enable_activation_checkpointing
+from mtgrpo.fast.head_logprobs import grad_goes_into_weight
 from mtgrpo.policy import sequence_logprobs
-from mtgrpo.policy.logprobs import _grad_goes_into_weight, resolve_logprob_path
+from mtgrpo.policy.logprobs import resolve_logprob_path
 from tolerance import assert_close_f32
 
 VOCAB, PROMPT, COMPLETION = 61, 6, 7
@@ -23,6 +24,10 @@ ROUTES = {
     "padded": {"pack": False, "share_prompts": False},
     "shared_prompts": {"pack": False, "share_prompts": True},
 }
+
+
+def _shortcut(route) -> bool:
+    return grad_goes_into_weight(route.backbone, route.head, route.via)
 
 
 def tiny(tied: bool = True) -> torch.nn.Module:
@@ -66,7 +71,7 @@ def accumulated_grads(model, **options) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("route", ROUTES)
 def test_tied_head_gradients_equal_autograds_sum(route, checkpointing):
     model = tiny()
-    assert _grad_goes_into_weight(resolve_logprob_path(model))
+    assert _shortcut(resolve_logprob_path(model))
     expected = accumulated_grads(model, path="model_forward")  # autograd sums the two parts
     if checkpointing:  # the head's chunks are then recomputed in the backward pass
         enable_activation_checkpointing(model, {"use_reentrant": False})
@@ -91,14 +96,14 @@ def test_the_weights_accumulation_hook_runs_once_per_backward_with_the_whole_gra
 
 
 def test_the_shortcut_is_taken_only_for_a_trained_plain_head_tied_to_the_embedding():
-    assert not _grad_goes_into_weight(resolve_logprob_path(tiny(tied=False)))
+    assert not _shortcut(resolve_logprob_path(tiny(tied=False)))
     frozen = tiny()
     frozen.get_input_embeddings().weight.requires_grad_(False)
-    assert not _grad_goes_into_weight(resolve_logprob_path(frozen))
+    assert not _shortcut(resolve_logprob_path(frozen))
 
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(tiny(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
-    assert not _grad_goes_into_weight(resolve_logprob_path(lora))  # the head is frozen
+    assert not _shortcut(resolve_logprob_path(lora))  # the head is frozen
     wrapped = get_peft_model(tiny(), LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head"]))
-    assert not _grad_goes_into_weight(resolve_logprob_path(wrapped))  # not a plain Linear
+    assert not _shortcut(resolve_logprob_path(wrapped))  # not a plain Linear
