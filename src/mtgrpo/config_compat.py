@@ -76,7 +76,10 @@ class TRLCompatibleFields:
         "leave it off", False)
     torch_compile_backend: str | None = _refused("only read with torch_compile; remove it")
     torch_compile_mode: str | None = _refused("only read with torch_compile; remove it")
-    deepspeed: dict[str, Any] | str | None = _refused(f"DeepSpeed: {_LAUNCHER}")
+    deepspeed: dict[str, Any] | str | None = _refused(
+        "DeepSpeed: mtgrpo's update runs the backward passes and the optimizer step itself, "
+        "which a DeepSpeed engine owns; shard the model with fsdp='full_shard' (FSDP2, "
+        "docs/distributed.md) or train replicated (DDP)")
     fsdp_config: dict[str, Any] | str | None = _refused(
         f"FSDP options: fsdp='full_shard' shards every decoder layer; for others {_LAUNCHER}")
     parallelism_config: Any = _refused(f"parallelism: {_LAUNCHER}")

@@ -116,3 +116,17 @@ def test_fsdp_accepts_trl_spellings(tmp_path):
     for value in ("full_shard", "full_shard auto_wrap", ["full_shard", "auto_wrap"]):
         assert GRPOConfig(output_dir=str(tmp_path), fsdp=value).fully_sharded
     assert not GRPOConfig(output_dir=str(tmp_path)).fully_sharded
+
+
+def test_accelerates_deepspeed_launch_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Under ``accelerate launch --use_deepspeed`` a DeepSpeed engine would own the backward
+    pass and the optimizer step (and ZeRO-3's partitioned weights break generation): refused,
+    with the alternatives, before the (here missing) model is read."""
+    from mtgrpo import GRPOTrainer
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match=r"DeepSpeed configuration is not supported.*"
+                                         r"fsdp='full_shard'.*DDP"):
+        GRPOTrainer(str(tmp_path / "no-model-here"), lambda completions, **_: [1.0] * len(
+            completions), args=GRPOConfig(output_dir=str(tmp_path / "run"), report_at_end=False),
+            train_dataset=[{"prompt": "a"}, {"prompt": "b"}])

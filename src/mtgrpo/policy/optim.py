@@ -197,7 +197,7 @@ def clip_gradients(
 
     ``max_norm=None`` (or ``inf``) only measures. Only trainable parameters with a gradient
     count. The norm is returned as a 0-dim tensor so logging it forces no device sync until
-    read. Under ``accelerate`` with FSDP/DeepSpeed, use ``accelerator.clip_grad_norm_``, which
+    read. Under ``accelerate``'s FSDP configuration, use ``accelerator.clip_grad_norm_``, which
     reduces the norm across shards.
     """
     if max_norm is not None and not max_norm > 0:

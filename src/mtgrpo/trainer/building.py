@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import os
 import random
 from collections import defaultdict, deque
 from collections.abc import Mapping
@@ -129,11 +130,13 @@ class TrainerBuilding:
         if args.tf32 is not None and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = args.tf32
             torch.backends.cudnn.allow_tf32 = args.tf32
+        _refuse_deepspeed(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))
         _release_accelerator_state(precision)
         self.accelerator = Accelerator(
             cpu=self._on_cpu, mixed_precision=precision,
             kwargs_handlers=_ddp_kwargs(args),
         )
+        _refuse_deepspeed(self.accelerator.distributed_type.value == "DEEPSPEED")
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.prompts_per_step = args.resolved_prompts_per_step(self.world)
@@ -246,11 +249,10 @@ class TrainerBuilding:
 
     def _check_sharding(self, optimizer: Any) -> None:
         """What ``fsdp='full_shard'`` cannot be combined with, before anything is sharded."""
-        if self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+        if self.accelerator.distributed_type.value == "FSDP":
             raise ValueError(
-                f"fsdp='full_shard' and accelerate's {self.accelerator.distributed_type.value} "
-                "configuration both shard the model; keep one (drop fsdp, or launch without "
-                "the accelerate FSDP / DeepSpeed config)")
+                "fsdp='full_shard' and accelerate's FSDP configuration both shard the model; "
+                "keep one (drop fsdp, or launch without the accelerate FSDP config)")
         if self.is_peft:
             raise ValueError("fsdp='full_shard' with a LoRA adapter is not supported yet: an "
                              "adapter is small enough to train replicated; drop fsdp (DDP) or "
@@ -384,6 +386,19 @@ def _configure_logging(args: GRPOConfig, is_main: bool) -> None:
     numeric = getattr(logging, level.upper())
     logging.getLogger("mtgrpo").setLevel(numeric)
     transformers.logging.set_verbosity(numeric)
+
+
+def _refuse_deepspeed(launched: str | bool) -> None:
+    """accelerate's DeepSpeed plugin (``accelerate launch --use_deepspeed`` sets
+    ``ACCELERATE_USE_DEEPSPEED``), refused before any model loads: its engine owns the backward
+    pass and the optimizer step, which mtgrpo's update runs itself over a varying number of
+    micro-batches, and ZeRO-3's partitioned weights cannot be read by the generation backends."""
+    if launched is True or str(launched).lower() in ("true", "1", "yes"):
+        raise ValueError(
+            "accelerate's DeepSpeed configuration is not supported: mtgrpo's update runs the "
+            "backward passes and the optimizer step itself, which a DeepSpeed engine owns. "
+            "Shard the model with fsdp='full_shard' (FSDP2, docs/distributed.md), or launch "
+            "without --use_deepspeed / the DeepSpeed config to train replicated (DDP)")
 
 
 def _release_accelerator_state(precision: str) -> None:

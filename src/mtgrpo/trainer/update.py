@@ -274,7 +274,7 @@ class PolicyUpdater:
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
         max_norm = self.args.max_grad_norm or None
-        if self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+        if self.accelerator.distributed_type.value == "FSDP":
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = clip_gradients(self.model, max_norm)
