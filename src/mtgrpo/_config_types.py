@@ -17,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import numbers
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["build_section", "check_option_types", "coerce_numbers", "option", "refuse_unknown"]
+__all__ = ["build_section", "check_option_types", "coerce_numbers", "option", "parse_bytes",
+           "refuse_unknown"]
 
 
 def option(text: str, **kwargs: Any) -> Any:
@@ -140,3 +142,27 @@ def _describe(kind: Any) -> str:
     if origin is dict or kind is dict:
         return "a mapping"
     return getattr(kind, "__name__", str(kind))
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: str | int, name: str) -> int:
+    """``"4GiB"``, ``"512MiB"``, ``"1.5GB"`` or a byte count -> bytes, or an error naming the
+    value and the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not a size; write e.g. '4GiB' or a byte count")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{name}={value} must be a positive number of bytes")
+        return value
+    match = _SIZE.match(str(value))
+    if match is None:
+        raise ValueError(f"{name}={value!r} is not a size; write a number with an optional "
+                         "unit: B, KB, MB, GB, KiB, MiB, GiB (e.g. '4GiB', '512MiB')")
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    if size <= 0:
+        raise ValueError(f"{name}={value!r} must be more than 0 bytes")
+    return size

@@ -43,7 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtgrpo._config_types import build_section, check_option_types, coerce_numbers, refuse_unknown
+from mtgrpo._config_types import (
+    build_section,
+    check_option_types,
+    coerce_numbers,
+    parse_bytes,
+    refuse_unknown,
+)
 from mtgrpo._config_types import option as _help
 from mtgrpo.algo.registry import (
     BACKENDS,
@@ -372,6 +378,12 @@ class TrainConfig(TRLCompatibleFields):
     num_iterations: int = _help("μ: passes over each generation batch.", default=1)
     max_tokens_per_microbatch: int | None = _help(
         "Pack micro-batches by this padded-token budget instead of a row count.", default=None)
+    max_memory_per_microbatch: str | int | None = _help(
+        "Pack micro-batches by a memory budget instead ('4GiB', '512MiB' or bytes): what one "
+        "micro-batch may add above the weights, gradients and optimizer state. The bytes per "
+        "token are measured once, before training, from what the policy's forward saves for "
+        "the backward pass (gradient checkpointing, LoRA, padding-free and autocast "
+        "included).", default=None)
     max_padding_fraction: float = _help(
         "Length bucketing: rows are grouped longest first and a new micro-batch starts when "
         "more than this fraction of the next row would be padding. 1.0 turns it off. Ignored "
@@ -574,6 +586,7 @@ class TrainConfig(TRLCompatibleFields):
         self._check_loss_options()
         self._check_choices()
         self._check_batch_shape()
+        self._check_memory_budget()
         self._check_schedule()
         self._check_weighting_signal()
         check_compatibility_fields(self)
@@ -847,6 +860,21 @@ class TrainConfig(TRLCompatibleFields):
         self.zero_gradient_filter = ZERO_GRADIENT_FILTERS.canonical(self.zero_gradient_filter)
         check_weighting_params(self.task_weighting, self.task_weighting_params)
         check_sampler_params(self.batch_construction, self.batch_construction_params)
+
+    def _check_memory_budget(self) -> None:
+        if self.max_memory_per_microbatch is None:
+            return
+        parse_bytes(self.max_memory_per_microbatch, "max_memory_per_microbatch")
+        if self.max_tokens_per_microbatch is not None:
+            raise ValueError(
+                f"max_memory_per_microbatch={self.max_memory_per_microbatch!r} and "
+                f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} both size the "
+                "micro-batches; set one of them")
+        if self.fsdp:
+            raise ValueError(
+                "max_memory_per_microbatch with fsdp='full_shard' is not supported yet (the "
+                "measuring forward would gather the shards outside a step); size the "
+                "micro-batches with max_tokens_per_microbatch or per_device_train_batch_size")
 
     def _check_batch_shape(self) -> None:
         if self.prompts_per_step is not None:

@@ -40,6 +40,7 @@ from mtgrpo.policy.logprobs import (
     selective_log_softmax,
     sequence_logprobs,
 )
+from mtgrpo.policy.memory_budget import ActivationCost, activation_cost
 from mtgrpo.policy.micro_batches import PolicyBatch
 from mtgrpo.policy.optim import (
     SCHEDULERS,
@@ -54,12 +55,14 @@ __all__ = [
     "LOGIT_TRANSFORM_FIELDS",
     "LOSS_TYPES",
     "SCHEDULERS",
+    "ActivationCost",
     "LogprobOutput",
     "LogprobPath",
     "LogprobRoute",
     "LossNormalizer",
     "LossOutput",
     "PolicyBatch",
+    "activation_cost",
     "build_optimizer",
     "build_scheduler",
     "clip_gradients",

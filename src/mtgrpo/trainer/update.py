@@ -9,14 +9,17 @@ because DDP averages gradients), so the gradient does not depend on how rows are
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from mtgrpo._config_types import parse_bytes
 from mtgrpo.algo.engine_correction import EngineCorrection, importance_weights
 from mtgrpo.algo.losses import LossOptions, loss_value_needs_logps
 from mtgrpo.algo.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
@@ -25,6 +28,7 @@ from mtgrpo.policy import (
     LossNormalizer,
     LossOutput,
     PolicyBatch,
+    activation_cost,
     clip_gradients,
     per_sequence_objective,
     plan_micro_batches,
@@ -57,6 +61,8 @@ def loss_options(args: GRPOConfig, entropy_coef: float = 0.0) -> LossOptions:
         vespo_lambda_neg=args.vespo_lambda_neg, use_bias_correction_kl=args.use_bias_correction_kl,
         off_policy_threshold=args.off_policy_mask_threshold, entropy_coef=entropy_coef,
     )
+
+logger = logging.getLogger(__name__)
 
 _UNBOUNDED_TOKENS = 1 << 62
 
@@ -172,16 +178,46 @@ class PolicyUpdater:
             minimum=args.entropy_coef_min, maximum=args.entropy_coef_max,
         )
         self.entropy_mask = entropy_mask or _local_entropy_mask
+        # the planned tokens of a micro-batch: a row count when None (TRL's micro-batches)
+        self.token_budget = args.max_tokens_per_microbatch
+        if args.max_memory_per_microbatch is not None:
+            self.token_budget = self._tokens_within_memory()
 
     @property
     def _needs_entropy(self) -> bool:
         args = self.args
         return args.log_entropy or self.entropy.enabled or args.top_entropy_quantile < 1.0
 
+    def _tokens_within_memory(self) -> int:
+        """``max_memory_per_microbatch`` as a token budget: the policy's activation cost
+        measured on two synthetic rows (half and all of the longest row a run allows), before
+        the first step, so a budget too small for one row fails before any generation."""
+        args = self.args
+        model = self.accelerator.unwrap_model(self.model)
+        width = (args.max_prompt_length or args.max_completion_length) + args.max_completion_length
+        vocab = model.get_output_embeddings().weight.shape[0]
+        device = next(model.parameters()).device
+
+        def forward(tokens: int) -> Any:
+            ids = torch.randint(vocab, (1, tokens), device=device)
+            row = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  completion_length=max(1, tokens // 2))
+            with torch.enable_grad():
+                return self._logps(model, row, entropy=self._needs_entropy)
+
+        cost = activation_cost(model, forward, (max(2, width // 2), max(3, width)),
+                               head_chunk=self.chunk_size, vocab=vocab)
+        budget = parse_bytes(args.max_memory_per_microbatch, "max_memory_per_microbatch")
+        tokens = cost.tokens_within(budget, width=width, name="max_memory_per_microbatch")
+        logger.info("micro-batches of up to %d tokens: max_memory_per_microbatch=%s at %.1f KiB "
+                    "per token saved for the backward pass and %.0f MiB fixed", tokens,
+                    args.max_memory_per_microbatch, cost.per_token / 2**10, cost.fixed / 2**20)
+        return tokens
+
     # ------------------------------------------------------------------ scoring
     def _plan(self, batch: PolicyBatch, rows: list[int]) -> list[list[int]]:
         lengths = batch.lengths()[rows]
-        budget = self.args.max_tokens_per_microbatch
+        budget = self.token_budget
         # A padding-free forward computes no padding: length buckets would only split rows
         # (and their shared prompts) across more micro-batches.
         packed = self.args.padding_free and resolve_logprob_path(self.model).packed
