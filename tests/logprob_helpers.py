@@ -17,3 +17,19 @@ def scores_and_grads(model, input_ids, mask, completion_length: int, **options):
     ((out.logps * weights).sum() + out.entropy.sum()).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return out.logps.detach(), out.entropy.detach(), grads
+
+
+def two_groups(vocab: int, prompt: int, completion: int, lengths: tuple[int, int, int, int],
+               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` in TRL's layout: two prompts of ``prompt`` tokens (the
+    second with 2 left pads) of two rows each, completions of ``lengths`` tokens right-padded
+    to ``completion``, token ids drawn with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, vocab, (2, prompt), generator=generator)
+    prompt_mask = torch.ones(2, prompt, dtype=torch.long)
+    prompt_mask[1, :2] = 0
+    of_row = torch.tensor([0, 0, 1, 1])
+    completions = torch.randint(1, vocab, (4, completion), generator=generator)
+    completion_mask = (torch.arange(completion) < torch.tensor(lengths)[:, None]).long()
+    input_ids = torch.cat([prompts[of_row] * prompt_mask[of_row], completions * completion_mask], 1)
+    return input_ids, torch.cat([prompt_mask[of_row], completion_mask], 1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+import logprob_helpers
 from mtgrpo.fast import enable_activation_checkpointing
 from mtgrpo.fast.head_logprobs import grad_goes_into_weight
 from mtgrpo.policy import sequence_logprobs
@@ -41,17 +42,7 @@ def tiny(tied: bool = True) -> torch.nn.Module:
 
 def micro_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two prompts of two rows each, the second prompt left-padded; completions of 7, 3, 7, 5."""
-    generator = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(1, VOCAB, (2, PROMPT), generator=generator)
-    prompt_mask = torch.ones(2, PROMPT, dtype=torch.long)
-    prompt_mask[1, :2] = 0
-    of_row = torch.tensor([0, 0, 1, 1])
-    completions = torch.randint(1, VOCAB, (4, COMPLETION), generator=generator)
-    completion_mask = torch.ones_like(completions)
-    completion_mask[1, 3:] = 0
-    completion_mask[3, 5:] = 0
-    input_ids = torch.cat([prompts[of_row] * prompt_mask[of_row], completions * completion_mask], 1)
-    return input_ids, torch.cat([prompt_mask[of_row], completion_mask], 1)
+    return logprob_helpers.two_groups(VOCAB, PROMPT, COMPLETION, (7, 3, 7, 5), seed)
 
 
 def accumulated_grads(model, **options) -> dict[str, torch.Tensor]:

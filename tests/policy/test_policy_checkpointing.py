@@ -45,17 +45,7 @@ def tiny(lora: bool) -> torch.nn.Module:
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     """Two prompts (0 and 2 left pads) of two rows each; completions of 7, 4, 7 and 1 tokens."""
-    generator = torch.Generator().manual_seed(5)
-    prompts = torch.randint(1, VOCAB, (2, PROMPT), generator=generator)
-    prompt_mask = torch.ones(2, PROMPT, dtype=torch.long)
-    prompt_mask[1, :2] = 0
-    of_row = torch.tensor([0, 0, 1, 1])
-    completions = torch.randint(1, VOCAB, (4, COMPLETION), generator=generator)
-    completion_mask = torch.ones_like(completions)
-    completion_mask[1, 4:] = 0
-    completion_mask[3, 1:] = 0
-    input_ids = torch.cat([prompts[of_row] * prompt_mask[of_row], completions * completion_mask], 1)
-    return input_ids, torch.cat([prompt_mask[of_row], completion_mask], 1)
+    return logprob_helpers.two_groups(VOCAB, PROMPT, COMPLETION, (7, 4, 7, 1), seed=5)
 
 
 class CallCounter:
