@@ -37,7 +37,9 @@ try:  # inside the sandbox, the harness directory is on sys.path
 except ImportError:  # imported by the library for its constants
     from mtgrpo.sandbox import _wire
 
+# a frame reaches the harness's locals (the generator behind create_builtin)
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+# FFI, sockets, processes, the C test modules and host accounts: also hidden by _view
 BLOCKED_MODULES = frozenset(
     {
         "ctypes", "_ctypes", "_ctypes_test", "socket", "_socket", "ssl", "_ssl", "subprocess",
@@ -49,6 +51,9 @@ BLOCKED_MODULES = frozenset(
         "_curses_panel", "ossaudiodev", "asyncio", "_asyncio", "webbrowser",
     }
 )  # fmt: skip
+# new processes, signals to others, file metadata, other hooks, object walks (gc):
+# test_no_new_processes, test_killing_the_parent_is_refused and
+# test_the_harness_secrets_are_out_of_reach
 DENIED_EVENTS = frozenset(
     {
         "os.fork", "os.forkpty", "os.system", "os.kill", "os.killpg", "os.exec", "os.spawn",
@@ -65,9 +70,13 @@ FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_
 PATH_EVENTS = frozenset(
     {"os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.utime"}
 )
+# the four devices _view binds into the sandbox
 READ_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
+# calls CPython raises no audit event for: the hook alone would never see them
 REPLACED_POSIX = ("mknod", "mkfifo", "chroot", "pidfd_open", "setns", "unshare")
+# the SIGALRM handler that times each call stays the harness's (_Clock); no signals to others
 REPLACED_SIGNAL = ("signal", "set_wakeup_fd", "pidfd_send_signal", "siginterrupt")
+# built-in modules _imp.create_builtin could load behind the import event
 GUARDED_BUILTINS = frozenset({"_imp", "_signal", "posix", "pwd", "_ctypes", "_testcapi",
                               "_testinternalcapi", "_socket", "_posixsubprocess"})
 JOB_FD, RESULT_FD, REQUEST_FD, REPLY_FD = 3, 4, 5, 6
@@ -81,6 +90,7 @@ def main() -> None:
     install_handler = _signal.signal  # before hardening replaces it; used once, pre-program
     job = _wire.read_job(JOB_FD)
     try:
+        # optimize=0 keeps the program's own asserts
         program = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
         os.write(RESULT_FD, f"S {type(error).__name__}\n".encode())
@@ -115,6 +125,7 @@ def _harden(job: dict) -> None:
         for name in names:
             if hasattr(module, name):
                 setattr(module, name, _refuse(f"{module.__name__}.{name}"))
+    # called directly, it loads a built-in module without the import event the hook refuses
     _imp.create_builtin = _guarded_create_builtin(_imp.create_builtin)
     roots = tuple(job["read_paths"])
     sys.addaudithook(_make_audit_hook(job["workdir"], roots, job["max_files"]))
@@ -139,6 +150,7 @@ def _guarded_create_builtin(original):
         while True:
             spec = yield outcome
             try:
+                # test_the_harness_secrets_are_out_of_reach (lying-module-name)
                 name = str_.__str__(spec.name)  # an exact str: no lying __eq__ or __hash__
                 if name in guarded:
                     outcome = (False, import_error(f"sandbox: module {name!r} is not available"))
@@ -170,13 +182,15 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
     could replace, and a path object could answer differently when the call re-reads it.
     Every name used is bound here, before the program runs (see :func:`_make_audit_hook`).
     """
+    # bound now: test_the_harness_secrets_are_out_of_reach (patched-builtins)
     str_, bytes_, int_, isinstance_, any_, repr_ = str, bytes, int, isinstance, any, repr
     permission_error = PermissionError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     inside_work = workdir + "/"
     read_prefixes = (*(root.rstrip("/") + "/" for root in read_roots), inside_work)
+    # the roots too: the import system lists them
     read_exact = frozenset(root.rstrip("/") for root in read_roots) | READ_DEVICES | {workdir}
-    writes = [0]
+    writes = [0]  # counts every write open and mkdir: the max_files limit
     absolute = _make_normaliser(inside_work)
 
     def is_absolute(path: str | bytes) -> bool:
@@ -197,6 +211,7 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
         return writes[0] <= max_files
 
     def check_open(path: object, mode: object, flags: object) -> None:
+        # open(fd) wraps a descriptor that is already open: there is no path to check
         if isinstance_(path, int_):
             return
         target = absolute(path)
@@ -204,6 +219,7 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
         # be absolute. Checked on the exact text, not through the path's own methods.
         if mode is None and not (isinstance_(path, (str_, bytes_)) and is_absolute(path)):
             raise permission_error("sandbox: os.open needs an absolute path")
+        # both forms: open() gives a mode string, os.open only flags
         wants_write = (isinstance_(mode, str_) and any_(c in mode for c in "wax+")) or (
             isinstance_(flags, int_) and flags & write_flags
         )
@@ -212,11 +228,13 @@ def _make_path_checks(workdir: str, read_roots: tuple[str, ...], max_files: int)
 
     def check_paths(event: str, args: tuple) -> None:
         if event == "os.rename":
+            # os.rename's event carries src, dst, src_dir_fd, dst_dir_fd
             paths, dir_fds = args[:2], args[2:]
         elif event in ("os.truncate", "os.utime") and isinstance_(args[0], int_):
             return
         else:
             paths, dir_fds = args[:1], args[-1:] if event != "os.truncate" else ()
+        # a dir_fd would resolve the path relative to a directory this check never sees
         if any_(fd is not None and fd != -1 for fd in dir_fds):
             raise permission_error(f"sandbox: {event} with dir_fd is not allowed")
         for path in paths:
@@ -249,9 +267,11 @@ def _make_normaliser(inside_work: str):
             text = bytes_.decode(path, "utf-8", "surrogateescape")
         else:
             return None
+        # no real path holds a NUL: refused rather than guessed at
         if "\x00" in text:
             return None
         parts: list[str] = []
+        # the cwd is the work directory (_launch chdirs there; os.chdir is denied)
         for part in (text if text.startswith("/") else inside_work + text).split("/"):
             if part == "..":
                 if parts:
@@ -271,6 +291,7 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
     ``import builtins``) and could be rebound, the closure cannot.
     """
     check_open, check_paths, check_listing = _make_path_checks(workdir, read_roots, max_files)
+    # bound now: test_the_harness_secrets_are_out_of_reach (patched-constants)
     str_, isinstance_ = str, isinstance
     permission_error, value_error, attribute_error, import_error = (
         PermissionError, ValueError, AttributeError, ImportError
@@ -283,9 +304,11 @@ def _make_audit_hook(workdir: str, read_roots: tuple[str, ...], max_files: int):
             check_open(*args[:3])
         elif event == "import":
             name = args[0]
+            # a submodule counts as its package: import ctypes.util is import ctypes
             if isinstance_(name, str_) and (name in blocked or name.partition(".")[0] in blocked):
                 raise import_error(f"sandbox: module {name!r} is not available")
         elif event == "object.__getattr__":
+            # tb_frame, gi_frame, f_back: the getframe/tb_frame/gi_frame attacks
             if args[1] in frame_attributes:
                 raise attribute_error("sandbox: frame objects are not available")
         elif event in ("os.listdir", "os.scandir"):
@@ -323,6 +346,7 @@ class _Clock:
         import _signal
 
         self.armed = False
+        # bound: the program could rebind _signal's
         self._setitimer, self._timer = _signal.setitimer, _signal.ITIMER_REAL
         install_handler(_signal.SIGALRM, self._on_alarm)
 
@@ -333,6 +357,7 @@ class _Clock:
 
     def arm(self, seconds: float) -> None:
         self.armed = True
+        # 0 would disarm the timer instead of firing it at once
         self._setitimer(self._timer, max(seconds, 0.001))
 
     def disarm(self) -> None:
@@ -343,6 +368,7 @@ class _Clock:
 def _serve(program, job: dict, clock: _Clock) -> None:
     """Run the program's top level, then answer the judge until it closes the pipe."""
     describe = _make_describer()
+    # not __main__: the program's if __name__ == "__main__" block does not run
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     link = _Link(job["value_bytes"])
     clock.arm(job["test_seconds"])
@@ -354,6 +380,7 @@ def _serve(program, job: dict, clock: _Clock) -> None:
         describe("program", "TestTimeout" if isinstance(error, CallTimeout) else error)
         link.send(["failed"])
         _flush_and_exit()
+    # describes the run only; the judge's launcher gives the verdicts
     os.write(RESULT_FD, b"C" + job["code_token"] + b"\n")
     link.send(["ready"])
     _Server(namespace, link, clock).loop()
@@ -455,6 +482,7 @@ class _Server:
 
     def _timed(self, rid: str, budget: object, work, *args: object) -> list:
         try:
+            # the judge sends its remaining time, as text (the wire carries no bare numbers)
             seconds = float(budget) if type(budget) is str else 1.0
         except ValueError:
             seconds = 1.0
@@ -467,6 +495,7 @@ class _Server:
         except BaseException as error:
             self.clock.disarm()
             reply = ["e", rid, *_describe_exception(error)]
+        # a reply over output_bytes would exceed what the judge reads in one message
         if len(_wire.dumps(reply)) > self.link.limit:
             return ["e", rid, ["ValueError"], "the value is larger than the sandbox's "
                     "output_bytes limit"]  # fmt: skip
@@ -475,6 +504,7 @@ class _Server:
     def _resolve(self, rid: str, names: list) -> list:
         found = []
         for name in names:
+            # no dunder names: __builtins__ and the like are not the program's answers
             if type(name) is str and not name.startswith("__") and name in self.namespace:
                 found.append([name, self.encode(self.namespace[name])])
         return ["n", rid, found]
@@ -502,6 +532,7 @@ class _Server:
         elif op == "repr":
             result = repr(target)
         elif op == "eq" and args:  # two objects of the program: its own equality
+            # the program's equality decides only between its own objects (Remote.__eq__)
             result = bool(target == args[0]) is True
         else:
             raise TypeError(f"sandbox: unknown operation {op!r}")
@@ -521,6 +552,7 @@ class _Server:
             message = self.link.receive()
             if message is None:
                 _flush_and_exit()
+            # a request of the judge meanwhile is served below (nested calls)
             if type(message) is list and len(message) >= 3 and message[1] == cid:
                 if message[0] == "v":
                     return self.decode(message[2])
@@ -561,16 +593,19 @@ class _Server:
                           for k, v in value.items()]]  # fmt: skip
         if isinstance(value, _collections_abc.Set):  # dict.keys() and the like: as sets
             return ["z", [self._encode(item, depth + 1, budget) for item in value]]
+        # a standard-library module crosses by name; the judge imports its own copy
         if kind is type(sys) and getattr(value, "__name__", None) in _wire.STDLIB:
             return ["m", value.__name__]
         if callable(value):
             name = _wire.stdlib_name(value)
             if name is not None:
                 return ["q", *name]
+        # anything else stays here: the judge gets a handle (Remote), never the object
         return ["h", self._number(value)]
 
     def _number(self, value: object) -> str:
         number = self.numbers.get(id(value))
+        # ids are reused after an object dies: trust one only if it still names this object
         if number is None or self.objects.get(number) is not value:
             number = str(len(self.objects))
             self.objects[number] = value
@@ -593,6 +628,7 @@ class _Server:
 
 
 def _mutable(value: object) -> bool:
+    # exact types: the judge's _update writes back only these
     return type(value) in (list, dict, set)
 
 
@@ -603,7 +639,7 @@ def _describe_exception(error: BaseException) -> list:
     except BaseException:
         names = ["Exception"]
     try:
-        text = str(error)[:2000]
+        text = str(error)[:2000]  # bounded: an exception's text is the program's to choose
         text = str.__str__(text)
     except BaseException:
         text = "an error that cannot be printed"
@@ -614,6 +650,7 @@ def _exception_named(names: list, text: str) -> BaseException:
     """The built-in exception class first named in ``names`` (a test function's error)."""
     for name in names:
         kind = getattr(builtins, name, None) if type(name) is str else None
+        # never SystemExit or KeyboardInterrupt from the judge's word
         if isinstance(kind, type) and issubclass(kind, Exception):
             return kind(text)
     return RuntimeError(text)
@@ -640,11 +677,13 @@ def _make_describer():
 def _run_io(program) -> None:
     """Run the program as ``__main__`` with the case input on stdin; exit 0 only if it ends."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
+    # bound before the program can rebind sys.stdout or os._exit
     stdout, stderr, exit_ = sys.stdout, sys.stderr, os._exit
     status = 0
     try:
         exec(program, namespace)
     except SystemExit as error:
+        # sys.exit() with no code, or 0, is a normal end of an io program
         status = 0 if error.code in (None, 0) else 1
     except BaseException as error:
         status = 1

@@ -67,6 +67,7 @@ def main() -> None:
     LINK = _Link(job["value_bytes"])
     clock = _Clock(job["test_seconds"])
     sys.path.extend(job["extra_paths"])
+    # import solution / from solution import f: the program's names as handles
     sys.modules["solution"] = _Solution("solution")
     describe = _describer()
     if not LINK.wait_ready(time.monotonic() + job["ready_seconds"]):
@@ -77,6 +78,7 @@ def main() -> None:
     test_number = 0
     for index, (kind, code, names) in enumerate(units):
         wanted = [name for name in names if name not in bound]
+        # a failure seen on the link during the unit fails it even if the test caught it
         LINK.tainted = None
         try:
             failure = clock.run(lambda: _run_unit(kind, code, wanted, namespace))  # noqa: B023
@@ -92,6 +94,7 @@ def main() -> None:
             bound |= binds[index]
         else:
             test_number += 1
+        # the program's process is gone: the remaining units cannot pass
         if LINK.lost:
             os.write(RESULT_FD, b"L\n")
             break
@@ -99,6 +102,7 @@ def main() -> None:
 
 
 def _run_unit(kind: str, code, names: list[str], namespace: dict) -> None:
+    # only names no setup unit bound: a helper of the tests is never the program's
     namespace.update(LINK.resolve(names))
     # A test runs in a copy, so one test's assignments do not reach the next; setup code
     # (imports, helpers) runs in the namespace itself.
@@ -173,6 +177,7 @@ class _Link:
     functions while waiting."""
 
     def __init__(self, limit: int) -> None:
+        # the largest reply the program's harness sends, plus room for its framing
         self.limit = limit + (1 << 16)
         self.buffer = b""
         self.requests = 0
@@ -199,6 +204,7 @@ class _Link:
     def _next_message(self, deadline: float) -> object:
         """The next message from the program, waiting until ``deadline`` (plus grace)."""
         while b"\n" not in self.buffer:
+            # grace: the program's own timer fires first and replies "t"
             remaining = deadline + GRACE_SECONDS - time.monotonic()
             if remaining <= 0:
                 self._lose("the program's process stopped answering")
@@ -214,6 +220,7 @@ class _Link:
                 self._lose("the program's process exited")
             self.buffer += chunk
             if len(self.buffer) > self.limit:
+                # a flood never grows this process past the limit
                 self._lose("the program's process sent more than output_bytes at once")
         line, _, self.buffer = self.buffer.partition(b"\n")
         try:
@@ -240,6 +247,7 @@ class _Link:
         self.requests += 1
         rid = f"j{self.requests}"
         request[1] = rid
+        # the program's harness arms its call timer with what is left of this unit
         request.append(repr(max(self.deadline - time.monotonic(), 0.001)))
         self._send(request)
         while True:
@@ -261,6 +269,7 @@ class _Link:
         """The program's globals of these names (builtins' names only when ``explicit``:
         a test's ``len`` is always this process's own)."""
         if not explicit:
+            # test_patched_builtins_do_not_change_the_strict_equality
             names = [n for n in names if n not in BUILTIN_NAMES and not n.startswith("__")]
         if not names:
             return {}
@@ -309,9 +318,11 @@ class _Link:
         for name in names:
             kind = getattr(builtins, name, None)
             if isinstance(kind, type) and issubclass(kind, BaseException):
+                # the program ended its own run inside a call: the unit fails even if caught
                 if not issubclass(kind, Exception):  # SystemExit, KeyboardInterrupt, ...
                     self.tainted = self.tainted or ProgramStopped(name)
                     return ProgramStopped(f"the program raised {name}")
+                # a class of the program's own: its name is kept, its class stays there
                 if kind is Exception and names and names[0] != "Exception":
                     return ProgramError(f"{names[0]}: {text}")
                 return kind(text)
@@ -355,6 +366,7 @@ class _Link:
         kind = type(value)
         for base in _wire.SCALAR_TYPES:
             if isinstance(value, base):
+                # a subclass of the tests crosses as its base type's value, never its class
                 return _wire.scalar(base(value) if kind is not base and base is not type(None)
                                     else value)  # fmt: skip
         for base, tag in _wire.SEQUENCE_TAGS.items():
@@ -370,6 +382,7 @@ class _Link:
         name = _wire.stdlib_name(value)
         if name is not None:
             return ["q", *name]
+        # a function of the tests stays here; the program calls it back by number
         if callable(value):
             number = self.numbers.get(id(value))
             if number is None or self.functions.get(number) is not value:
@@ -386,6 +399,7 @@ class _Link:
 
 def _update(original: object, value: object) -> None:
     """Write a mutated argument's new contents into the test's own object."""
+    # contents only, never the program's type: the test's object stays its own
     if type(original) is list and type(value) is list:
         original[:] = value
     elif (type(original) is dict and type(value) is dict) or (
@@ -400,10 +414,9 @@ class Remote:
 
     Calls, attribute reads, iteration, ``len``, indexing, ``str`` and ``repr`` are carried
     out in the program's process and answered with plain data (or another handle). Nothing
-    that decides a verdict is asked of it: it equals no plain value (two of its objects compare
-as the program says), ordering and
-    arithmetic are not defined, and its truth value is refused, so a test must compare what
-    the program returns as data.
+    that decides a verdict is asked of it: it equals no plain value (two of its objects
+    compare as the program says), ordering and arithmetic are not defined, and its truth
+    value is refused, so a test must compare what the program returns as data.
     """
 
     __slots__ = ("__number",)
@@ -415,6 +428,7 @@ as the program says), ordering and
         return LINK.operate("call", self, args, kwargs)
 
     def __getattr__(self, name: str) -> object:
+        # dunder lookups (__class__, __eq__) never ask the program: test_objects_that_lie_score_zero
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return LINK.operate("attr", self, (name,))
@@ -427,6 +441,7 @@ as the program says), ordering and
 
     def __len__(self) -> int:
         length = LINK.operate("len", self)
+        # a lying __len__ returning a subclass or anything else: refused
         if type(length) is not int:
             raise TypeError("sandbox: the program's __len__ returned no int")
         return length
@@ -440,6 +455,7 @@ as the program says), ordering and
 
     def __str__(self) -> str:
         text = LINK.operate("str", self)
+        # an exact str, so no str subclass of the program enters a comparison
         if type(text) is not str:
             raise TypeError("sandbox: the program's __str__ returned no str")
         return text
@@ -448,6 +464,7 @@ as the program says), ordering and
         text = LINK.operate("repr", self)
         return text if type(text) is str else "<object of the program>"
 
+    # a lying __bool__ would pass "assert add(1, 2)": test_objects_that_lie_score_zero
     def __bool__(self) -> bool:
         raise TypeError(
             "sandbox: the truth value of an object of the program is not taken from it; "
@@ -466,6 +483,7 @@ as the program says), ordering and
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
+        # never the program's __hash__: a dict or set of handles stays consistent
         return hash(("remote", self.__number))
 
 

@@ -54,6 +54,7 @@ ST_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP = 1, 4, 23, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
+# glibc has no pivot_root wrapper: called by syscall number, per architecture
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203,
               "ppc64": 203, "s390x": 217}  # fmt: skip
 SANDBOX_ID = 65534  # uid and gid of the harness ("nobody")
@@ -70,7 +71,7 @@ class RefusedError(OSError):
 def main() -> None:
     job = _read_job()
     report = job["report_fd"]
-    _die_with_parent(job["parent_pid"])
+    _die_with_parent(job["parent_pid"])  # before any namespace: an orphan builds nothing
     try:
         mode = _enter_namespaces(job["user_namespace"])
     except OSError as error:
@@ -97,6 +98,7 @@ def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when the trainer's thread that started it ends, whatever the
     sandboxed program does (the reaper dies with this process, and the PID namespace with
     the reaper); if the trainer has already gone, stop now."""
+    # checked after the prctl: a trainer that died before it would never signal
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
@@ -119,6 +121,7 @@ def _read_exactly(size: int) -> bytes:
 
 
 def _line(fd: int, text: str) -> None:
+    # a newline inside an error text would split one record into two lines
     os.write(fd, text.replace("\n", " ").encode("utf-8", "replace") + b"\n")
 
 
@@ -126,11 +129,12 @@ def _line(fd: int, text: str) -> None:
 
 
 def _libc():
+    # the libc already mapped in this process: no library path is searched
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
     libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
     libc.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
-    libc.syscall.restype = ctypes.c_long
+    libc.syscall.restype = ctypes.c_long  # the default int result would truncate a long
     return libc
 
 
@@ -151,12 +155,15 @@ def _enter_namespaces(user_namespace: bool) -> str:
     uid and gid 65534 inside to the caller's ids, so the harness is unprivileged both inside
     (a non-zero uid loses every capability on exec) and outside (the caller's own ids).
     """
+    # a new network namespace has only a down loopback: test_no_network
     flags = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    # an unprivileged unshare of these needs a user namespace (user_namespaces(7))
     if os.geteuid() == 0 and not user_namespace:
         _check(LIBC.unshare(flags), "unshare(PID, network, IPC, UTS namespaces)")
         return "root"
     uid, gid = os.geteuid(), os.getegid()
     _check(LIBC.unshare(CLONE_NEWUSER | flags), "unshare(user, PID, network, IPC, UTS)")
+    # the kernel refuses an unprivileged gid_map until setgroups is denied (user_namespaces(7))
     for name, text in (("setgroups", "deny"), ("uid_map", f"{SANDBOX_ID} {uid} 1"),
                        ("gid_map", f"{SANDBOX_ID} {gid} 1")):  # fmt: skip
         try:
@@ -179,7 +186,8 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
     os.close(job["report_fd"])
     try:
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
-        cap_last = _cap_last()
+        cap_last = _cap_last()  # read now: /proc is gone once the new root is pivoted in
+        # the mounts below never show in the trainer's namespace
         _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount namespace)")
         _build_root(job["root"], job["mounts"])
         _pivot_root(job["root"])
@@ -188,6 +196,7 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
         if harness == 0:
             _start_harness(job, mode, cap_last, pipes["job"][0], pipes["results"][1], setup)
         _drop_privileges(mode, cap_last)
+        # undumpable: the harness (same uid) cannot ptrace PID 1 or read its memory
         LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         # Dies with the launcher (after the uid switch, which clears the setting); its
         # death ends the PID namespace, so whatever the harness started ends too.
@@ -195,6 +204,7 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
     except BaseException as error:  # nothing untrusted has run: report and stop
         _line(setup, f"refused {error}")
         os._exit(1)
+    # PID 1 keeps only the setup pipe: no descriptor of the trainer's stays open
     os.closerange(0, setup)
     os.closerange(setup + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     _line(setup, f"status {_wait_for(harness)}")
@@ -206,13 +216,14 @@ def _cap_last() -> int:
         with open("/proc/sys/kernel/cap_last_cap") as file:
             return int(file.read())
     except (OSError, ValueError):
-        return 63
+        return 63  # unreadable: try every number a 64-bit capability set can hold
 
 
 def _wait_for(harness: int) -> int:
     """Reap every process of the namespace; the harness's exit code (negative: a signal)."""
     while True:
         try:
+            # PID 1 inherits every orphan of the namespace: reaping all keeps zombies out
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             return -signal.SIGKILL
@@ -239,7 +250,9 @@ def _build_root(root: str, mounts: list) -> None:
     writable work directory, owned by uid 65534, no exec. A bind keeps the flags the kernel
     locks on its source (read-only, nosuid, nodev, noexec, atime).
     """
+    # private propagation: no mount made here reaches the host's namespace
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # the root holds only mount points and links; it is made read-only below
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     empty = os.path.join(root, "sandbox", "empty")  # an empty file to hide files with
     os.makedirs(os.path.dirname(empty))
@@ -252,6 +265,8 @@ def _build_root(root: str, mounts: list) -> None:
             _, inside, size, inodes = entry
             os.makedirs(root + inside)
             options = f"size={size},nr_inodes={inodes},mode=0700,uid={SANDBOX_ID},gid={SANDBOX_ID}"
+            # noexec: test_a_library_the_program_writes_cannot_be_loaded; size and inodes:
+            # test_the_work_directory_is_a_kernel_quota
             _mount("tmpfs", root + inside, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
             continue
         if entry[0] == "only":
@@ -266,10 +281,12 @@ def _build_root(root: str, mounts: list) -> None:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 open(target, "w").close()  # a mount point for a file
         _bind(source, target, writable=writable, executable=executable)
+    # read-only root: test_no_writes_outside_the_working_directory
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _hide_unlisted(root: str, empty: str, directory: str, names: list, prefixes: list) -> None:
+    # a whitelist, not a blacklist: test_ffi_modules_are_unreachable_by_any_path
     keep, starts = frozenset(names), tuple(prefixes)
     for entry in os.listdir(directory):
         target = root + os.path.join(directory, entry)
@@ -284,11 +301,14 @@ def _hide_unlisted(root: str, empty: str, directory: str, names: list, prefixes:
 
 def _bind(source: str, target: str, *, writable: bool, executable: bool) -> None:
     _mount(source, target, None, MS_BIND | MS_REC)
+    # a remount that clears a flag the kernel locked on the source fails with EPERM
     locked = os.statvfs(source).f_flag
+    # nosuid always: no set-uid binary of a bound path grants privilege
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID
     flags |= sum(flag for bit, flag in ST_FLAGS.items() if locked & bit)
     flags |= 0 if writable else MS_RDONLY
     flags |= 0 if executable else MS_NOEXEC
+    # only the four devices open as devices; a device node in any other bind does not
     if not source.startswith("/dev/"):
         flags |= MS_NODEV
     _mount(None, target, None, flags)
@@ -300,9 +320,10 @@ def _pivot_root(root: str) -> None:
     if machine not in PIVOT_ROOT:
         raise RefusedError(0, f"pivot_root: the syscall number for {machine} is not known")
     os.chdir(root)
+    # ".", "." stacks the old root under the new one; detached next (pivot_root(2))
     _check(LIBC.syscall(PIVOT_ROOT[machine], b".", b"."), "pivot_root")
     _check(LIBC.umount2(b".", MNT_DETACH), "detaching the old root")
-    os.chdir("/")
+    os.chdir("/")  # no working directory left pointing into the old root
 
 
 # ---------------------------------------------------------------------------- harness
@@ -313,7 +334,9 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
     """In the harness process: descriptors, limits, no privileges, then exec the harness."""
     try:
         setup = _high(setup, cloexec=True)
+        # only an io case reads stdin; a program under test reads /dev/null
         stdin = 0 if job["mode"] == "io" else os.open("/dev/null", os.O_RDONLY)
+        # descriptors 5 and 6 always exist, /dev/null when there is no other harness
         peers = list(job["peer_fds"]) or [os.open("/dev/null", os.O_RDONLY)] * 2
         _place_descriptors([stdin, 1, 2, job_fd, result_fd, *peers], keep=setup)
         # Limits after the uid switch: switching to a uid already at its RLIMIT_NPROC marks
@@ -321,6 +344,7 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
         _drop_privileges(mode, cap_last)
         _apply_limits(job["limits"])
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+        # relative paths of the program resolve inside the work directory
         os.chdir(job["harness_job"]["workdir"])
         interpreter = job["interpreter"]
         # The launcher's path as a last argument (ignored) tells which installation started
@@ -337,6 +361,7 @@ def _place_descriptors(sources: list[int], keep: int) -> None:
     moved = [_high(os.dup(fd), cloexec=False) for fd in sources]
     for number, fd in enumerate(moved):
         os.dup2(fd, number)
+    # nothing the trainer had open is inherited by the program
     os.closerange(HARNESS_FDS, keep)
     os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
@@ -344,6 +369,7 @@ def _place_descriptors(sources: list[int], keep: int) -> None:
 def _high(fd: int, *, cloexec: bool) -> int:
     """``fd`` moved to a number of at least :data:`FIRST_FREE_FD` (the original closed)."""
     command = fcntl.F_DUPFD_CLOEXEC if cloexec else fcntl.F_DUPFD
+    # above every target, so a dup2 cannot overwrite a source not yet placed
     high = fcntl.fcntl(fd, command, max(FIRST_FREE_FD, fd))
     os.close(fd)
     return high
@@ -351,12 +377,13 @@ def _high(fd: int, *, cloexec: bool) -> int:
 
 def _apply_limits(limits: dict) -> None:
     values = {
+        # test_memory_bombs: allocations fail with MemoryError
         resource.RLIMIT_AS: limits["memory_bytes"],
-        resource.RLIMIT_CPU: limits["cpu_seconds"],
-        resource.RLIMIT_FSIZE: limits["file_bytes"],
+        resource.RLIMIT_CPU: limits["cpu_seconds"],  # test_cpu_limit_kills_a_busy_program
+        resource.RLIMIT_FSIZE: limits["file_bytes"],  # test_file_size_and_count_limits
         resource.RLIMIT_NOFILE: limits["max_open_files"],
-        resource.RLIMIT_NPROC: 0,
-        resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_NPROC: 0,  # no fork, no thread: test_no_new_processes (a fork bomb too)
+        resource.RLIMIT_CORE: 0,  # a crash leaves no core file (a memory image) behind
     }
     for kind, value in values.items():
         hard = value + 1 if kind == resource.RLIMIT_CPU else value  # SIGXCPU, then SIGKILL
@@ -375,16 +402,21 @@ class _CapData(ctypes.Structure):
 
 def _drop_privileges(mode: str, cap_last: int) -> None:
     """Become uid/gid 65534 with every capability set empty, and check it."""
+    # the bounding set can only be dropped while CAP_SETPCAP is still held: first
     for capability in range(cap_last + 1):
         LIBC.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
     LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if mode == "root":
-        os.setgroups([])
+        os.setgroups([])  # root's supplementary groups would otherwise stay
+        # gid first: after the uid switch no right to change it remains
         os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
         os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)  # from 0: clears every capability
     header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    # in a user namespace the uid is already 65534 but the sets are full: empty them
     _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    # set-uid files and file capabilities grant nothing across exec
     _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    # read back, not trusted: test_no_capabilities_anywhere
     _check(LIBC.capget(ctypes.byref(header), ctypes.byref(data)), "capget")
     held = [getattr(part, name) for part in data for name in ("effective", "permitted",
                                                                 "inheritable")]  # fmt: skip
@@ -407,6 +439,7 @@ def _send_harness_job(job: dict, fd: int) -> bytes:
     """Write the harness's job (with a fresh token the program's harness writes once its
     top level has run) and close the pipe; the token."""
     harness_job = dict(job["harness_job"])
+    # fresh per run: a record with a guessed or stale token is ignored
     token = os.urandom(16).hex().encode()
     harness_job["code_token"] = token
     payload = marshal.dumps(harness_job)
@@ -421,6 +454,7 @@ def _send_harness_job(job: dict, fd: int) -> bytes:
 def _serve(token: bytes, results: int, setup: int, report: int) -> None:
     """Relay the harness's records and the reaper's status until both pipes close."""
     streams = {results: bytearray(), setup: bytearray()}
+    # a flooding harness cannot grow the launcher's memory
     budget = {results: RESULT_LINE_LIMIT, setup: RESULT_LINE_LIMIT}
     poller = select.poll()
     for fd in streams:
@@ -452,7 +486,9 @@ def _dispatch(from_harness: bool, line: bytes, token: bytes, report: int) -> Non
         if line == b"C" + token:
             _line(report, "program")
         elif line.startswith(b"S "):
+            # the name is cut short: the program's process writes on this pipe too
             _line(report, f"syntax {line[2:66].decode('ascii', 'replace')}")
+        # only a bounded unit number passes, never free text
         elif line[:1] == b"P" and line[1:].isdigit() and len(line) < 12:
             _line(report, f"pass {int(line[1:])}")
         elif line == b"L":

@@ -65,7 +65,7 @@ PROBE_SECONDS = 60.0
 # graphics ones: what compiled packages in extra_paths may link against.
 RUNTIME_LIBRARIES = ("libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "librt.so.1",
                      "libpthread.so.0", "libutil.so.1", "libresolv.so.2")  # fmt: skip
-PT_INTERP = 3
+PT_INTERP = 3  # ELF program header type of the dynamic loader's path
 
 Mount = tuple
 """``("bind", source, target, writable, executable)``, ``("only", directory, names,
@@ -129,6 +129,7 @@ class InterpreterView:
         if clashes:
             raise ValueError(f"extra_paths {clashes} lie under {OWN_ROOT}, where the sandbox "
                              "keeps its own files; move them or bind them elsewhere")
+        # a parent of the standard library would bypass the whitelist of _listed_entries
         covering = [path for path in extra_paths
                     if any(_inside(stdlib, path) for stdlib in self.stdlib_paths)]  # fmt: skip
         if covering:
@@ -138,6 +139,7 @@ class InterpreterView:
                 "extension modules); name the directory that holds the package itself (its "
                 "site-packages directory, for example)"
             )
+        # read-only, executable: compiled packages (numpy) load from there
         extra = [("bind", path, path, False, True) for path in extra_paths]
         runtime = self.runtime_mounts if extra_paths else ()
         work = ("tmpfs", WORK_DIR, work_bytes, work_files)
@@ -174,13 +176,16 @@ def interpreter_view(executable: str) -> InterpreterView:
     libraries = _libraries(facts["mapped"], paths, interpreter)
     mounts += _library_mounts(libraries)
     for source in harness:
+        # the harness runs as Python source: its files need no exec
         mounts.append(("bind", source, f"{HARNESS_DIR}/{os.path.basename(source)}", False, False))
         cached = facts["bytecode"][source]
         if cached is not None:
             inside = f"{HARNESS_DIR}/__pycache__/{os.path.basename(cached)}"
             mounts.append(("bind", cached, inside, False, False))
+    # writable like /dev/null must be; never executable
     mounts += [("bind", device, device, True, False) for device in DEVICES]
     runtime = _libraries(_runtime_libraries(libraries), paths, interpreter)
+    # already bound for the interpreter: no second bind on the same target
     runtime = {path: names for path, names in runtime.items() if path not in libraries}
     return InterpreterView(interpreter, paths, tuple(mounts), tuple(_library_mounts(runtime)))
 
@@ -223,8 +228,11 @@ def _listed_entries(paths: tuple[str, ...], stdlib: set[str], allowed: set[str])
     directories = [path for path in paths if os.path.isdir(path)]
     for directory in directories:
         dynload = os.path.basename(directory) == "lib-dynload"
+        # lib-dynload keeps only the allowed extension modules: no _ctypes, no _socket
         names = set(allowed) if dynload else stdlib | {"__pycache__"}
+        # a path on sys.path that lies inside (lib-dynload) must stay visible
         names |= {os.path.basename(d) for d in directories if os.path.dirname(d) == directory}
+        # sysconfig's per-platform module has a name no stdlib list holds
         prefixes = () if dynload else ("_sysconfigdata",)
         entries.append(("only", directory, tuple(sorted(names)), prefixes))
     return entries
@@ -237,6 +245,7 @@ def _libraries(mapped: list[str], paths: tuple[str, ...], interpreter: str) -> d
     inside = tuple(path.rstrip("/") + "/" for path in paths)
     found: dict[str, set[str]] = {}
     for path in mapped:
+        # extension modules are bound with the standard library; only their dependencies here
         if ".so" not in os.path.basename(path) or path == interpreter or path.startswith(inside):
             continue
         if not os.path.isfile(path):  # " (deleted)" and the like
@@ -247,6 +256,7 @@ def _libraries(mapped: list[str], paths: tuple[str, ...], interpreter: str) -> d
         names = {name}
         for entry in os.listdir(directory):
             candidate = os.path.join(directory, entry)
+            # the soname links the loader looks for (libfoo.so.1 -> libfoo.so.1.2.3)
             if entry.startswith(stem) and os.path.realpath(candidate) == real:
                 names.add(entry)
         found.setdefault(real, set()).update(names)
@@ -263,8 +273,10 @@ def _elf_interpreter(executable: str) -> str | None:
         header = file.read(64)
         if header[:4] != b"\x7fELF":
             return None
+        # EI_CLASS 2: ELF64; EI_DATA 1: little-endian
         wide, order = header[4] == 2, "<" if header[5] == 1 else ">"
         word, (table_at, size_at, offset_at, length_at) = (
+            # e_phoff, e_phentsize (then e_phnum) offsets
             ("Q", (0x20, 0x36, 8, 32)) if wide else ("I", (0x1C, 0x2A, 4, 16))
         )
         (table,) = struct.unpack_from(order + word, header, table_at)

@@ -33,6 +33,7 @@ import marshal
 import os
 import sys
 
+# a deep or huge message must not exhaust the reader's stack or memory
 MAX_DEPTH, MAX_NODES, MAX_SCALAR_CHARS = 100, 1_000_000, 1 << 22
 SEQUENCE_TAGS = {list: "l", tuple: "t", set: "s", frozenset: "z"}
 SEQUENCE_TYPES = {"l": list, "t": tuple, "s": set, "z": frozenset}
@@ -50,13 +51,16 @@ def _refuse_number(text: str) -> None:
 def loads(line: bytes) -> object:
     """The JSON tree of one message (not yet rebuilt into values)."""
     try:
+        # every number is tagged, so a bare one can only be a forged or broken message
         return json.loads(line, parse_int=_refuse_number, parse_float=_refuse_number,
                           parse_constant=_refuse_number)  # fmt: skip
+    # a deeply nested message overflows json's recursion: still just malformed
     except (ValueError, RecursionError) as error:
         raise WireError(f"malformed message: {type(error).__name__}") from None
 
 
 def dumps(tree: object) -> bytes:
+    # json escapes every newline inside a string: one message is exactly one line
     return json.dumps(tree, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
 
 
@@ -90,6 +94,7 @@ def _rebuild(node: object, refs, depth: int, budget: list[int]) -> object:
     try:
         if tag == "i" and len(rest) == 1:
             return int(rest[0], 16)
+        # a float's repr is short; the cap keeps float() from parsing megabytes
         if tag == "f" and len(rest) == 1 and len(rest[0]) <= 64:
             return float(rest[0])
         if tag == "c" and len(rest) == 2 and max(map(len, rest)) <= 64:
@@ -97,6 +102,7 @@ def _rebuild(node: object, refs, depth: int, budget: list[int]) -> object:
         if tag == "b" and len(rest) == 1:
             return bytes.fromhex(rest[0])
         if tag == "u" and len(rest) == 1:
+            # surrogates round-trip: str values arrive exactly as the program made them
             return bytes.fromhex(rest[0]).decode("utf-8", "surrogatepass")
     except (ValueError, OverflowError, UnicodeDecodeError):
         raise WireError(f"malformed {tag!r} value") from None
@@ -110,7 +116,9 @@ def scalar(value: object) -> object | None:
     kind = type(value)
     if value is None or kind is bool:
         return value
+    # exact types only: the caller converts subclasses through the base type
     if kind is int:
+        # hex: the 4,300-digit limit applies only to decimal conversion
         return ["i", format(value, "x")]
     if kind is float:
         return ["f", repr(value)]
@@ -133,6 +141,7 @@ def stdlib_name(value: object) -> tuple[str, str] | None:
     qualname = getattr(value, "__qualname__", None)
     if type(module_name) is not str or type(qualname) is not str:
         return None
+    # "<locals>" or "<lambda>" cannot be looked up by name
     if module_name.partition(".")[0] not in STDLIB or "<" in qualname:
         return None
     if module_name not in sys.modules:  # only what is loaded already: no import here
@@ -141,6 +150,7 @@ def stdlib_name(value: object) -> tuple[str, str] | None:
         found = resolve_stdlib(module_name, qualname)
     except WireError:
         return None
+    # a program's object claiming a stdlib name by __module__ is not that object
     return (module_name, qualname) if found is value else None
 
 
@@ -149,6 +159,7 @@ def resolve_stdlib(module_name: str, qualname: str) -> object:
     module = import_stdlib(module_name)
     target: object = module
     for part in qualname.split("."):
+        # no dunder walk (__globals__, __subclasses__) from a standard-library name
         if part.startswith("__") or not part.isidentifier():
             raise WireError(f"{module_name}.{qualname} is not a public name")
         try:

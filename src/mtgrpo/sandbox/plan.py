@@ -109,6 +109,7 @@ def _file_units(source: str, body: list[ast.stmt], entry_point: str | None) -> l
         kind = "test" if _is_test(node, defined) else "setup"
         units.append((kind, _segment(lines, node), [node]))
         collected += _collected_tests(node)
+    # HumanEval's test files define check(candidate) and leave the call to the runner
     called = any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
                  and getattr(node.value.func, "id", None) == "check" for node in body)  # fmt: skip
     if entry_point is not None and "check" in defined and not called:
@@ -124,6 +125,7 @@ def _segment(lines: list[str], node: ast.stmt) -> str:
     first = min([node.lineno, *(d.lineno for d in decorators)]) - 1
     start = 0 if decorators else node.col_offset
     last, end = node.end_lineno - 1, node.end_col_offset
+    # ast offsets count UTF-8 bytes, not characters
     if first == last:
         return lines[first].encode()[start:end].decode()
     head = lines[first].encode()[start:].decode()
@@ -137,6 +139,7 @@ def _is_test(node: ast.stmt, defined: set[str]) -> bool:
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
         function = node.value.func
         return isinstance(function, ast.Name) and function.id in defined
+    # a loop of asserts is one test; a loop that asserts nothing is setup
     if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.If | ast.With | ast.Try):
         return any(isinstance(inner, ast.Assert) for inner in _top_level_walk(node))
     return False
@@ -146,6 +149,7 @@ def _collected_tests(node: ast.stmt) -> list[str]:
     """pytest-style tests a top-level definition stands for, as statements to run."""
     if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
         arguments = node.args
+        # a test with parameters needs pytest fixtures, which the judge does not provide
         if not (arguments.args or arguments.posonlyargs or arguments.kwonlyargs):
             return [f"{node.name}()"]
     if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
@@ -173,6 +177,7 @@ def _read_names(nodes: list[ast.stmt]) -> tuple[str, ...]:
         for inner in ast.walk(node):
             if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
                 name = inner.id
+                # a test's builtins are the judge's own, never the program's
                 if name not in _BUILTINS and not name.startswith("__"):
                     found[name] = None
     return tuple(found)

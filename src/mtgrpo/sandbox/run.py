@@ -82,7 +82,7 @@ SETTLE_SECONDS = 0.5  # once the judge is done: how long the program's process m
 SANDBOX_STATUSES = (
     "ok", "syntax_error", "error", "timeout", "output_limit", "killed", "sandbox_error"
 )  # fmt: skip
-_READ_CHUNK = 65536
+_READ_CHUNK = 65536  # one pipe buffer's worth per read or write
 _AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
 _LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
 # Where each sandbox mounts its empty root, in its own mount namespace: the host never sees
@@ -267,10 +267,12 @@ def run_python(
     """
     limits = limits or SandboxLimits()
     plan = prepare_tests(tests, entry_point=entry_point)
+    # a non-string completion is scored like one that does not compile
     if not isinstance(code, str):
         return SandboxResult("syntax_error", (False,) * plan.test_count)
     started = time.monotonic()
     requests, replies = os.pipe(), os.pipe()  # judge -> program, program -> judge
+    # two sandboxes sharing only these pipes: test_a_program_that_owns_its_whole_process_still_fails
     program = _job("serve", limits, {"code": code}, peers=(requests[0], replies[1]))
     judge = _job("judge", limits, {
         "units": [(kind, source, list(names)) for (kind, source), names
@@ -383,6 +385,7 @@ def _status(raw: _Process, *, tests_mode: bool) -> str:
     returncode = raw.returncode
     if raw.output_exceeded:
         return "output_limit"
+    # SIGXCPU at the soft RLIMIT_CPU, SIGKILL at the hard one (soft + 1)
     if raw.timed_out or returncode in (-signal.SIGXCPU, -signal.SIGKILL):
         return "timeout"
     if not raw.started or returncode is None:
@@ -392,7 +395,7 @@ def _status(raw: _Process, *, tests_mode: bool) -> str:
     if returncode < 0:
         return "killed"
     if tests_mode:
-        return "ok" if raw.lines("program") else "error"
+        return "ok" if raw.lines("program") else "error"  # the program's top level ran to its end
     return "ok" if returncode == 0 else "error"
 
 
@@ -405,6 +408,7 @@ def ensure_sandbox(limits: SandboxLimits | None = None) -> None:
         _view().plan(limits.extra_paths, 1, 1)
 
 
+# one trivial run per process: the kernel's answer does not change
 @functools.lru_cache(maxsize=1)
 def _sandbox_check() -> None:
     result = run_python("x = 1", ["assert x == 1"], SandboxLimits(timeout_seconds=30.0))
@@ -425,11 +429,12 @@ def _job(mode: str, limits: SandboxLimits, task: dict[str, Any],
     view = _view()
     return {
         "mode": mode,
+        # unprivileged trainers: test_the_user_namespace_sandbox_of_an_unprivileged_trainer
         "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
         "parent_pid": os.getpid(),
         "interpreter": view.interpreter,
         "harness": _HARNESS_CODE["_judge" if mode == "judge" else "_harness"],
-        "environment": _child_environment(),
+        "environment": _child_environment(),  # test_the_environment_is_not_inherited
         "limits": {
             "memory_bytes": limits.memory_bytes,
             "cpu_seconds": limits.cpu_seconds,
@@ -473,7 +478,7 @@ def _child_environment() -> dict[str, str]:
         "LC_ALL": "C.UTF-8",
         "HOME": WORK_DIR,
         "TMPDIR": WORK_DIR,
-        "LD_LIBRARY_PATH": "/sandbox/lib",
+        "LD_LIBRARY_PATH": "/sandbox/lib",  # _view binds the interpreter's shared libraries there
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -526,6 +531,8 @@ def _spawn(
     try:
         root = _mount_point()
         page = 4096
+        # max_files files of file_bytes, each rounded up to whole pages, plus 1 MiB:
+        # test_the_work_directory_is_a_kernel_quota
         work_bytes = limits.max_files * -(-limits.file_bytes // page) * page + (1 << 20)
         mounts = _view().plan(tuple(limits.extra_paths), work_bytes, limits.max_files + 16)
         for index, job in enumerate(jobs):
@@ -570,8 +577,10 @@ def _start(job: dict[str, Any], root: str, mounts: list, stdin_tail: bytes) -> _
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(report_write, *job["peer_fds"]),
-            cwd="/",
+            cwd="/",  # no working directory of the trainer's is held open by the launcher
+            # the trainer's environment (and any secret in it) stays behind
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+            # its own process group: _kill_group ends everything the launcher started
             start_new_session=True,
             **({} if _LAUNCH_AS is None else
                {"user": _LAUNCH_AS, "group": _LAUNCH_AS, "extra_groups": []}),
@@ -605,6 +614,7 @@ def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
         os.set_blocking(stdin_fd, False)
         writers[stdin_fd] = launch
         poller.register(stdin_fd, select.POLLOUT | select.POLLERR)
+    # reported values are bounded by output_bytes; the rest are short records
     report_cap = limits.output_bytes + 64 * 1024
     settle_by: float | None = None
     while readers:
@@ -612,6 +622,7 @@ def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
         if judge is not None and settle_by is None and not judge.open_fds:
             settle_by = now + SETTLE_SECONDS  # verdicts are in: the rest may end by itself
         stop = deadline if settle_by is None else min(deadline, settle_by)
+        # the wall clock: test_a_loop_that_swallows_the_timer_is_killed_at_the_deadline
         if now >= stop:
             for launch in launches:
                 if launch.open_fds:
@@ -642,6 +653,7 @@ def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
                     setattr(raw, name, getattr(raw, name) + chunk)
                 continue
             setattr(raw, name, getattr(raw, name) + chunk)
+            # test_printing_a_gigabyte_is_cut_off: the group is killed in _spawn
             if len(raw.stdout) + len(raw.stderr) > limits.output_bytes:
                 raw.output_exceeded = True
                 return
