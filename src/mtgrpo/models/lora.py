@@ -46,11 +46,13 @@ class LoraSettings:
     too (checked against peft when the settings are built) and is passed on as is.
     """
 
+    # r=16, alpha=32: also TRL 1.16's ModelConfig defaults (lora_r, lora_alpha)
     r: int = option("LoRA rank.", default=16)
     lora_alpha: float = option("Scale numerator: the update is scaled by lora_alpha / r.",
                                default=32)
     lora_dropout: float = option("Dropout on the adapter's input (0 keeps generation and "
                                  "update log-probs equal, so the ratio starts at 1).",
+                                 # TRL 1.16's ModelConfig uses 0.05; see the class docstring
                                  default=0.0)
     bias: str = option("Biases trained too: none, all or lora_only.", default="none")
     target_modules: list[str] | str | None = option(
@@ -60,6 +62,7 @@ class LoraSettings:
         "Modules trained in full and saved with the adapter (e.g. lm_head).", default=None)
     use_rslora: bool = option("Rank-stabilised scale lora_alpha / sqrt(r).", default=False)
     use_dora: bool = option("Weight-decomposed LoRA (DoRA).", default=False)
+    # CAUSAL_LM wraps the model in PeftModelForCausalLM (generate works)
     task_type: str = option("peft's task type.", default="CAUSAL_LM")
     other: dict[str, Any] = option(
         "Any other peft.LoraConfig field (written at the section's top level in a run file).",
@@ -74,6 +77,7 @@ class LoraSettings:
         if self.other:
             from peft import LoraConfig  # only for fields beyond the common ones
 
+            # checked against the installed peft, so a newer field is accepted
             valid = [f.name for f in dataclasses.fields(LoraConfig) if f.init]
             refuse_unknown([k for k in self.other if k not in valid], valid, "peft (LoRA)")
 
@@ -83,6 +87,7 @@ class LoraSettings:
         if not isinstance(values, Mapping):
             raise ValueError(f"the peft section must be a mapping of LoRA options, got "
                              f"{type(values).__name__} {values!r:.80}")
+        # unknown keys go to other and are checked against peft in __post_init__
         own = {f.name for f in dataclasses.fields(cls)} - {"other"}
         known = coerce_numbers(cls, {k: v for k, v in values.items() if k in own})
         return cls(**known, other={k: v for k, v in values.items() if k not in own})
@@ -99,12 +104,12 @@ def _default_target_modules(model: PreTrainedModel) -> list[str] | str:
     import torch
 
     leaf_names = {
-        name.rsplit(".", 1)[-1]
+        name.rsplit(".", 1)[-1]  # peft matches target_modules on the last name component
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear)
     }
     present = [name for name in DEFAULT_LORA_TARGET_MODULES if name in leaf_names]
-    return present if present else "all-linear"
+    return present if present else "all-linear"  # peft's all-linear leaves the output head out
 
 
 def make_lora_config(
@@ -119,6 +124,7 @@ def make_lora_config(
     """
     from peft import LoraConfig
 
+    # a LoraConfig the user built is taken as is: no default is applied over it
     if isinstance(config, LoraConfig):
         return config
     if config is not None and not isinstance(config, Mapping | LoraSettings):
@@ -129,6 +135,7 @@ def make_lora_config(
     settings = config if isinstance(config, LoraSettings) else \
         LoraSettings.from_dict(config or {})
     options = settings.to_dict()
+    # peft's per-architecture default adapts fewer projections (q and v for Llama)
     if options.get("target_modules") is None:
         options["target_modules"] = _default_target_modules(model)
     return LoraConfig(**options)
@@ -181,5 +188,6 @@ def reference_mode(model: PeftModel) -> Iterator[PeftModel]:
             f"{type(model).__name__}; for full fine-tuning keep a separate frozen reference copy "
             "(load_model(spec, for_training=False))"
         )
+    # the base weights are the reference: no second copy in memory (ALGORITHMS.md §3)
     with model.disable_adapter():
         yield model

@@ -22,10 +22,11 @@ from functools import cache
 @cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library is another (musl, macOS, Windows)."""
+    # malloc_trim is a glibc extension: musl and macOS have no such symbol
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the C library already loaded in this process
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -37,13 +38,14 @@ def release_memory() -> bool:
     """Collect garbage, empty the CUDA cache and return the C heap's free pages to the operating
     system; True when the C allocator could be trimmed (glibc), False elsewhere (the garbage
     collection and the CUDA cache are done on every platform)."""
-    gc.collect()
+    gc.collect()  # cycles first: their tensors are freed only by the collector
     import torch
 
     if torch.cuda.is_available():
+        # the caching allocator otherwise keeps freed blocks for this process
         torch.cuda.empty_cache()
     trim = _malloc_trim()
     if trim is None:
         return False
-    trim(0)
+    trim(0)  # 0: keep no padding at the top of the heap; return every free page
     return True

@@ -21,5 +21,7 @@ def position_ids_from_attention_mask(attention_mask: Tensor) -> Tensor:
     tokens continue from the last prompt position, as they did while being generated.
     """
     mask = attention_mask.long()  # [N, T]
+    # left padding: the first real token is position 0, as in generate
     positions = mask.cumsum(-1) - 1
+    # pad positions are masked out anyway; 0 keeps them in range
     return positions.masked_fill(mask == 0, 0)

@@ -38,7 +38,7 @@ def cpu_bf16_feature(cpuinfo: str | None = None, machine: str | None = None) -> 
     ``cpuinfo``: the text of ``/proc/cpuinfo`` (default: read it on Linux; on macOS the
     ``hw.optional.arm.FEAT_BF16`` sysctl is asked instead). ``machine``: ``platform.machine()``.
     """
-    machine = (machine or platform.machine()).lower()
+    machine = (machine or platform.machine()).lower()  # macOS reports arm64, Linux aarch64
     if cpuinfo is None:
         cpuinfo = _read_cpuinfo()
         if cpuinfo is None:
@@ -46,6 +46,7 @@ def cpu_bf16_feature(cpuinfo: str | None = None, machine: str | None = None) -> 
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
+        # x86 lists its flags under "flags", Arm under "Features"
         if key.strip().lower() in ("flags", "features"):
             flags.update(value.split())
     if machine in ("aarch64", "arm64"):
@@ -53,6 +54,7 @@ def cpu_bf16_feature(cpuinfo: str | None = None, machine: str | None = None) -> 
     return next((flag for flag in _X86_FLAGS if flag in flags), None)
 
 
+# one read per process: the CPU does not change
 @functools.cache
 def _read_cpuinfo() -> str | None:
     path = Path("/proc/cpuinfo")
@@ -100,6 +102,7 @@ def resolve_bf16(setting: bool | None, device_type: str,
         feature = cpu_bf16_feature()
         if feature is None:
             return False, "auto: this CPU has no native bfloat16 instructions"
+        # measured: see CPU_BF16_MIN_WIDTH
         if hidden_size is not None and hidden_size < CPU_BF16_MIN_WIDTH:
             return False, (f"auto: this CPU has {feature}, but the model's hidden size "
                            f"{hidden_size} is below {CPU_BF16_MIN_WIDTH}, where autocast's "

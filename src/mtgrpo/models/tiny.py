@@ -49,6 +49,7 @@ __all__ = [
     "write_tiny_gguf",
 ]
 
+# Qwen2.5-Instruct's special tokens, so chat code paths match a real checkpoint
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
@@ -76,6 +77,7 @@ CHAT_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE, "tools": TOOLS_CHAT
 class TinyModelShape:
     """The size of the tiny model; ``build_tiny_model``'s keyword arguments, validated."""
 
+    # defaults: about 0.1 M parameters (build_tiny_model), quick on a CPU
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -92,6 +94,7 @@ class TinyModelShape:
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_heads "
                 f"({self.num_heads}); pick e.g. hidden_size={self.num_heads * 16}"
             )
+        # rotary embeddings rotate pairs of dimensions
         if (self.hidden_size // self.num_heads) % 2:
             head_size = self.hidden_size // self.num_heads
             raise ValueError(
@@ -120,7 +123,7 @@ def _common_config_fields(
         "num_attention_heads": shape.num_heads,
         "num_key_value_heads": shape.num_kv_heads,
         "max_position_embeddings": shape.max_position_embeddings,
-        "rms_norm_eps": 1e-6,
+        "rms_norm_eps": 1e-6,  # Qwen2.5's value
         "tie_word_embeddings": False,
         **token_ids,
     }
@@ -178,23 +181,29 @@ def build_tiny_tokenizer(
     if vocab_size is not None and not 256 < vocab_size <= 65_536:
         raise ValueError(f"vocab_size={vocab_size} must be in (256, 65536]: the bytes come first")
 
+    # sorted by code point, so the byte ids are the same in every build
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: index for index, symbol in enumerate(alphabet)}
     backend = Tokenizer(
+        # every byte is in the vocabulary: no unknown token is ever needed
         BPE(vocab=vocab, merges=[], continuing_subword_prefix="", end_of_word_suffix="",
             fuse_unk=False, byte_fallback=False)
     )
+    # what Qwen2Tokenizer rebuilds on load (module docstring)
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(_QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        # the Qwen2 split above replaces ByteLevel's own GPT-2 regex
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
     if corpus is not None:
+        # initial_alphabet keeps every byte representable after merging
         trainer = BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet,
                              min_frequency=2, show_progress=False)
         backend.train_from_iterator(corpus, trainer=trainer)
     backend.add_special_tokens(
+        # matched on the raw text, before NFC
         [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
     )
     tokenizer = PreTrainedTokenizerFast(
@@ -203,6 +212,7 @@ def build_tiny_tokenizer(
         pad_token=PAD_TOKEN,
         model_max_length=model_max_length,
         padding_side="left",
+        # decode(encode(text)) == text: rewards read the exact completion
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATES[chat_template]
@@ -256,6 +266,7 @@ def build_tiny_model(
     # A chat turn ends at <|im_end|>; <|endoftext|> ends a plain document. Stop at either.
     token_ids = {"bos_token_id": None, "eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id}
     config = config_factory(shape, len(tokenizer), token_ids)
+    # the caller's RNG is untouched; devices=[]: CPU state only
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -277,6 +288,7 @@ def ensure_tiny_model(out_dir: str | Path, **options: Any) -> Path:
     building.
     """
     out = Path(out_dir)
+    # both files: a build interrupted before the weights were written is rebuilt
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     return build_tiny_model(out, **options)
@@ -285,6 +297,7 @@ def ensure_tiny_model(out_dir: str | Path, **options: Any) -> Path:
 def _gguf_tokenizer_fields(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     import gguf
 
+    # GGUF's token list is indexed by id
     tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
     special = set(tokenizer.all_special_ids) | set(
         tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
@@ -337,6 +350,7 @@ def _write_gguf_metadata(writer: Any, config: Any, tokenizer: PreTrainedTokenize
     import gguf
 
     head_dim = config.hidden_size // config.num_attention_heads
+    # transformers 5 keeps rope_theta in rope_parameters; 10000 is Llama's default
     rope_theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
     writer.add_name("mtgrpo-tiny")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -352,7 +366,8 @@ def _write_gguf_metadata(writer: Any, config: Any, tokenizer: PreTrainedTokenize
     writer.add_vocab_size(config.vocab_size)
 
     fields = _gguf_tokenizer_fields(tokenizer)
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model("gpt2")  # llama.cpp's name for a byte-level BPE vocabulary
+    # the pre-tokeniser split this tokenizer uses (_QWEN2_SPLIT_REGEX)
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(fields["tokens"])
     writer.add_token_types(fields["token_types"])
@@ -361,7 +376,7 @@ def _write_gguf_metadata(writer: Any, config: Any, tokenizer: PreTrainedTokenize
     writer.add_token_scores([0.0] * len(fields["tokens"]))
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(False)  # the tiny model has no BOS token (bos_token_id None)
     writer.add_chat_template(tokenizer.chat_template)
 
 
@@ -370,7 +385,7 @@ def _permute_for_llama_cpp(weight: Any, num_heads: int) -> Any:
     rows, cols = weight.shape
     return (
         weight.reshape(num_heads, 2, rows // num_heads // 2, cols)
-        .swapaxes(1, 2)
+        .swapaxes(1, 2)  # convert_hf_to_gguf.py's LlamaModel.permute
         .reshape(rows, cols)
     )
 
@@ -386,9 +401,11 @@ def _gguf_tensors(model: Any, arch: Any) -> list[tuple[str, Any]]:
         gguf_name = name_map.get_name(base)
         assert gguf_name is not None, f"no GGUF name for tensor {hf_name}"
         array = tensor.detach().to("cpu").float().numpy()
+        # Qwen2 GGUF files keep transformers' rotary layout; only Llama is permuted
         if arch == gguf.MODEL_ARCH.LLAMA and base.endswith("q_proj") and suffix == "weight":
             array = _permute_for_llama_cpp(array, config.num_attention_heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and base.endswith("k_proj") and suffix == "weight":
+            # k_proj has num_kv_heads heads under grouped-query attention
             array = _permute_for_llama_cpp(array, config.num_key_value_heads)
         tensors.append((f"{gguf_name}.{suffix}", array))
     return tensors
