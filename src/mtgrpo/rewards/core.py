@@ -95,6 +95,7 @@ class GateSpec:
 def callable_name(fn: Callable[..., Any]) -> str:
     """``fn.__name__`` (lambdas give ``"<lambda>"``), unwrapping ``functools.partial``; the
     class name for a callable instance. The same rule as TRL's ``get_callable_name``."""
+    # TRL 1.16's get_callable_name: names match the reward columns TRL logs
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__name__", type(fn).__name__)
@@ -105,6 +106,7 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     and instances whose ``__call__`` is ``async def``."""
     while isinstance(fn, functools.partial):
         fn = fn.func
+    # TRL 1.16 awaits async reward functions concurrently; they are found here
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an instance's async __call__ is the point
     )
@@ -120,6 +122,7 @@ def unique_names(names: Iterable[str]) -> list[str]:
     result = []
     for name in names:
         candidate, k = name, 2
+        # never rename into a name the user chose for another function
         while candidate in used or (candidate != name and candidate in reserved):
             candidate, k = f"{name}_{k}", k + 1
         used.add(candidate)
@@ -128,13 +131,14 @@ def unique_names(names: Iterable[str]) -> list[str]:
 
 
 def _finite_float(value: Any, what: str) -> float:
+    # float("1") and float(True) succeed: a weight written as text or a flag is a slip
     if isinstance(value, (str, bytes, bool)):
         raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
     try:
         result = float(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})") from exc
-    if not math.isfinite(result):
+    if not math.isfinite(result):  # a NaN weight would make every advantage NaN
         raise ValueError(f"{what} must be finite, got {result}")
     return result
 
@@ -142,6 +146,7 @@ def _finite_float(value: Any, what: str) -> float:
 def _channel_tuple(channels: Sequence[str] | None, name: str) -> tuple[str, ...] | None:
     if channels is None:
         return None
+    # tuple("ab") would silently declare channels "a" and "b"
     if isinstance(channels, str):
         raise TypeError(
             f"channels of reward function {name!r} must be a sequence of names, got the string "
@@ -167,6 +172,7 @@ def _weight_tuple(
 ) -> tuple[float, ...] | None:
     if weights is None:
         return None
+    # one number for a single-channel function, as TRL's reward_weights entry is
     if isinstance(weights, (int, float)) and not isinstance(weights, bool):
         weights = (weights,)
     result = tuple(_finite_float(w, f"reward weight of {name!r}") for w in weights)
@@ -205,6 +211,7 @@ class RewardFunction:
     timeout: float | Literal["default"] | None = "default"
 
     def __post_init__(self) -> None:
+        # a wrapper of a wrapper would hide which channels and weights apply
         if isinstance(self.fn, RewardFunction):
             raise TypeError(
                 f"{self.fn.name!r} is already a RewardFunction; use dataclasses.replace(rf, "
@@ -227,6 +234,7 @@ class RewardFunction:
             object.__setattr__(self, "timeout",
                                check_timeout(self.timeout, f"the timeout of {name!r}"))  # fmt: skip
 
+    # still a TRL reward function: GRPOTrainer can call the wrapper as it is
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
@@ -264,6 +272,7 @@ def as_reward_function(obj: Any) -> RewardFunction:
     """
     if isinstance(obj, RewardFunction):
         return obj
+    # TRL 1.16 loads a reward model from a model id; here the user must wrap it
     if isinstance(obj, (str, bytes)):
         raise TypeError(
             f"reward function {obj!r} is a string; mtgrpo does not load reward models by name "

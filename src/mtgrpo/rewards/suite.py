@@ -122,10 +122,12 @@ class RewardScores:
             out[f"{prefix}/{name}/errors"] = int(self.errors[:, r].sum())
             out[f"{prefix}/{name}/timeouts"] = int(self.timeouts[:, r].sum())
             present = self.values[self.applied[:, r], r].double()
+            # unbiased, as TRL 1.16's nanstd (count / (count - 1))
             std = present.std().item() if present.numel() > 1 else math.nan
             mean = present.mean().item() if present.numel() else math.nan
             out[f"{prefix}/{name}/mean"] = mean
             out[f"{prefix}/{name}/std"] = std
+            # how often a routed or None-returning channel scores
             out[f"{prefix}/{name}/applied"] = present.numel() / max(len(self.tasks), 1)
         return out
 
@@ -141,6 +143,7 @@ def _check_listed_once(functions: Sequence[Any]) -> None:
     """The same object twice in a list is almost surely a slip; a weight says "count it more"."""
     seen: set[int] = set()
     for fn in functions:
+        # by identity: two distinct functions may share a name (then renamed f_2)
         if id(fn) in seen:
             raise ValueError(
                 f"reward function {callable_name(fn)!r} is listed twice; to score the same logic "
@@ -181,6 +184,7 @@ def _resolve_weights(
     declared = [w for rf in functions for w in (rf.weights or (math.nan,) * rf.num_channels)]
     declared_arr = np.asarray(declared, dtype=np.float64)  # [R], NaN = not declared
     if reward_weights is None:
+        # 1.0: TRL 1.16's default reward weight
         return np.where(np.isnan(declared_arr), 1.0, declared_arr)
     if isinstance(reward_weights, Tensor):
         reward_weights = reward_weights.detach().cpu().numpy()
@@ -195,6 +199,7 @@ def _resolve_weights(
         )
     if not np.isfinite(weights).all():
         raise ValueError(f"reward_weights must be finite, got {weights.tolist()}")
+    # a weight set in two places that disagree: neither silently wins
     mismatch = ~np.isnan(declared_arr) & (declared_arr != weights)
     if mismatch.any():
         names = [n for n, bad in zip(channel_names, mismatch, strict=True) if bad]
@@ -216,6 +221,7 @@ def _routing_from_table(
     for task, entry in table.items():
         if not isinstance(task, str) or not task:
             raise TypeError(f"routing-table keys must be task names (strings), got {task!r}")
+        # a string is kept so as_reward_function refuses it with the fix
         if callable(entry) or isinstance(entry, (str, bytes)):
             entry = [entry]
         elif not isinstance(entry, (list, tuple)):
@@ -224,9 +230,10 @@ def _routing_from_table(
                 f"them, got {type(entry).__name__}"
             )
         for obj in entry:
-            key = id(obj)
+            key = id(obj)  # by identity: one function under several tasks is one channel
             objects.setdefault(key, obj)
             routed = tasks.setdefault(key, set())
+            # "*" wins over any task list: the function applies everywhere
             if task == WILDCARD_TASK:
                 tasks[key] = None
             elif routed is not None:
@@ -268,6 +275,7 @@ class RewardSuite:
             for rf, name in zip(functions, names, strict=True)
         ]
         self._channel_names = _channel_names(self._functions)
+        # function i owns columns offsets[i]:offsets[i + 1] of [N, R]
         self._offsets = np.cumsum([0] + [rf.num_channels for rf in self._functions]).tolist()
         self._routes = self._check_routes(routes)
         self._reward_weights = _resolve_weights(
@@ -325,6 +333,7 @@ class RewardSuite:
         checked: list[frozenset[str] | None] = []
         for rf, route in zip(self._functions, routes, strict=True):
             if route is not None and (
+                # a bare string would route to its characters
                 isinstance(route, str) or not all(isinstance(t, str) for t in route)
             ):
                 raise TypeError(
@@ -405,6 +414,7 @@ class RewardSuite:
             index = self._channel_names.index(channel)
         else:
             raise ValueError(f"unknown reward channel {channel!r}; channels: {self._channel_names}")
+        # the function whose column block holds the index
         owner = int(np.searchsorted(self._offsets, index, side="right")) - 1
         return None if self._routes is None else self._routes[owner]
 
@@ -435,6 +445,7 @@ class RewardSuite:
         ``completion_ids``): a missing column is a :class:`RewardError` naming it and the
         function before anything is generated, not a ``TypeError`` from inside the first
         call."""
+        # what TRL 1.16 passes every reward function, plus the dataset's columns
         available = {"prompts", "completions", "completion_ids", *columns, *extras}
         for rf in self._functions:
             missing = [name for name in _required_keywords(rf.fn) if name not in available]
@@ -506,12 +517,14 @@ class RewardSuite:
         """
         batch = RewardBatch.build(prompts, completions, completion_ids, columns, tasks, extra)
         self._check_task_labels(set(batch.tasks), batch.tasks)
+        # NaN until scored: not routed and None stay NaN (ALGORITHMS.md §1)
         values = np.full((len(batch), self.num_channels), np.nan)  # [N, R]
         errors = np.zeros(values.shape, dtype=bool)  # [N, R]
         timeouts = np.zeros(values.shape, dtype=bool)  # [N, R]
         pending: list[tuple[int, list[int], Any]] = []
         try:
             for owner, rf in enumerate(self._functions):
+                # routing: a function sees only its tasks' rows, never a None to return
                 rows = self._rows_of(owner, batch.tasks)
                 if not rows:
                     continue
@@ -521,12 +534,14 @@ class RewardSuite:
                         ended, out = call_with_deadline(lambda: rf.fn(**kwargs),  # noqa: B023
                                                         self._timeouts[owner])  # fmt: skip
                 except Exception as exc:
+                    # a crash is a RewardError naming the function and task, never a silent 0
                     raise function_failure(rf, batch, rows, exc) from exc
                 start, stop = self._offsets[owner], self._offsets[owner + 1]
                 if failed:
                     errors[[rows[i] for i in failed], start:stop] = True
                 if not ended:
                     self._note_timeout(owner, batch, rows, timeouts)
+                # awaited below, all together: TRL 1.16 gathers async functions the same way
                 elif inspect.isawaitable(out):
                     pending.append((owner, rows, out))
                 else:
@@ -545,9 +560,11 @@ class RewardSuite:
                 continue
             if isinstance(out, Exception):
                 raise function_failure(rf, batch, rows, out) from out
+            # KeyboardInterrupt and the like are not the function's fault: re-raised as they are
             if isinstance(out, BaseException):
                 raise out
             self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
+        # after every function: a row is unscorable only if all of them passed on it
         UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
         # float64 from the reward functions' Python floats to the advantages: one dtype, no
         # rounding on the way (the loss reads the advantages as float32, PolicyBatch)
@@ -565,6 +582,7 @@ class RewardSuite:
             self._timed_out[name] += len(rows)
         rf, seconds = self._functions[owner], self._timeouts[owner]
         seen = _timeout_warnings.get(str(rf.name), 0)
+        # a slow function would otherwise warn every step
         if seen < _WARNINGS_PER_FUNCTION:
             _timeout_warnings[str(rf.name)] = seen + 1
             logger.warning(
@@ -579,6 +597,7 @@ class RewardSuite:
     def pop_timeouts(self) -> dict[str, int]:
         """``{rewards/<channel>/timeouts: completions}`` since the last call (for logging)."""
         counts = {f"rewards/{name}/timeouts": count for name, count in self._timed_out.items()}
+        # counts since the last pop: one step's worth per log line
         self._timed_out = dict.fromkeys(self._channel_names, 0)
         return counts
 
@@ -600,8 +619,9 @@ def _required_keywords(fn: Callable[..., Any]) -> list[str]:
     signature cannot be read."""
     try:
         parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
         return []
+    # reward functions are called by keyword only, as TRL 1.16 does
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in parameters
             if p.kind in kinds and p.default is inspect.Parameter.empty]  # fmt: skip
@@ -648,6 +668,7 @@ def _warn_on_unscorable(suite: RewardSuite, batch: RewardBatch, values: np.ndarr
     arguments = {key: value[row] for key, value in batch.columns.items()}
     arguments.update(prompt=batch.prompts[row], completion=batch.completions[row])
     logger.warning(
+        # TRL 1.16's message, word for word (grpo_trainer.py)
         "All reward functions returned None for the following kwargs:\n%s\nPlease ensure that "
         "at least one reward function returns a valid reward.", arguments,
     )

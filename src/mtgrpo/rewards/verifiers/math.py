@@ -59,7 +59,8 @@ __all__ = [
     "math_reward",
 ]
 
-MAX_ANSWER_CHARS = 1_000
+MAX_ANSWER_CHARS = 1_000  # bounds what a completion can make math-verify parse
+# \boxed{} first: the convention of MATH-style data
 DEFAULT_MATH_STYLES = ("boxed", "tag", "last_number")
 WORKER_MEMORY_BYTES = 2 << 30
 CHECK_MEMORY_BYTES = 1 << 30  # per forked check: a batch's checks run side by side
@@ -112,11 +113,13 @@ def math_reward(
     for name in order:
         ANSWER_STYLES.canonical(name)
     mode = MATH_ISOLATION.canonical(isolation)
+    # a wait without a timeout must never happen (DESIGN.md)
     if not (isinstance(timeout_seconds, (int, float)) and 0 < timeout_seconds < 3600):
         raise ValueError(
             f"math_reward: timeout_seconds must be a number in (0, 3600), got {timeout_seconds!r}"
         )
     gold_texts = [None if gold is None else _gold_text(gold) for gold in golds]
+    # signal timers work only in the main thread
     in_process = mode == "auto" and threading.current_thread() is threading.main_thread()
     slow: dict[int, tuple[str, str]] = {}  # row -> (gold, answer) for the helper
 
@@ -125,6 +128,7 @@ def math_reward(
         if gold is None:
             return None
         answer = extract_answer(text, order)
+        # no final answer is a wrong one (0.0), never "not applicable"
         if answer is None or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
         verdict = _first_try(gold, answer, min(FAST_SECONDS, timeout_seconds)) \
@@ -135,6 +139,7 @@ def math_reward(
         return 1.0 if verdict else 0.0
 
     if in_process:
+        # warm before a slow answer needs it: start-up costs about 0.5 s
         _POOL.start_in_background()
     rows = zip(range(len(texts)), texts, gold_texts, strict=True)
     scores = score_each("math_reward", rows, score)
@@ -153,6 +158,7 @@ def _first_try(gold: str, answer: str, seconds: float) -> bool | None:
     no signal timer can be used here)."""
     _warm_up()
     try:
+        # the 20 ms try decides almost every honest answer without a process hop
         return _with_deadline(lambda: _verify(gold, answer), seconds)
     except (_NoTimerError, _Deadline):
         return None
@@ -184,12 +190,14 @@ def check_math_answer(
 
 def _gold_text(gold: Any) -> str:
     text = gold if isinstance(gold, str) else str(gold)
+    # GSM8K writes its final answer after the last ####
     if "####" in text:
         text = text.rsplit("####", 1)[1]
     return text.strip()
 
 
 def _latex(text: str) -> str:
+    # math-verify reads \boxed{} most reliably (module docstring)
     return text if ("\\boxed" in text or "$" in text) else f"\\boxed{{{text}}}"
 
 
@@ -203,6 +211,7 @@ def _warm_up() -> None:
     _verify("1", "1")
 
 
+# the same gold answer is parsed for each of a group's G completions
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> tuple[Any, ...]:
     from math_verify import parse
@@ -249,7 +258,7 @@ def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
     previous = signal.getsignal(signal.SIGALRM)
     if previous is None:  # installed from C: it could not be put back
         raise _NoTimerError
-    armed = [True]
+    armed = [True]  # a list: the handler reads the current value, the finally clause clears it
 
     def on_alarm(signum: int, frame: Any) -> None:
         if armed[0]:
@@ -260,6 +269,7 @@ def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
     except ValueError as error:  # main thread of a sub-interpreter
         raise _NoTimerError from error
     started = time.monotonic()
+    # repeating: a _Deadline swallowed by a bare except is raised again
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds, DEADLINE_REPEAT_SECONDS)
     try:
         return fn()
@@ -267,6 +277,7 @@ def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
         armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        # a caller's own timer keeps the time it had left
         if old_delay > 0:
             left = max(old_delay - (time.monotonic() - started), 1e-3)
             signal.setitimer(signal.ITIMER_REAL, left, old_interval)
@@ -307,6 +318,7 @@ class _MathPool:
             except OSError:
                 self._stop()
                 return [False] * len(pairs)
+            # ceil: checks beyond MAX_PARALLEL_CHECKS wait for a free slot
             rounds = -(-len(pairs) // MAX_PARALLEL_CHECKS)
             deadline = time.monotonic() + rounds * (timeout_seconds + WORKER_GRACE_SECONDS)
             verdicts: dict[str, bool] = {}
@@ -439,4 +451,4 @@ def _light_imports_source() -> str:
 
 
 _POOL = _MathPool()
-atexit.register(_POOL.close)
+atexit.register(_POOL.close)  # no process of ours outlives the trainer (DESIGN.md)
