@@ -45,8 +45,13 @@ def test_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
                                                 "instructions")
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert resolve_bf16(None, "cuda") == (True, "auto: the GPU supports bfloat16")
+    # a GPU that only emulates bf16 (before Ampere): torch says yes when emulation counts
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation)
+    assert resolve_bf16(None, "cuda") == (False, "auto: the GPU lacks bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert resolve_bf16(None, "cuda", hidden_size=64)[0] is True  # the width rule is the CPU's
     assert resolve_bf16(None, "mps")[0] is False
 

@@ -87,7 +87,7 @@ def resolve_bf16(setting: bool | None, device_type: str,
     """``(use bf16, why)`` for the config's ``bf16`` on a device of ``device_type``.
 
     ``True``/``False`` are kept; ``None`` (auto) turns bf16 on where the hardware computes it
-    natively (:func:`cpu_bf16_feature` on a CPU; ``torch.cuda.is_bf16_supported()`` on CUDA;
+    natively (:func:`cpu_bf16_feature` on a CPU; native bf16 on CUDA, emulation not counted;
     off elsewhere), except on a CPU for a model whose ``hidden_size`` is below
     :data:`CPU_BF16_MIN_WIDTH` (unknown width: on).
     """
@@ -96,7 +96,9 @@ def resolve_bf16(setting: bool | None, device_type: str,
     if device_type == "cuda":
         import torch
 
-        supported = torch.cuda.is_bf16_supported()
+        # native only: torch counts emulated bf16 (pre-Ampere GPUs) as supported by default,
+        # and emulated bf16 is the slow path auto must not pick
+        supported = torch.cuda.is_bf16_supported(including_emulation=False)
         return supported, f"auto: the GPU {'supports' if supported else 'lacks'} bfloat16"
     if device_type == "cpu":
         feature = cpu_bf16_feature()
