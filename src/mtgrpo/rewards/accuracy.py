@@ -37,6 +37,7 @@ def accuracy_values(values: Tensor, channel: int | None = None) -> Tensor:
     if channel is not None:
         return values[:, channel]
     applicable = ~values.isnan()  # [N, R]
+    # int8: torch's argmax does not take bool
     first = applicable.to(torch.int8).argmax(dim=1)  # [N] first True (0 if none)
     return values.gather(1, first.unsqueeze(1)).squeeze(1)
 

@@ -67,6 +67,7 @@ def per_completion(
     ``fn(completion, prompt, answer=...)``); other columns and trainer extras are not passed.
     An ``async def fn`` is awaited concurrently over the batch.
     """
+    # a batched function would be called once per sample, with the wrong arguments
     if isinstance(fn, RewardFunction):
         raise TypeError(
             f"per_completion expects a per-sample fn(completion, prompt), got the batched "
@@ -74,8 +75,9 @@ def per_completion(
         )
     if not callable(fn):
         raise TypeError(f"per_completion expects a callable, got {type(fn).__name__}")
-    if isinstance(row_columns, str):
+    if isinstance(row_columns, str):  # 'answer' would otherwise be the columns 'a', 'n', ...
         row_columns = (row_columns,)
+    # an async fn keeps an async wrapper, so the suite awaits it with the others
     adapter_type = _AsyncPerCompletion if is_async_callable(fn) else _PerCompletion
     batched = adapter_type(fn, tuple(row_columns))
     return RewardFunction(
@@ -100,6 +102,7 @@ class _PerCompletion:
         return list(zip(prompts, completions, kwargs, strict=True))
 
     def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[Any]:
+        # completion first: multireward-grpo's order fn(completion, prompt)
         return [self.fn(c, p, **kw) for p, c, kw in self._rows(prompts, completions, columns)]
 
 
@@ -140,11 +143,13 @@ def conditioned(
     rf = as_reward_function(reward)
     if mode not in GATE_MODES:
         raise ValueError(f"gate mode {mode!r} is not valid; use one of {', '.join(GATE_MODES)}")
+    # a NaN threshold would make every r_on >= threshold false: the gate would never pass
     threshold = _finite_float(threshold, "gate threshold")
     if not isinstance(on, str) or not on:
         raise TypeError(f"'on' must name the gating channel, got {on!r}")
     targets = _gated_channels(rf, on, channels)
     specs = tuple(GateSpec(channel, on, mode, threshold) for channel in targets)
+    # a copy: the same reward may be used ungated elsewhere
     return dataclasses.replace(rf, gates=rf.gates + specs)
 
 

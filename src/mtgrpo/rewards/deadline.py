@@ -47,8 +47,9 @@ __all__ = [
 DEFAULT_REWARD_TIMEOUT = 60.0
 """Seconds per call: ample for rule rewards (milliseconds to a few seconds per batch),
 short enough that a hung function costs one minute, not the run."""
+# how soon a call that swallowed one RewardTimeout gets the next
 REPEAT_SECONDS = 0.1
-_SIGNAL = signal.SIGUSR2
+_SIGNAL = signal.SIGUSR2  # not SIGALRM: math-verify's and math_reward's own timers use that one
 logger = logging.getLogger(__name__)
 
 
@@ -60,12 +61,13 @@ def check_timeout(value: Any, where: str) -> float | None:
     """``value`` as a time limit in seconds: a positive number, or ``None`` for no limit."""
     if value is None:
         return None
+    # bool is an int: True must not read as one second
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(
             f"{where} must be a positive number of seconds (or None for no limit), got "
             f"{value!r}"
         )
-    return None if math.isinf(value) else float(value)
+    return None if math.isinf(value) else float(value)  # inf is a way of saying no limit
 
 
 def call_with_deadline(fn: Callable[[], Any], seconds: float | None) -> tuple[bool, Any]:
@@ -73,15 +75,19 @@ def call_with_deadline(fn: Callable[[], Any], seconds: float | None) -> tuple[bo
     ``(False, None)``. Exceptions of ``fn`` propagate."""
     if seconds is None:
         return True, fn()
+    # Python runs signal handlers in the main thread only; a program's own SIGUSR2 handler
+    # is never replaced
     if threading.current_thread() is threading.main_thread() and _signal_is_free():
         return _in_main_thread(fn, seconds)
     return _in_helper_thread(fn, seconds)
 
 
 def _signal_is_free() -> bool:
+    # our own handler, left from an earlier call, counts as free
     return signal.getsignal(_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN, _on_signal)
 
 
+# read by the handler: a signal arriving after the call ended must do nothing
 _ARMED: list[bool] = [False]
 
 
@@ -100,11 +106,12 @@ def _in_main_thread(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
     def watchdog(target: int) -> None:
         if finished.wait(seconds):
             return
+        # again and again: a call that swallows one RewardTimeout is hit by the next
         while not finished.is_set():
             signal.pthread_kill(target, _SIGNAL)
             finished.wait(REPEAT_SECONDS)
 
-    signal.signal(_SIGNAL, _on_signal)
+    signal.signal(_SIGNAL, _on_signal)  # left installed afterwards: see _on_signal
     thread = threading.Thread(target=watchdog, args=(threading.get_ident(),),
                               name="mtgrpo-reward-deadline", daemon=True)  # fmt: skip
     started = time.monotonic()
@@ -136,6 +143,7 @@ def _in_helper_thread(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]
         except BaseException as error:  # handed to the caller
             outcome.append((False, error))
 
+    # daemon: an abandoned call must not keep the process alive at exit
     thread = threading.Thread(target=run, name="mtgrpo-reward-call", daemon=True)
     thread.start()
     thread.join(seconds)
@@ -148,7 +156,7 @@ def _in_helper_thread(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]
         return False, None
     ok, value = outcome[0]
     if not ok:
-        raise value
+        raise value  # in the caller's thread, as a main-thread call would raise it
     return True, value
 
 
@@ -162,5 +170,5 @@ async def with_deadline(awaitable: Awaitable[Any], seconds: float | None) -> Any
         return await awaitable
     try:
         return await asyncio.wait_for(awaitable, seconds)
-    except TimeoutError:
+    except TimeoutError:  # asyncio's TimeoutError is the builtin one since Python 3.11
         return TIMED_OUT

@@ -34,6 +34,7 @@ __all__ = [
 PROBE_LIMIT = 64
 """At most this many single-row calls are made to locate the sample a failing function trips on."""
 
+# TRL 1.16 passes these three by name, never as dataset columns
 _RESERVED = ("prompts", "completions", "completion_ids")
 
 
@@ -65,6 +66,7 @@ class RewardBatch:
         n = len(completions)
         sized = {"prompts": prompts, "completion_ids": completion_ids, "tasks": tasks}
         for what, seq in {**sized, **{f"column {k!r}": v for k, v in columns.items()}}.items():
+            # a str has a len() but is one value, not one per completion
             if seq is not None and (isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__")):
                 raise RewardError(
                     f"{what} must be a sequence with one entry per completion, got "
@@ -80,6 +82,7 @@ class RewardBatch:
             raise RewardError(f"task labels must be strings, got {', '.join(bad_tasks[:5])}")
         extra = dict(extra or {})
         clashes = sorted((set(columns) | set(extra)) & set(_RESERVED))
+        # in kwargs() an extra would silently replace the column of the same name
         clashes += sorted(set(columns) & set(extra))
         if clashes:
             raise RewardError(
@@ -131,28 +134,32 @@ class _EventLoopThread:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._pid = -1
+        self._pid = -1  # no real pid: the first _ensure starts the loop
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             # After a fork the loop object is copied but its thread is not: start a new one.
             if self._loop is None or self._pid != os.getpid():
                 loop = asyncio.new_event_loop()
+                # a daemon, like TRL's loop thread: it must not keep the process alive
                 thread = threading.Thread(
                     target=loop.run_forever, name="mtgrpo-reward-loop", daemon=True
                 )
                 thread.start()
                 self._loop, self._thread, self._pid = loop, thread, os.getpid()
+                # stopped at exit as TRL's shutdown_event_loop_in_daemon does
                 atexit.register(loop.call_soon_threadsafe, loop.stop)
             return self._loop
 
     def run(self, awaitables: Sequence[Awaitable[Any]]) -> list[Any]:
         """Await ``awaitables`` concurrently; each result is a value or the exception raised."""
         loop = self._ensure()
+        # waiting here would block the very loop that must run gather(): a deadlock
         if threading.current_thread() is self._thread:
             raise RuntimeError("reward scoring was called from inside an async reward function")
 
         async def gather() -> list[Any]:
+            # one failing function must not cancel the others; each error is reported by name
             return await asyncio.gather(*awaitables, return_exceptions=True)
 
         return asyncio.run_coroutine_threadsafe(gather(), loop).result()
@@ -163,12 +170,14 @@ _LOOP = _EventLoopThread()
 
 def run_awaitables(awaitables: Sequence[Awaitable[Any]]) -> list[Any]:
     """Await concurrently (``asyncio.gather``) on the private loop; exceptions are returned."""
+    # a suite without async functions never starts the loop thread
     return _LOOP.run(awaitables) if awaitables else []
 
 
 def call_once(rf: RewardFunction, kwargs: dict[str, Any]) -> Any:
     """Call ``rf`` and await its result if it is awaitable; exceptions propagate."""
     out = rf.fn(**kwargs)
+    # tested on the result: a plain function or partial may return a coroutine
     if inspect.isawaitable(out):
         (out,) = run_awaitables([out])
         if isinstance(out, BaseException):
@@ -201,6 +210,7 @@ def function_failure(
             "; a reward function is called with every dataset column as a keyword argument "
             "(TRL's contract): add **kwargs to its signature"
         )
+    # bounded: each probe is a full call, and a slow function would be re-run N times
     probed = rows[:PROBE_LIMIT]
     for row in probed:
         try:
@@ -230,13 +240,15 @@ class _BadValueError(Exception):
 def _scalar(value: Any) -> float:
     """One returned reward as a float (NaN for ``None``); raises :class:`_BadValueError`."""
     if value is None:
-        return math.nan
+        return math.nan  # None = not applicable: kept as NaN, never silently 0 (DESIGN.md)
     if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
         value = value.item()
+    # np.bool_ is no numbers.Real, so it needs its own branch
     if isinstance(value, (bool, np.bool_)):
         return float(value)
     if isinstance(value, numbers.Real):
         result = float(value)
+        # NaN already means None, and an inf would poison the group's mean and std
         if not math.isfinite(result):
             raise _BadValueError(
                 f"{result}; rewards must be finite: return None where a reward does not apply"
@@ -264,6 +276,7 @@ def _channel_row(value: Any, channels: tuple[str, ...]) -> list[float]:
         return [math.nan] * len(channels)
     if isinstance(value, Mapping):
         missing = [c for c in channels if c not in value]
+        # a misspelt key must not silently drop a channel
         unknown = [k for k in value if k not in channels]
         if missing or unknown:
             raise _BadValueError(
@@ -290,7 +303,8 @@ def _as_list(output: Any) -> list[Any] | None:
     if isinstance(output, torch.Tensor):
         output = output.detach().cpu().numpy()
     if isinstance(output, np.ndarray):
-        return list(output) if output.ndim >= 1 else None
+        return list(output) if output.ndim >= 1 else None  # 0-d: one value, not one per completion
+    # a str is a Sequence too, of characters, not of rewards
     if isinstance(output, (str, bytes, Mapping)) or not isinstance(output, Sequence):
         return None
     return list(output)
@@ -327,5 +341,5 @@ def coerce_output(
                 function=rf.name,
                 row=row,
                 task=task,
-            ) from None
+            ) from None  # _BadValueError is internal; the RewardError says it all
     return result

@@ -30,9 +30,11 @@ __all__ = ["collect_scoring_errors", "note_scoring_error", "score_each"]
 T = TypeVar("T")
 S = TypeVar("S")
 logger = logging.getLogger(__name__)
+# a verifier failing on every sample must not flood the log; counts go on
 _WARNINGS_PER_FUNCTION = 3
+# per thread and per async task: concurrent calls cannot mix their rows
 _FAILED_ROWS: ContextVar[list[int] | None] = ContextVar("mtgrpo_failed_rows", default=None)
-_warned: dict[str, int] = {}
+_warned: dict[str, int] = {}  # process-wide, so the warning cap spans calls
 
 
 def score_each(
@@ -50,8 +52,11 @@ def score_each(
     for row, item in enumerate(items):
         try:
             scores.append(score(item))
+        # configuration errors must stop the run, not score 0
         except passthrough:
             raise
+        # model output is hostile input: one text must not stop training. Exception only, so
+        # RewardTimeout and KeyboardInterrupt still end the call
         except Exception as error:
             note_scoring_error(function, row, error)
             scores.append(fallback)
@@ -61,13 +66,14 @@ def score_each(
 def note_scoring_error(function: str, row: int, error: BaseException) -> None:
     """Count that scoring row ``row`` of the current call failed with ``error``."""
     rows = _FAILED_ROWS.get()
-    if rows is not None:
+    if rows is not None:  # None outside collect_scoring_errors: nobody is counting
         rows.append(row)
     seen = _warned.get(function, 0)
     if seen < _WARNINGS_PER_FUNCTION:
         _warned[function] = seen + 1
         logger.warning(
             "%s raised %s on a completion (row %d of the call); it scores 0 and is counted in "
+            # [:300]: an error may quote a whole hostile completion
             "rewards/<name>/errors%s", function, f"{type(error).__name__}: {error}"[:300], row,
             " (further errors of this function are counted silently)"
             if seen + 1 == _WARNINGS_PER_FUNCTION else "",

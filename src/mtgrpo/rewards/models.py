@@ -48,15 +48,16 @@ class RewardModel:
             source = getattr(model, "name_or_path", "") or type(model).__name__
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token is None:
+        if tokenizer.pad_token is None:  # as TRL 1.16 does for a reward model's tokenizer
             tokenizer.pad_token = tokenizer.eos_token
-        # The score is read at the last token before the first pad token, so the model must
+        # The score is read at the last token that is not the pad token, so the model must
         # know the tokenizer's pad id (TRL sets it the same way).
         model.config.pad_token_id = tokenizer.pad_token_id
-        self.model = model.eval().requires_grad_(False)
+        self.model = model.eval().requires_grad_(False)  # scoring only: no dropout, no gradients
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_length = max_length
+        # TRL 1.16 names a reward model by the last part of its model id
         self.__name__ = name or Path(source.rstrip("/")).name or "reward_model"
 
     def _text(self, prompt: Any, completion: Any) -> str:
@@ -65,6 +66,7 @@ class RewardModel:
                 {"role": "assistant", "content": str(completion)}
             ]
             return self.tokenizer.apply_chat_template(list(prompt) + list(reply), tokenize=False)
+        # TRL's plain-text form: prompt + completion
         return str(prompt) + (completion[-1]["content"] if _is_chat(completion) else completion)
 
     @torch.no_grad()
@@ -74,16 +76,20 @@ class RewardModel:
         device = next(self.model.parameters()).device
         scores: list[float] = []
         side = self.tokenizer.truncation_side
+        # an over-long input keeps its end, the completion being scored
         self.tokenizer.truncation_side = "left"
         try:
             for start in range(0, len(texts), self.batch_size):
+                # add_special_tokens=False as in TRL 1.16: a chat template has already written them
                 enc = self.tokenizer(
                     texts[start : start + self.batch_size], padding=True, return_tensors="pt",
                     truncation=self.max_length is not None, max_length=self.max_length,
                     add_special_tokens=False,
                 ).to(device)
                 logits = self.model(**enc).logits  # [b, num_labels]
+                # column 0: TRL 1.16 loads reward models with num_labels=1
                 scores.extend(logits[:, 0].float().tolist())
         finally:
+            # a tokenizer passed in may serve others: leave it as found
             self.tokenizer.truncation_side = side
         return scores

@@ -45,6 +45,7 @@ for _name, _target in {
     REWARD_FUNCTIONS.add(_name, _target)
 
 
+# 'org/name': TRL 1.16 loads a reward_funcs string as a hub reward model
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -57,9 +58,9 @@ def _is_factory(fn: Any) -> bool:
         return False
     try:
         parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # some builtins have no signature: read as a reward function
         return False
-    return "completions" not in parameters
+    return "completions" not in parameters  # TRL calls every reward function with completions=
 
 
 def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
@@ -78,6 +79,8 @@ def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
             return fn(**options)
         except TypeError as exc:
             raise ValueError(f"reward {name!r}: {exc}; its options: {valid}") from None
+    # the built-ins' settings (use_all_numbers, limits, ...) are keyword-only with defaults;
+    # anything else a reward function takes comes from the data
     settings = [p.name for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
                 and p.default is not inspect.Parameter.empty]
     unknown = sorted(set(options) - set(settings))
@@ -97,6 +100,7 @@ def _from_mapping(spec: Mapping[str, Any], **model_options: Any) -> Any:
     if "reward_model" in options:
         from mtgrpo.rewards.models import RewardModel
 
+        # the entry's own options win over the trainer's tokenizer and trust_remote_code
         return RewardModel(options.pop("reward_model"), **{**model_options, **options})
     name = options.pop("name")
     return _with_options(resolve_reward(name), str(name), options)
@@ -156,6 +160,7 @@ def resolve_reward(spec: Any, *, tokenizer: Any = None, trust_remote_code: bool 
         return RewardModel(spec, **model_options)
     if _is_sequence_classifier(spec):
         return RewardModel(spec, **model_options)
+    # a new wrapper for reward_processing_classes: the user's object is left as it is
     if isinstance(spec, RewardModel) and tokenizer is not None:
         return RewardModel(spec.model, tokenizer, batch_size=spec.batch_size,
                            max_length=spec.max_length, name=spec.__name__)

@@ -78,8 +78,10 @@ __all__ = [
     "syntax_reward",
 ]
 
+# ready-made functions only: the factories need their settings first
 VERIFIERS: Registry[Callable[..., list[float | None]]] = Registry("built-in verifier")
 VERIFIERS.add("format", format_reward, aliases=("format_reward",))
 VERIFIERS.add("countdown", countdown_reward, aliases=("countdown_reward",))
+# 'accuracy': TRL 1.16's math-verify reward is called accuracy_reward
 VERIFIERS.add("math", math_reward, aliases=("math_reward", "accuracy"))
 VERIFIERS.add("code", code_reward, aliases=("code_reward",))

@@ -17,6 +17,7 @@ __all__ = ["column", "completion_texts", "optional_column"]
 
 def completion_texts(function: str, completions: Any) -> list[str]:
     """The text of every completion (strings or conversational message lists)."""
+    # a lone str is a Sequence too, of characters, not of completions
     if isinstance(completions, (str, bytes)) or not isinstance(completions, Sequence):
         raise TypeError(
             f"{function}: completions must be a list (one completion per row), got "

@@ -36,18 +36,21 @@ from mtgrpo.rewards.verifiers.math import (
 )
 
 GRACE_SECONDS = 1.0
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>; the stdlib has no prctl, hence ctypes
+# neither 0 nor Python's 1 for an uncaught error: a crash never reads as equal
 EQUAL, NOT_EQUAL = 10, 11
 
 
 def _die_with_parent(parent: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # the parent died before prctl took effect: no signal will come
     if os.getppid() != parent:
         os._exit(1)
 
 
 def serve(parent: int, max_children: int) -> None:
     _die_with_parent(parent)
+    # a hostile answer must not let sympy take the machine's memory
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     _warm_up()  # import math-verify and build its parsers before announcing readiness
     _reply(b"ready")
@@ -60,12 +63,14 @@ def serve(parent: int, max_children: int) -> None:
             request = waiting.popleft()
             pid = os.fork()
             if pid == 0:
-                _child(request, server)
+                _child(request, server)  # never returns: it ends in os._exit
             running[pid] = (str(request["id"]), time.monotonic() + request["timeout"]
                             + GRACE_SECONDS)  # fmt: skip
         if open_input:
+            # poll while children run (they must be reaped), else block on stdin
             ready, _, _ = select.select([0], [], [], 0.01 if running else None)
             if ready:
+                # os.read, not sys.stdin: no buffer hiding lines that select() cannot see
                 chunk = os.read(0, 1 << 16)
                 if not chunk:
                     open_input = False
@@ -76,7 +81,7 @@ def serve(parent: int, max_children: int) -> None:
                 for line in lines:
                     waiting.append(_request(line))
         else:
-            waiting.clear()
+            waiting.clear()  # nobody is left to read the answers
             time.sleep(0.01)
         _reap(running, open_input)
 
@@ -87,6 +92,7 @@ def _request(line: bytes) -> dict:
         return {"id": str(request["id"]), "gold": str(request["gold"]),
                 "answer": str(request["answer"]), "timeout": float(request["timeout"])}  # fmt: skip
     except (ValueError, KeyError, TypeError):
+        # a malformed line must not crash the server that answers the whole batch
         return {"id": "?", "gold": "", "answer": "", "timeout": 0.0}
 
 
@@ -98,15 +104,16 @@ def _child(request: dict, server: int) -> None:
                             request["timeout"])  # fmt: skip
     except (_Deadline, Exception):  # a check that cannot complete is a wrong answer
         ok = False
-    except BaseException:
+    except BaseException:  # whatever happened, the child must reach os._exit
         ok = False
+    # _exit: no atexit handlers or buffers inherited from the server run twice
     os._exit(EQUAL if ok else NOT_EQUAL)
 
 
 def _reap(running: dict[int, tuple[str, float]], answer: bool) -> None:
     now = time.monotonic()
     for pid, (_, kill_at) in list(running.items()):
-        if now > kill_at:
+        if now > kill_at:  # stuck in C code, where the signal timer cannot reach it
             os.kill(pid, signal.SIGKILL)
     while running:
         try:
@@ -116,7 +123,7 @@ def _reap(running: dict[int, tuple[str, float]], answer: bool) -> None:
         if pid == 0:
             return
         entry = running.pop(pid, None)
-        if entry is not None and answer:
+        if entry is not None and answer:  # after end of stdin no one reads replies
             code = os.waitstatus_to_exitcode(status)
             _reply(f"{entry[0]} {1 if code == EQUAL else 0}".encode())
 

@@ -87,6 +87,8 @@ def completion_text(completion: Any) -> str:
     texts = [
         _content_text(message.get("content"))
         for message in completion
+        # the model's own turns only: a tool's or user's text in a multi-turn completion must
+        # not earn the policy a reward
         if isinstance(message, dict) and message.get("role", "assistant") == "assistant"
     ]
     return "".join(texts)
@@ -96,6 +98,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
+        # multimodal parts: only text carries an answer
         parts = [part.get("text") for part in content if isinstance(part, dict)]
         return "".join(part for part in parts if isinstance(part, str))
     return ""
@@ -111,7 +114,7 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         return None
     opening, closing = f"<{tag}>", f"</{tag}>"
-    end = text.rfind(closing)
+    end = text.rfind(closing)  # the last pair: a final answer wins over drafts before it
     if end < 0:
         return None
     start = text.rfind(opening, 0, end)
@@ -138,6 +141,7 @@ def extract_boxed(text: str) -> str | None:
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         return None
     end = len(text)
+    # at most 16 tries, however many \boxed the text holds
     for _ in range(MAX_BOXED_CANDIDATES):
         position = text.rfind(_BOXED, 0, end)
         if position < 0:
@@ -156,6 +160,7 @@ def _balanced_content(text: str, start: int, end: int) -> str | None:
     if start >= end or text[start] != "{":
         return None
     depth = 0
+    # + 2: the two braces around MAX_BOXED_CHARS of content
     for brace in _BRACES.finditer(text, start, min(end, start + MAX_BOXED_CHARS + 2)):
         depth += 1 if brace.group() == "{" else -1
         if depth == 0:
@@ -182,6 +187,7 @@ def extract_last_number(text: str) -> str | None:
     match = _REVERSED_NUMBER.match(text[last::-1])
     if match is None or len(match.group()) > MAX_NUMBER_CHARS:
         return None
+    # '1,250' and '1250' are one answer
     return match.group()[::-1].replace(",", "")
 
 
@@ -199,6 +205,7 @@ def extract_answer(text: Any, style: str | Sequence[str] = "tag") -> str | None:
     '42'
     """
     styles = (style,) if isinstance(style, str) else tuple(style)
+    # looked up before the text: an unknown style fails even on an empty completion
     extractors = [ANSWER_STYLES.get(name) for name in styles]
     content = completion_text(text)
     for extractor in extractors:

@@ -65,8 +65,8 @@ __all__ = [
 ]
 
 MAX_CODE_CHARS = 50_000
-MAX_FENCES = 10_000
-SYNTAX_ERROR_REWARD = 0.3
+MAX_FENCES = 10_000  # bounds the scan of a text made of nothing but fences
+SYNTAX_ERROR_REWARD = 0.3  # seed 002's score for code that does not compile
 _PYTHON_INFO = frozenset({"", "python", "py", "python3", "py3"})
 # A fence line: optional indentation, three backticks, an info string without backticks.
 # No two adjacent parts can match the same character, so a line is matched in linear time.
@@ -88,6 +88,7 @@ def extract_code(text: Any) -> str | None:
         code = _last_fenced_block(text)
     if code is None or len(code) > MAX_CODE_CHARS:
         return None
+    # code indented inside a list item or a tag must still compile
     code = textwrap.dedent(code).strip("\n")
     return code if code.strip() else None
 
@@ -109,8 +110,9 @@ def _last_fenced_block(text: str) -> str | None:
         info = fence.group(1).strip().lower()
         if opening is None:
             opening = fence
-        elif not info:
+        elif not info:  # only a bare fence closes a block (CommonMark's rule)
             if opening.group(1).strip().lower() in _PYTHON_INFO:
+                # + 1 skips the newline that ends the opening fence's line
                 last = text[opening.end() + 1 : fence.start()]
             opening = None
     return last
@@ -126,6 +128,8 @@ def syntax_reward(code: str | None) -> float:
     if code is None:
         return 0.0
     try:
+        # parsed only, nothing of the completion runs here; dont_inherit keeps this module's
+        # __future__ flags out
         compile(code, "<completion>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return SYNTAX_ERROR_REWARD
@@ -166,12 +170,14 @@ def code_reward(
     ]  # fmt: skip
     if any(mode != "syntax" for mode, _ in jobs):
         ensure_sandbox(limits)  # a clear error now, not a zero for every sample
+    # threads suffice: each only waits on its sandbox subprocess
     workers = max_workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [
             pool.submit(_score, text, job, limits, all_or_nothing)
             for text, job in zip(texts, jobs, strict=True)
         ]
+        # results read in this thread: guard counts errors per calling thread
         return [_outcome(row, future) for row, future in enumerate(futures)]
 
 
@@ -180,6 +186,7 @@ def _outcome(row: int, future: Future[float]) -> float:
     :mod:`mtgrpo.rewards.guard`), a sandbox the kernel refuses stops scoring."""
     try:
         return future.result()
+    # a setup problem: scoring every sample 0 would hide it
     except SandboxUnavailableError:
         raise
     except Exception as error:
@@ -205,11 +212,12 @@ def _job(row: int, tests: Any, cases: Any, entry_point: Any) -> tuple[str, Any]:
 
 
 def _io_cases(row: int, cases: Any) -> list[IOCase]:
-    if isinstance(cases, str):
+    if isinstance(cases, str):  # APPS stores input_output as a JSON string
         try:
             cases = json.loads(cases)
         except json.JSONDecodeError as error:
             raise ValueError(f"code_reward: row {row}: test_cases is not JSON ({error})") from None
+    # APPS' layout: parallel lists
     if isinstance(cases, Mapping) and {"inputs", "outputs"} <= set(cases):
         inputs, outputs = cases["inputs"], cases["outputs"]
         if len(inputs) != len(outputs):
@@ -253,5 +261,6 @@ def _score(text: str, job: tuple[str, Any], limits: SandboxLimits, all_or_nothin
     else:
         result = run_python_io(code, payload, limits)
     if all_or_nothing:
+        # all([]) is True: a run with no verdicts must not count as passing
         return 1.0 if result.passed and all(result.passed) else 0.0
     return result.pass_fraction

@@ -56,9 +56,12 @@ __all__ = [
 MAX_EXPRESSION_CHARS = 1_000
 MAX_PAREN_DEPTH = 32
 MAX_LITERAL_DIGITS = 18
+# the atol of reasoning-gym's np.isclose (its rtol is not applied)
 FLOAT_TARGET_TOLERANCE = Fraction(1, 10**6)
 
+# an allow-list, screened before ast.parse ever sees the text
 _ALLOWED_CHARS = frozenset("0123456789+-*/() \t\n\r")
+# no Pow, FloorDiv or Mod: 9**9**9**9 is refused before any arithmetic
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
@@ -116,6 +119,7 @@ def countdown_check(
         return CountdownCheck(True, numbers_ok, None, False, "division by zero")
     if not numbers_ok:
         return CountdownCheck(True, False, value, False, numbers_reason)
+    # Fractions: 8 / 3 * 3 is exactly 8, and no rounding can make a wrong answer right
     correct = abs(value - goal) <= tolerance
     return CountdownCheck(True, True, value, correct, "ok" if correct else "wrong value")
 
@@ -136,6 +140,7 @@ def _given_numbers(numbers: Sequence[int]) -> Counter[int]:
 
 
 def _as_int(number: Any) -> int:
+    # 8.0 is the integer 8; operator.index below refuses 8.5
     if isinstance(number, float) and number.is_integer():
         return int(number)
     if isinstance(number, str):
@@ -149,6 +154,7 @@ def _target(target: int | float) -> tuple[Fraction, Fraction]:
         if not math.isfinite(target):
             raise ValueError(f"countdown target must be finite, got {target!r}")
         return Fraction(target), FLOAT_TARGET_TOLERANCE
+    # bool is an int: True is no target
     if isinstance(target, bool) or not hasattr(target, "__index__"):
         raise ValueError(
             f"countdown target must be an int or a float, got {type(target).__name__}: "
@@ -185,6 +191,7 @@ def _parse(expression: Any) -> tuple[ast.expr, list[int]] | str:
         return "expression is not text"
     if len(expression) > MAX_EXPRESSION_CHARS:
         return f"expression longer than {MAX_EXPRESSION_CHARS} characters"
+    # length checked first: the cap bounds strip()'s work too
     expression = expression.strip()
     if not expression:
         return "empty expression"
@@ -193,6 +200,7 @@ def _parse(expression: Any) -> tuple[ast.expr, list[int]] | str:
         return reason
     try:
         tree = ast.parse(expression, mode="eval").body
+    # defence in depth: the screen already bounds size and nesting
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "syntax error"
     literals: list[int] = []
@@ -200,8 +208,10 @@ def _parse(expression: Any) -> tuple[ast.expr, list[int]] | str:
         if isinstance(node, ast.BinOp):
             if type(node.op) not in _OPERATORS:
                 return f"disallowed syntax: {type(node.op).__name__}"
+        # exactly int: a float or bool constant is refused, never counted as a number
         elif isinstance(node, ast.Constant) and type(node.value) is int:
             literals.append(node.value)
+        # ast.walk also yields the operator nodes (Add, ...) themselves
         elif not isinstance(node, ast.operator):
             return f"disallowed syntax: {type(node).__name__}"
     return tree, literals
@@ -211,6 +221,7 @@ def _numbers_allowed(
     literals: list[int], given: Counter[int], use_all_numbers: bool
 ) -> tuple[bool, str]:
     used = Counter(literals)
+    # Counter subtraction keeps positive counts only: empty means a sub-multiset
     ok = used == given if use_all_numbers else not (used - given)
     if ok:
         return True, "ok"
@@ -234,11 +245,13 @@ def _evaluate(tree: ast.expr) -> Fraction | None:
             values[id(node)] = Fraction(node.value)
         elif not children_done:
             assert isinstance(node, ast.BinOp)
+            # the parent is revisited after both children
             stack.extend([(node, True), (node.right, False), (node.left, False)])
         else:
             assert isinstance(node, ast.BinOp)
             left, right = values.pop(id(node.left)), values.pop(id(node.right))
             symbol = _OPERATORS[type(node.op)]
+            # a wrong answer, not a verifier error: raising would be counted by score_each
             if symbol == "/" and right == 0:
                 return None
             values[id(node)] = _apply(symbol, left, right)
@@ -299,6 +312,7 @@ def countdown_reward(
 
     def score(row: tuple[str, Any, Any]) -> float | None:
         text, goal, given = row
+        # not a Countdown row: not applicable, never 0 (DESIGN.md)
         if goal is None or given is None:
             return None
         expression = _expression(text, require_format)
@@ -323,7 +337,7 @@ def _column_target(target: Any) -> int | float:
     if isinstance(target, str):
         text = target.strip()
         try:
-            return int(text)
+            return int(text)  # int first: '15' stays an exact integer target
         except ValueError:
             pass
         try:
@@ -333,13 +347,14 @@ def _column_target(target: Any) -> int | float:
                 f"countdown_reward: target {target!r:.80} is not a number; the target column "
                 "must hold numbers or numeric strings"
             ) from None
+    # 15.0 is an integer target too, hit exactly
     if isinstance(target, float) and target.is_integer():
         return int(target)
     if isinstance(target, int) and not isinstance(target, bool):
         return target
-    if hasattr(target, "__index__"):
+    if hasattr(target, "__index__"):  # numpy and other integer types
         return operator.index(target)
-    if hasattr(target, "__float__"):
+    if hasattr(target, "__float__"):  # numpy floats
         return float(target)
     raise ValueError(
         f"countdown_reward: target {target!r:.80} is not a number; the target column must hold "

@@ -22,7 +22,7 @@ from mtgrpo.rewards.verifiers.answer import MAX_TEXT_CHARS
 __all__ = ["ThinkAnswer", "format_reward", "parse_think_answer"]
 
 _THINK, _END_THINK = "<think>", "</think>"
-_SEPARATOR = "\n<answer>"
+_SEPARATOR = "\n<answer>"  # one newline between the blocks, as in the tutorial's regex
 _END_ANSWER = "</answer>"
 
 
@@ -47,8 +47,10 @@ def parse_think_answer(text: str) -> ThinkAnswer | None:
     >>> parse_think_answer("<answer>1</answer>") is None
     True
     """
+    # the extraction cap: bounded work on hostile output
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         return None
+    # the tutorial appends <think> to the prompt, so a completion may start inside the block
     body = text[len(_THINK) :] if text.startswith(_THINK) else text
     end_think = body.find(_END_THINK)
     if end_think < 0 or _THINK in body[:end_think]:
@@ -57,7 +59,7 @@ def parse_think_answer(text: str) -> ThinkAnswer | None:
     if not rest.startswith(_SEPARATOR):
         return None
     rest = rest[len(_SEPARATOR) :]
-    if rest.endswith("\n"):
+    if rest.endswith("\n"):  # one trailing newline, as `$` in the tutorial's regex allows
         rest = rest[:-1]
     if not rest.endswith(_END_ANSWER):
         return None

@@ -48,16 +48,20 @@ def length_reward(
     if tolerance is None:
         tolerance = target_length
     for name, value in (("target_length", target_length), ("tolerance", tolerance)):
+        # bool is an int: target_length=True is a config mistake, not 1
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"length_reward: {name} must be a number, got {value!r}")
+        # tolerance divides below; an infinite target would score every completion 0
         if not (math.isfinite(value) and value > 0):
             raise ValueError(
                 f"length_reward: {name} must be a positive finite number, got {value!r}"
             )
 
     def score(length: int) -> float:
+        # r(l) = max(0, 1 - |l - T| / w), the module docstring's triangle
         return max(0.0, 1.0 - abs(length - target_length) / tolerance)
 
+    # named like the factory: the reward's column and metrics take its __name__ (TRL's rule)
     def length_reward(
         prompts: Sequence[Any] | None,
         completions: Sequence[Any],
@@ -67,6 +71,7 @@ def length_reward(
         texts = completion_texts("length_reward", completions)
         if unit == "chars":
             return score_each("length_reward", texts, lambda text: score(len(text)))
+        # a configuration error, raised before scoring, not a 0 per sample
         if completion_ids is None or len(completion_ids) != len(texts):
             got = "none" if completion_ids is None else f"{len(completion_ids)} rows"
             raise ValueError(

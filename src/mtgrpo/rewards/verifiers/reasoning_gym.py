@@ -63,8 +63,8 @@ __all__ = [
     "reasoning_gym_reward",
 ]
 
-AUDITED_VERSION = "0.1.25"
-MAX_SCORED_ANSWER_CHARS = 10_000
+AUDITED_VERSION = "0.1.25"  # the release whose scorers were read; another one warns
+MAX_SCORED_ANSWER_CHARS = 10_000  # upstream scorers run in this process: cap their input
 
 Scorer = Callable[["str | None", dict[str, Any]], float]
 
@@ -124,6 +124,7 @@ def reasoning_gym_reward(
         )
     family = AUDITED_FAMILIES.get(dataset_name)
     order = (styles,) if isinstance(styles, str) else tuple(styles)
+    # an unknown style fails when the reward is built, not at the first batch
     for name in order:
         ANSWER_STYLES.canonical(name)
     scorer = _countdown_score if family.scorer_qualname is None else _upstream_scorer(family)
@@ -146,15 +147,17 @@ def reasoning_gym_reward(
                 answer = None
             return _checked_score(scorer, answer, entry)
 
+        # a bad entry is the dataset's fault: it stops scoring instead of scoring 0
         return score_each(reward.__name__, zip(texts, entries, strict=True), score,
                           passthrough=(EntryError,))  # fmt: skip
 
+    # one column and set of metrics per family: names come from __name__ (TRL's rule)
     reward.__name__ = reward.__qualname__ = f"reasoning_gym_{family.name}"
     return reward
 
 
 def _upstream_scorer(family: AuditedFamily) -> Scorer:
-    import reasoning_gym
+    import reasoning_gym  # only upstream families need it: countdown is scored here
 
     installed = package_metadata.version("reasoning-gym")
     if installed != AUDITED_VERSION:
@@ -164,6 +167,7 @@ def _upstream_scorer(family: AuditedFamily) -> Scorer:
             stacklevel=3,
         )
     scorer = reasoning_gym.get_score_answer_fn(family.name)
+    # a release that moved scoring elsewhere would run unaudited code on model output
     if getattr(scorer, "__qualname__", None) != family.scorer_qualname:
         raise ValueError(
             f"reasoning-gym's scorer for {family.name!r} is {scorer.__qualname__}, not the "
@@ -174,12 +178,14 @@ def _upstream_scorer(family: AuditedFamily) -> Scorer:
 
 def _countdown_score(answer: str | None, entry: dict[str, Any]) -> float:
     """reasoning-gym's countdown score levels, computed by the safe checker."""
+    # CountdownDataset.score_answer's levels: 0.01 by default, 0.05 wrong, 1.0 correct
     if answer is None or not answer.strip():
         return 0.01
     metadata = entry["metadata"]
     check = countdown_check(answer, metadata["numbers"], metadata["target"])
     if check.correct:
         return 1.0
+    # upstream gives 0.01 here too: its parse_expr or float() raises
     if not check.parsed or check.value is None:
         return 0.01
     return 0.05
@@ -201,13 +207,14 @@ def _checked_score(scorer: Scorer, answer: str | None, entry: dict[str, Any]) ->
         value = float(scorer(answer, entry))
     except Exception as error:
         try:
-            scorer(entry.get("answer"), entry)
+            scorer(entry.get("answer"), entry)  # the oracle: a bad entry or a bad answer?
         except Exception:
             raise EntryError(
                 f"the reasoning-gym entry does not fit its scorer ({error!r}); pass the full "
                 f"entry (column 'entry') or 'answer' plus 'metadata'; entry: {entry!r:.200}"
             ) from error
         raise
+    # NaN would read as not applicable, and inf would poison the group's statistics
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
 
