@@ -334,7 +334,7 @@ def _source_from_package(spec: str) -> ModelSource:
             f"model spec {spec!r} needs the package(s) {', '.join(missing)} to read "
             f"{path.name}; install them with `{entry.install}`"
         )
-    return _source_from_path(path, None)
+    return _source_from_path(path, None)  # a file on disk: no hub revision applies
 
 
 def resolve_model_source(
@@ -351,7 +351,7 @@ def resolve_model_source(
     if _is_packaged_spec(spec):
         return _source_from_package(spec)
     if isinstance(spec, (str, PathLike)):
-        if not str(spec).strip():
+        if not str(spec).strip():  # Path('') is '.', the working directory: refuse it
             raise ValueError("model spec is an empty string; pass a path or a hub repo id")
         return _source_from_path(spec, revision)
     raise TypeError(
@@ -503,6 +503,7 @@ def _prepare_loaded_model(
 ) -> PreTrainedModel:
     target = _resolve_device(device)
     if dtype is not None:
+        # for_training only picks the default, and dtype is given
         torch_dtype = _resolve_dtype(dtype, for_training=True)
         # "auto" means the checkpoint's dtype, and a loaded model has no checkpoint
         if torch_dtype == "auto":

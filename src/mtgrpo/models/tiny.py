@@ -146,6 +146,7 @@ def _qwen2_config(
 
     # Qwen2 carries biases on the q/k/v projections; the class sets that itself.
     return Qwen2Config(
+        # full attention, as Qwen2.5's own configs set it
         use_sliding_window=False, **_common_config_fields(shape, vocab_size, token_ids)
     )
 
@@ -211,7 +212,7 @@ def build_tiny_tokenizer(
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         model_max_length=model_max_length,
-        padding_side="left",
+        padding_side="left",  # TRL 1.16 pads prompts on the left for generation
         # decode(encode(text)) == text: rewards read the exact completion
         clean_up_tokenization_spaces=False,
     )
@@ -270,6 +271,7 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # generate() stops at either token, as Qwen2.5-Instruct's generation_config lists both
     model.generation_config = GenerationConfig(**token_ids)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -339,7 +341,7 @@ def write_tiny_gguf(model_dir: str | Path, out_file: str | Path | None = None) -
     _write_gguf_metadata(writer, config, tokenizer)
     for name, tensor in _gguf_tensors(model, arch):
         writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
+    writer.write_header_to_file()  # gguf's writer refuses any other order
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
@@ -353,6 +355,7 @@ def _write_gguf_metadata(writer: Any, config: Any, tokenizer: PreTrainedTokenize
     # transformers 5 keeps rope_theta in rope_parameters; 10000 is Llama's default
     rope_theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
     writer.add_name("mtgrpo-tiny")
+    # unquantised: the file loads back to the same logits
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -360,7 +363,7 @@ def _write_gguf_metadata(writer: Any, config: Any, tokenizer: PreTrainedTokenize
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(head_dim)  # rotary over the whole head
     writer.add_rope_freq_base(float(rope_theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -400,7 +403,7 @@ def _gguf_tensors(model: Any, arch: Any) -> list[tuple[str, Any]]:
         base, suffix = hf_name.rsplit(".", 1)
         gguf_name = name_map.get_name(base)
         assert gguf_name is not None, f"no GGUF name for tensor {hf_name}"
-        array = tensor.detach().to("cpu").float().numpy()
+        array = tensor.detach().to("cpu").float().numpy()  # float32, as ALL_F32 declares
         # Qwen2 GGUF files keep transformers' rotary layout; only Llama is permuted
         if arch == gguf.MODEL_ARCH.LLAMA and base.endswith("q_proj") and suffix == "weight":
             array = _permute_for_llama_cpp(array, config.num_attention_heads)
