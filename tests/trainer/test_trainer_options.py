@@ -79,6 +79,17 @@ def test_reward_model_mixed_with_a_rule(tiny_model_dir, tmp_path):
     assert record["rewards/rm/std"] > 0  # the model scores different completions differently
 
 
+def test_a_reward_model_path_loads_with_one_score_column_as_trl_does(tiny_model_dir):
+    """A language model's checkpoint (no trained score head) named as a reward model gets a
+    head of one column (TRL 1.16 passes num_labels=1), so its score is that column, not the
+    first of transformers' default two."""
+    from mtgrpo.rewards.models import RewardModel
+
+    reward = RewardModel(str(tiny_model_dir))
+    assert reward.model.config.num_labels == 1
+    assert reward.model.score.out_features == 1
+
+
 STRATEGIES = [
     ("uniform", {}, "iid", {}),
     ("fixed", {"weights": [0.7, 0.3]}, "dynamic", {"max_resample_rounds": 1}),

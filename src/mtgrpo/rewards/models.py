@@ -40,8 +40,10 @@ class RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if isinstance(model_or_path, str | Path):
+            # one score per completion, as TRL 1.16 loads reward models: a checkpoint without a
+            # trained head gets one new column, not transformers' default of two
             model = AutoModelForSequenceClassification.from_pretrained(
-                str(model_or_path), trust_remote_code=trust_remote_code)
+                str(model_or_path), num_labels=1, trust_remote_code=trust_remote_code)
             source = str(model_or_path)
         else:
             model = model_or_path
