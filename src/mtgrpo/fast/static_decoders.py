@@ -459,7 +459,9 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         (where every part is copyable and all or none have a bias), with each part's entry in
         ``_transposed`` a column view of it: a decode step then makes one product for the
         query, key and value and one for the gate and up projections, instead of five (fewer,
-        larger products and fewer dispatches; the per-part views serve the prefill)."""
+        larger products and fewer dispatches; the per-part views serve the prefill). A LoRA
+        layer's part keeps its own merged weight for the prefill, so those five projections
+        of a LoRA policy are held twice while the call runs."""
         backbone = self.lm.model
         for layer in backbone.layers[: backbone.config.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp
