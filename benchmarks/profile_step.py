@@ -7,7 +7,10 @@ on a workload of ``benchmarks/step_time_vs_trl.py``, phase by phase.
 
 The step-time benchmark says how long each trainer's phases take; this says why. Each trainer
 (``--trainers``: ``ours``, our trainer at its defaults; ``ours-padded``, ours with
-``padding_free`` off; ``trl``, TRL 1.16 at its fastest setting, as the step-time benchmark
+``padding_free`` off; ``ours-fp32``, ours with ``bf16`` off (float32 throughout, as TRL runs
+when the workload's weights are float32: the matched row for operator counts, where ``ours``
+may run bf16 autocast and a bfloat16 generation replica on a CPU with ``avx512_bf16``);
+``trl``, TRL 1.16 at its fastest setting, as the step-time benchmark
 builds them, from one model built under the same seed) runs ``--warmup`` steps unprofiled (CUDA
 graph capture, allocator growth, the optimizer's state), then one step under the profiler (host
 activity and, on CUDA, the device's). Each phase is marked with ``record_function``: ours
@@ -61,7 +64,8 @@ def _load_step_time() -> Any:
 
 bench = _load_step_time()
 
-TRAINERS = ("ours", "ours-padded", "trl")
+TRAINERS = ("ours", "ours-padded", "trl", "ours-fp32")
+DEFAULT_TRAINERS = ("ours", "ours-padded", "trl")
 PHASES = ("generate+score", "update")
 # Host-side calls that wait for the device.
 SYNC_EVENTS = frozenset({"aten::_local_scalar_dense", "cudaStreamSynchronize",
@@ -261,12 +265,15 @@ def _profiled_step(run_step: Callable[[], None], device: torch.device, config: P
 
 def profile_ours(base: torch.nn.Module, tokenizer: Any, rows: list[dict[str, str]],
                  config: ProfileConfig, device: torch.device, tmp: Path, *,
-                 padded: bool) -> Profiled:
+                 name: str) -> Profiled:
     bench_config = replace(config.bench, steps=config.warmup + 1)
-    name = "ours-padded" if padded else "ours"
+    padded = name == "ours-padded"
     trainer = bench.build_ours(copy.deepcopy(base), tokenizer, rows, bench_config, tmp / name,
-                               padding_free=not padded)
+                               padding_free=not padded,
+                               bf16=False if name == "ours-fp32" else None)
     record = trainer.run_record()
+    if name == "ours-fp32" and record.get("precision/bf16"):
+        raise RuntimeError("ours-fp32: the trainer resolved bf16 on; nothing matched to profile")
     if bool(record.get("policy/padding_free")) == padded:
         raise RuntimeError(f"{name}: the trainer's update is "
                            f"{'padding-free' if record.get('policy/padding_free') else 'padded'}"
@@ -342,7 +349,7 @@ def run_profile(config: ProfileConfig) -> list[Profiled]:
                 results.append(profile_trl(base, tokenizer, rows, config, device, Path(tmp)))
             else:
                 results.append(profile_ours(base, tokenizer, rows, config, device, Path(tmp),
-                                            padded=name == "ours-padded"))
+                                            name=name))
     return results
 
 
@@ -398,7 +405,7 @@ def _parser() -> argparse.ArgumentParser:
         description="torch.profiler over one training step of mtgrpo and of TRL.")
     parser.add_argument("--workload", default="cpu-tiny",
                         help=f"one of: {', '.join(bench.WORKLOADS.names())}")
-    parser.add_argument("--trainers", default=",".join(TRAINERS),
+    parser.add_argument("--trainers", default=",".join(DEFAULT_TRAINERS),
                         help=f"comma-separated, from: {', '.join(TRAINERS)}")
     parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
     parser.add_argument("--rows", type=int, default=25, help="operators per top table")

@@ -103,6 +103,28 @@ def test_packed_forward_equals_the_padded_forward(family: str, attn: str) -> Non
     assert bool((packed[0][mask[:, PROMPT:] == 1] != 0).all())
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_fused_projections_equal_the_padded_forward(
+    family: str, attn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mtgrpo.fast import packed as packed_module
+
+    model = tiny(family, attn)  # no hooks: the layers' projections may run fused
+    calls: list[int] = []
+    original = packed_module._fused_attention_states
+    monkeypatch.setattr(packed_module, "_fused_attention_states",
+                        lambda *a: calls.append(1) or original(*a))
+    input_ids, mask = batch()
+    padded = scores_and_grads(model, input_ids, mask, pack=False)
+    packed = scores_and_grads(model, input_ids, mask, pack=True)
+    assert_same(packed, padded)
+    # one product for q | k | v per layer (Qwen2's biases concatenated too); Qwen3's
+    # per-head q/k norms sit between the projections and the rotary: projections one by one
+    layers = model.config.num_hidden_layers
+    assert len(calls) == (0 if family == "qwen3" else layers)
+
+
 @pytest.mark.parametrize("kv_heads", [1, 4])  # multi-query; one key/value head per query head
 def test_packed_forward_equals_the_padded_forward_for_other_head_groupings(kv_heads: int) -> None:
     model = tiny("llama", kv_heads=kv_heads)

@@ -306,15 +306,28 @@ def test_decode_with_transposed_weights_equals_the_module_calls(
     # the last layer's MLP output feeds only the logits, not the prefilled keys and values
     down = lm.model.layers[-1].mlp.down_proj
     down = getattr(down, "base_layer", down)  # the weight under a LoRA layer
+    fused_steps: list[int] = []
+    original_fused = decoder._decode_fused
+    monkeypatch.setattr(decoder, "_decode_fused",
+                        lambda *a: fused_steps.append(1) or original_fused(*a))
     with decoder.transposed_weights():
         transposed = _one_decode_step(lm, decoder)
         copied, blocks = set(decoder._transposed), decoder._head_blocks
+        fused = dict(decoder._fused)
         with torch.no_grad():  # the step reads the copies taken on entry, not the modules
             down.weight.mul_(-1.0)
         frozen = _one_decode_step(lm, decoder)
         with torch.no_grad():
             down.weight.mul_(-1.0)
     assert decoder._transposed == {}  # dropped on exit
+    assert decoder._fused == {}
+    # one [in, q+k+v] and one [in, gate+up] copy per layer, and the decode steps used them
+    attn, mlp = lm.model.layers[0].self_attn, lm.model.layers[0].mlp
+    assert len(fused) == 2 * lm.config.num_hidden_layers
+    heads, kv_heads = lm.config.num_attention_heads, lm.config.num_key_value_heads
+    assert fused[attn][0].shape == (lm.config.hidden_size, (heads + 2 * kv_heads) * attn.head_dim)
+    assert fused[mlp][0].shape == (lm.config.hidden_size, 2 * lm.config.intermediate_size)
+    assert len(fused_steps) == 2  # both decode steps under the copies took the fused path
     assert decoder._head_blocks == ()
     # x @ W.T from the module against x @ (W.T copied), and the head in row blocks: other
     # matmul kernels, float32 rounding through every layer of hidden states near 1 (logits

@@ -28,6 +28,7 @@ __all__ = [
     "llama_backbone_mismatch",
     "llama_family_mismatch",
     "llama_functions",
+    "rotate_half_function",
 ]
 
 # Attention implementations whose mask is an additive [n, 1, q, k] tensor we can prepare
@@ -104,6 +105,13 @@ def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., An
         backbone.config._attn_implementation, modeling.eager_attention_forward
     )
     return modeling.apply_rotary_pos_emb, attention
+
+
+def rotate_half_function(backbone: Any) -> Callable[[Any], Any]:
+    """The family's ``rotate_half`` (what its ``apply_rotary_pos_emb`` applies to query and
+    key: ``x * cos + rotate_half(x) * sin``)."""
+    modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[_own_class(backbone).__name__]])
+    return modeling.rotate_half
 
 
 def attention_inputs(

@@ -33,6 +33,11 @@ model's own (on the CPU, ``sdpa`` is called with ``enable_gqa`` rather than thro
 transformers' wrapper, which copies the key/value heads when a mask is given, and in float32
 when the states are in half precision), and the outputs of real queries are gathered back
 into packed order.
+Where a layer's projections are plain ``nn.Linear`` modules (no LoRA layer, hook or per-head
+q/k norm: :func:`_fusable`), the query, key and value come from one product by their
+concatenated weights and get the rotary embedding together (value heads with tables 1 and 0),
+and the MLP's gate and up are one product: the same arithmetic with fewer operators forward
+and backward (per layer and micro-batch of the profile's workload, about 40 fewer).
 Autograd sums every row's gradient into its shared prompt tokens, as in the shared-prompt
 forward of :mod:`mtgrpo.fast.shared_prompts`, so log-probabilities, entropies and gradients equal
 those of the model's padded forward up to float rounding (tests check them against it).
@@ -67,6 +72,7 @@ from mtgrpo.fast.llama_family import (
     attention_inputs,
     llama_backbone_mismatch,
     llama_functions,
+    rotate_half_function,
 )
 
 __all__ = [
@@ -334,8 +340,13 @@ def packed_states(
     sdpa = backbone.config._attn_implementation == "sdpa"
     if sdpa and hidden.device.type == "cpu" and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
+    layers = backbone.layers[: backbone.config.num_hidden_layers]
+    fused = project is None and mlp is None and keys_values is None and all(
+        _fusable(layer) for layer in layers)
     shared = _LayerInputs(
         layout=layout, cos_sin=(cos[0], sin[0]), rotary=rotary, attention=attention,
+        rotate_half=rotate_half_function(backbone) if fused else None,
+        tables=_head_tables(cos[0], sin[0], layers[0].self_attn) if fused else None,
         masks=[g.mask if sdpa else _additive(g.mask, hidden.dtype) for g in layout.groups],
         # One gather per layer for all groups (and one gradient scatter in the backward,
         # where a gather per group would sum a full-size gradient per group).
@@ -343,7 +354,7 @@ def packed_states(
         upcast=attention is _sdpa_with_grouped_heads,
         project=project, mlp=mlp, keys_values=keys_values,
     )
-    for layer in backbone.layers[: backbone.config.num_hidden_layers]:
+    for layer in layers:
         run = functools.partial(_decoder_layer, layer, shared)
         # Gradient checkpointing as the model's own forward does it (transformers'
         # GradientCheckpointingLayer): the layer's checkpoint function, set by
@@ -364,6 +375,10 @@ class _LayerInputs:
     layout: PackedLayout
     cos_sin: tuple[Tensor, Tensor]
     rotary: Callable[..., tuple[Tensor, Tensor]]
+    # fused projections (:func:`_fusable` layers): the family's rotate_half and the rotary
+    # tables per head of the fused query | key | value states (:func:`_head_tables`)
+    rotate_half: Callable[[Tensor], Tensor] | None
+    tables: tuple[Tensor, Tensor] | None
     attention: Callable[..., tuple[Tensor, Any]]
     masks: list[Tensor]
     key_sizes: list[int]
@@ -379,13 +394,19 @@ _HALF = (torch.bfloat16, torch.float16)
 def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Tensor:
     """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [M, H]`` in and out."""
     layout, project, attn = shared.layout, shared.project, layer.self_attn
-    query, key, value = attention_inputs(  # [M, heads, d]; [M, kv_heads, d]
-        attn, layer.input_layernorm(hidden), shared.cos_sin, shared.rotary, project,
-        heads_first=False,
-    )
-    if shared.keys_values is not None:
-        shared.keys_values.append((key, value))
-    states = torch.cat([query, key, value], 1)  # [M, heads + 2 kv_heads, d]
+    heads_of = attn.config.num_attention_heads, attn.config.num_key_value_heads
+    heads = [heads_of[0], heads_of[1], heads_of[1]]
+    if shared.tables is not None and shared.rotate_half is not None:
+        states = _fused_attention_states(attn, layer.input_layernorm(hidden), shared.tables,
+                                         shared.rotate_half)
+    else:
+        query, key, value = attention_inputs(  # [M, heads, d]; [M, kv_heads, d]
+            attn, layer.input_layernorm(hidden), shared.cos_sin, shared.rotary, project,
+            heads_first=False,
+        )
+        if shared.keys_values is not None:
+            shared.keys_values.append((key, value))
+        states = torch.cat([query, key, value], 1)  # [M, heads + 2 kv_heads, d]
     dtype = states.dtype
     if shared.upcast and dtype in _HALF:
         # torch's CPU flash-attention backward runs 4x slower in bfloat16 than in float32
@@ -395,7 +416,6 @@ def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Te
         states = states.float()
     gathered = _gather(states, 0, layout.key_slots)  # [sum of S * Lk, heads + 2 kv_heads, d]
     parts = gathered.split(shared.key_sizes) if len(shared.key_sizes) > 1 else (gathered,)
-    heads = [query.shape[1], key.shape[1], value.shape[1]]
     outputs = [_group_attention(attn, shared.attention, group, mask, part, heads)
                for group, mask, part in zip(layout.groups, shared.masks, parts, strict=True)]
     output = _gather(torch.cat(outputs) if len(outputs) > 1 else outputs[0], 0, layout.order)
@@ -403,7 +423,74 @@ def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Te
         output = output.to(dtype)  # [M, heads * d]
     hidden = hidden + (attn.o_proj(output) if project is None else project(attn.o_proj, output))
     normed = layer.post_attention_layernorm(hidden)
+    if shared.tables is not None:
+        return hidden + _fused_mlp(layer.mlp, normed)
     return hidden + (layer.mlp(normed) if shared.mlp is None else shared.mlp(layer.mlp, normed))
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """A ``torch.nn.Linear`` itself (no subclass, peft layer or hook)."""
+    return (type(module) is nn.Linear and not module._forward_hooks
+            and not module._forward_pre_hooks and not hasattr(module, "_hf_hook"))
+
+
+def _fusable(layer: nn.Module) -> bool:
+    """Whether a layer's query, key and value projections (and its MLP's gate and up) can run
+    as one product each (:func:`_fused_attention_states`, :func:`_fused_mlp`): plain
+    ``nn.Linear`` modules, biases all or none, no per-head q/k norms, the family's gated MLP."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+    gate_up = (getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None))
+    return (
+        getattr(attn, "q_norm", None) is None
+        and all(_plain_linear(m) for m in qkv) and len({m.bias is None for m in qkv}) == 1
+        and type(mlp).__name__.endswith("MLP") and callable(getattr(mlp, "act_fn", None))
+        and not mlp._forward_hooks and not mlp._forward_pre_hooks
+        and all(m is not None and _plain_linear(m) for m in gate_up)
+        and _plain_linear(mlp.down_proj)
+        and len({m.bias is None for m in gate_up}) == 1
+        and gate_up[0].weight.shape == gate_up[1].weight.shape
+    )
+
+
+def _head_tables(cos: Tensor, sin: Tensor, attn: nn.Module) -> tuple[Tensor, Tensor]:
+    """The rotary tables ``[M, heads + 2 kv_heads, d]`` for fused query | key | value states:
+    ``cos, sin [M, d]`` on every query and key head, 1 and 0 on the value heads (which the
+    rotary embedding leaves as they are: ``v * 1 + rotate_half(v) * 0 == v``). Built once per
+    forward for all layers."""
+    rotated = attn.config.num_attention_heads + attn.config.num_key_value_heads
+    values = attn.config.num_key_value_heads
+    count, dim = cos.shape
+    return (
+        torch.cat([cos[:, None].expand(count, rotated, dim), cos.new_ones(count, values, dim)], 1),
+        torch.cat([sin[:, None].expand(count, rotated, dim), sin.new_zeros(count, values, dim)], 1),
+    )
+
+
+def _fused_attention_states(attn: nn.Module, normed: Tensor, tables: tuple[Tensor, Tensor],
+                            rotate_half: Callable[[Tensor], Tensor]) -> Tensor:
+    """Query, key and value heads ``[M, heads + 2 kv_heads, d]`` from one product by the
+    concatenated projection weights, the rotary embedding applied to all heads at once
+    (the family's ``x * cos + rotate_half(x) * sin``; the value heads' tables are 1 and 0).
+    The same numbers as three projections, the family's rotary function and a concatenation
+    of the heads, up to the product's float rounding; fewer operators forward and backward."""
+    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+    weight = torch.cat([part.weight for part in parts])
+    bias = None if parts[0].bias is None else torch.cat([part.bias for part in parts])
+    states = torch.nn.functional.linear(normed, weight, bias).view(normed.shape[0], -1,
+                                                                   attn.head_dim)
+    cos, sin = tables
+    return (states * cos) + (rotate_half(states) * sin)
+
+
+def _fused_mlp(mlp: nn.Module, normed: Tensor) -> Tensor:
+    """``down(act(gate(x)) * up(x))`` with gate and up as one product by their concatenated
+    weights (:func:`_fusable`)."""
+    weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias,
+                                                              mlp.up_proj.bias])
+    gate, up = torch.nn.functional.linear(normed, weight, bias).chunk(2, dim=-1)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _group_attention(

@@ -56,6 +56,7 @@ from mtgrpo.fast.llama_family import (
     attention_inputs,
     llama_family_mismatch,
     llama_functions,
+    rotate_half_function,
 )
 from mtgrpo.fast.packed import packed_layout, packed_mismatch, packed_states
 from mtgrpo.fast.shared_prompts import distinct_prompts
@@ -399,7 +400,10 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         self._sdpa = lm.config._attn_implementation == "sdpa" and sdpa_packs_one_token_queries()
         self._dtype = model_dtype(lm)
         self._transposed: dict[nn.Module, tuple[Tensor, Tensor | None]] = {}
+        # attention block or MLP -> its fused [in, q+k+v] or [in, gate+up] copy and bias
+        self._fused: dict[nn.Module, tuple[Tensor, Tensor | None]] = {}
         self._head_blocks: tuple[Tensor, ...] = ()
+        self._rotate_half = rotate_half_function(lm.model)
 
     @contextmanager
     def transposed_weights(self, max_bytes: int | None = None) -> Iterator[None]:
@@ -438,14 +442,49 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         size = sum(_base_weight(module).nbytes for module in modules)
         if max_bytes is None or size <= max_bytes:
             with torch.no_grad():  # the adapters' deltas need no graph
-                self._transposed = {module: _transposed_copy(module) for module in modules}
+                self._fuse_copies(set(modules))
+                self._transposed.update({module: _transposed_copy(module) for module in modules
+                                         if module not in self._transposed})
             if blocks:
                 self._head_blocks = head.weight.detach().split(HEAD_BLOCK_ROWS)
         try:
             yield
         finally:
             self._transposed = {}
+            self._fused = {}
             self._head_blocks = ()
+
+    def _fuse_copies(self, copyable: set[nn.Module]) -> None:
+        """One ``[in, q + k + v]`` copy per attention block and one ``[in, gate + up]`` per MLP
+        (where every part is copyable and all or none have a bias), with each part's entry in
+        ``_transposed`` a column view of it: a decode step then makes one product for the
+        query, key and value and one for the gate and up projections, instead of five (fewer,
+        larger products and fewer dispatches; the per-part views serve the prefill). A LoRA
+        layer's part keeps its own merged weight for the prefill, so those five projections
+        of a LoRA policy are held twice while the call runs."""
+        backbone = self.lm.model
+        for layer in backbone.layers[: backbone.config.num_hidden_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            for owner, parts in ((attn, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                 (mlp, (getattr(mlp, "gate_proj", None),
+                                        getattr(mlp, "up_proj", None)))):
+                if not all(part in copyable for part in parts):
+                    continue
+                pieces = [_transposed_parts(part) for part in parts]
+                if len({bias is None for _, bias in pieces}) != 1 or (
+                        owner is mlp and pieces[0][0].shape != pieces[1][0].shape):
+                    continue  # a decode step splits gate | up into two equal halves
+                weight = torch.cat([w for w, _ in pieces], dim=1)  # [in, sum of outs]
+                bias = None if pieces[0][1] is None else torch.cat([b for _, b in pieces])
+                self._fused[owner] = (weight, bias)
+                start = 0
+                for part, (w, b) in zip(parts, pieces, strict=True):
+                    end = start + w.shape[1]
+                    # a merged LoRA weight keeps its own [out, in] layout for the prefill's
+                    # products (as before fusing: a row-major view rounds differently)
+                    self._transposed[part] = (w, b) if _lora_over_linear(part) else (
+                        weight[:, start:end], None if bias is None else bias[start:end])
+                    start = end
 
     def prefill(
         self, cache: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
@@ -554,9 +593,16 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         if visible is not None:
             mask = mask[..., :visible]
         backbone = self.lm.model
+        layers = backbone.layers[: backbone.config.num_hidden_layers]
+        # the fused step calls torch's attention itself: where the old path would, not
+        # through transformers' wrapper (eager attention, older transformers)
+        direct = matmul or (self._sdpa and tokens.device.type == "cpu")
+        if direct and self._fused and all(
+            layer.self_attn in self._fused and layer.mlp in self._fused for layer in layers
+        ):
+            return self._decode_fused(cache, tokens, positions, mask, column, visible)
         hidden = backbone.embed_tokens(tokens)  # [n, 1, H]
         cos_sin = backbone.rotary_emb(hidden, positions)
-        layers = backbone.layers[: backbone.config.num_hidden_layers]
         for layer, stored in zip(layers, cache.layers, strict=True):
             attended = self._attend(
                 layer.self_attn, layer.input_layernorm(hidden), cos_sin, mask, stored, column,
@@ -565,6 +611,63 @@ class LlamaModulesDecoder(ModelForwardDecoder):
             hidden = hidden + attended
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return self._head(backbone.norm(hidden))[:, -1]  # [n, V]
+
+    def _decode_fused(
+        self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
+        visible: int | None,
+    ) -> Tensor:
+        """:meth:`decode` over the fused copies (:meth:`_fuse_copies`), hidden states ``[n, H]``
+        (no sequence dimension, so no reshapes around the products): per layer one product
+        for query, key and value, the rotary embedding applied once to query and key heads
+        together (``[n, heads + kv_heads, d]``, the family's formula and ``rotate_half``), one
+        product for gate and up. The same operations as the module calls, up to the products'
+        float rounding."""
+        backbone = self.lm.model
+        hidden = backbone.embed_tokens(tokens[:, 0])  # [n, H]
+        cos, sin = backbone.rotary_emb(hidden, positions)  # [n, 1, d]: broadcast over heads
+        layers = backbone.layers[: backbone.config.num_hidden_layers]
+        for layer, stored in zip(layers, cache.layers, strict=True):
+            hidden = hidden + self._attend_fused(
+                layer.self_attn, layer.input_layernorm(hidden), cos, sin, mask, stored, column,
+                visible,
+            )
+            mlp = layer.mlp
+            gate, up = _fused_product(
+                layer.post_attention_layernorm(hidden), *self._fused[mlp]
+            ).chunk(2, dim=-1)  # the fused copy is [gate | up], two equal widths
+            hidden = hidden + self._project(mlp.down_proj, mlp.act_fn(gate) * up)
+        return self._head(backbone.norm(hidden))  # [n, V]
+
+    def _attend_fused(
+        self, attn: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+        stored: Any, column: Tensor, visible: int | None,
+    ) -> Tensor:
+        rows, dim = hidden.shape[0], attn.head_dim
+        heads = attn.config.num_attention_heads
+        kv_heads = attn.config.num_key_value_heads
+        qkv = _fused_product(hidden, *self._fused[attn]).view(rows, -1, dim)  # [n, h+2kv, d]
+        value = qkv[:, heads + kv_heads:]  # [n, kv_heads, d]
+        if getattr(attn, "q_norm", None) is None:
+            qk = qkv[:, : heads + kv_heads]
+            qk = (qk * cos) + (self._rotate_half(qk) * sin)
+            query, key = qk[:, :heads], qk[:, heads:]
+        else:  # per-head norms first (Qwen3), then the same formula on each
+            query, key = attn.q_norm(qkv[:, :heads]), attn.k_norm(qkv[:, heads: heads + kv_heads])
+            query = (query * cos) + (self._rotate_half(query) * sin)
+            key = (key * cos) + (self._rotate_half(key) * sin)
+        stored.keys.index_copy_(2, column, key.unsqueeze(2))  # [n, kv_heads, C, d]
+        stored.values.index_copy_(2, column, value.unsqueeze(2))
+        keys, values = stored.keys, stored.values
+        if visible is not None:
+            keys, values = keys[:, :, :visible], values[:, :, :visible]
+        grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
+        if _matmul_attention(query.device, query.dtype):
+            output = _matmul_attention_grouped(grouped, keys, values, mask, attn.scaling)
+        else:
+            output = torch.nn.functional.scaled_dot_product_attention(
+                grouped, keys, values, attn_mask=mask, scale=attn.scaling
+            )  # [n, kv_heads, heads // kv_heads, d]: query heads in order
+        return self._project(attn.o_proj, output.reshape(rows, heads * dim))
 
     def _attend(
         self,
@@ -636,6 +739,17 @@ def _copyable(module: nn.Module) -> bool:
 
 def _base_weight(module: nn.Module) -> Tensor:
     return module.get_base_layer().weight if _lora_over_linear(module) else module.weight
+
+
+def _transposed_parts(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """``(W.T, bias)`` of a copyable module as views (a plain ``nn.Linear``'s weight) or of a
+    fresh merged weight (LoRA), for :meth:`LlamaModulesDecoder._fuse_copies` to concatenate."""
+    if _lora_over_linear(module):
+        from mtgrpo.fast.replica import merged_lora
+
+        weight, bias = merged_lora(module)
+        return weight.t(), bias
+    return module.weight.detach().t(), None if module.bias is None else module.bias.detach()
 
 
 def _transposed_copy(module: nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -712,10 +826,24 @@ def _grouped_query_matmul_attention(
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]
     grouped = query.view(rows, kv_heads, heads // kv_heads, dim)  # [n, kv_heads, g, d]
+    output = _matmul_attention_grouped(grouped, keys, values, mask, scaling)
+    return output.reshape(rows, 1, heads * dim)
+
+
+def _matmul_attention_grouped(
+    grouped: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scaling: float
+) -> Tensor:
+    """:func:`_grouped_query_matmul_attention` on grouped queries ``[n, kv_heads, g, d]`` ->
+    ``[n, kv_heads, g, d]``."""
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [n, kv_heads, g, C]
     scores = scores.mul_(scaling).add_(mask)  # mask [n, 1, 1, C] broadcasts
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(weights, values).reshape(rows, 1, heads * dim)
+    return torch.matmul(weights, values)
+
+
+def _fused_product(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``hidden [n, in] @ weight [in, out] (+ bias)``."""
+    return torch.mm(hidden, weight) if bias is None else torch.addmm(bias, hidden, weight)
 
 
 DECODERS: Registry[Callable[[nn.Module], StaticDecoder]] = Registry("static decode path")
