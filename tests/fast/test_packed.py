@@ -114,7 +114,7 @@ def test_fused_projections_equal_the_padded_forward(
     calls: list[int] = []
     original = packed_module._fused_attention_states
     monkeypatch.setattr(packed_module, "_fused_attention_states",
-                        lambda *a: calls.append(1) or original(*a))
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     input_ids, mask = batch()
     padded = scores_and_grads(model, input_ids, mask, pack=False)
     packed = scores_and_grads(model, input_ids, mask, pack=True)
@@ -123,6 +123,38 @@ def test_fused_projections_equal_the_padded_forward(
     # per-head q/k norms sit between the projections and the rotary: projections one by one
     layers = model.config.num_hidden_layers
     assert len(calls) == (0 if family == "qwen3" else layers)
+
+
+def test_a_fused_product_keeps_no_copy_of_the_weights_for_the_backward_pass() -> None:
+    """The concatenated weights are a copy: kept for the backward pass of every layer they
+    would cost most of a layer's weights per layer; with ``recat`` only the input is kept (the
+    copy is made again in the backward pass), and the gradients are the same."""
+    from mtgrpo.fast.packed import _linear_by_parts
+    from mtgrpo.policy.memory_budget import saved_bytes
+
+    torch.manual_seed(0)
+    parts = (torch.nn.Linear(8, 6, bias=True), torch.nn.Linear(8, 4, bias=True))
+    weights = {p.untyped_storage().data_ptr() for part in parts for p in part.parameters()}
+    x = torch.randn(5, 8, requires_grad=True)
+    kept = saved_bytes(lambda: _linear_by_parts(x, parts, recat=False), weights)
+    recat = saved_bytes(lambda: _linear_by_parts(x, parts, recat=True), weights)
+    assert kept == 5 * 8 * 4 + 10 * 8 * 4  # the input and the [10, 8] copy of the weights
+    assert recat == 5 * 8 * 4  # the input only
+    for autocast in (False, True):  # bf16 autocast: the same casts as autograd's path
+        grads = []
+        for flag in (False, True):
+            x.grad = None
+            for part in parts:
+                part.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = _linear_by_parts(x, parts, recat=flag)
+            assert out.dtype == (torch.bfloat16 if autocast else torch.float32)
+            out.float().pow(2).sum().backward()
+            grads.append([x.grad.clone(), *(p.grad.clone() for part in parts
+                                            for p in part.parameters())])
+        for a, b in zip(*grads, strict=True):
+            assert a.dtype == torch.float32
+            torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same products and casts
 
 
 @pytest.mark.parametrize("kv_heads", [1, 4])  # multi-query; one key/value head per query head

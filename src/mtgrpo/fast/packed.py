@@ -355,14 +355,15 @@ def packed_states(
         project=project, mlp=mlp, keys_values=keys_values,
     )
     for layer in layers:
-        run = functools.partial(_decoder_layer, layer, shared)
+        checkpointed = (getattr(layer, "gradient_checkpointing", False) and layer.training
+                        and torch.is_grad_enabled() and keys_values is None)
+        # a checkpointed layer keeps none of its tensors: its fused weights need no recipe
+        run = functools.partial(_decoder_layer, layer, shared, recat=not checkpointed)
         # Gradient checkpointing as the model's own forward does it (transformers'
         # GradientCheckpointingLayer): the layer's checkpoint function, set by
         # `activation_checkpointing_enable` with the user's kwargs (`use_reentrant`,
         # offloading), keeps the layer's input only and runs the layer again in the backward
         # pass. The hidden state goes positionally, as reentrant checkpointing needs.
-        checkpointed = (getattr(layer, "gradient_checkpointing", False) and layer.training
-                        and torch.is_grad_enabled() and keys_values is None)
         hidden = layer._gradient_checkpointing_func(run, hidden) if checkpointed else run(hidden)
     return hidden
 
@@ -391,14 +392,16 @@ class _LayerInputs:
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Tensor:
-    """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [M, H]`` in and out."""
+def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor, *,
+                   recat: bool = True) -> Tensor:
+    """``<Family>DecoderLayer.forward`` on the packed tokens: ``hidden [M, H]`` in and out
+    (``recat``: fused weights are concatenated again in the backward pass, not kept)."""
     layout, project, attn = shared.layout, shared.project, layer.self_attn
     heads_of = attn.config.num_attention_heads, attn.config.num_key_value_heads
     heads = [heads_of[0], heads_of[1], heads_of[1]]
     if shared.tables is not None and shared.rotate_half is not None:
         states = _fused_attention_states(attn, layer.input_layernorm(hidden), shared.tables,
-                                         shared.rotate_half)
+                                         shared.rotate_half, recat=recat)
     else:
         query, key, value = attention_inputs(  # [M, heads, d]; [M, kv_heads, d]
             attn, layer.input_layernorm(hidden), shared.cos_sin, shared.rotary, project,
@@ -424,7 +427,7 @@ def _decoder_layer(layer: nn.Module, shared: _LayerInputs, hidden: Tensor) -> Te
     hidden = hidden + (attn.o_proj(output) if project is None else project(attn.o_proj, output))
     normed = layer.post_attention_layernorm(hidden)
     if shared.tables is not None:
-        return hidden + _fused_mlp(layer.mlp, normed)
+        return hidden + _fused_mlp(layer.mlp, normed, recat=recat)
     return hidden + (layer.mlp(normed) if shared.mlp is None else shared.mlp(layer.mlp, normed))
 
 
@@ -467,29 +470,76 @@ def _head_tables(cos: Tensor, sin: Tensor, attn: nn.Module) -> tuple[Tensor, Ten
     )
 
 
+def _linear_by_parts(x: Tensor, parts: tuple[nn.Module, ...], *, recat: bool) -> Tensor:
+    """``x`` through ``parts`` (``nn.Linear`` modules of one input) as one product by their
+    concatenated weights. The concatenation is a copy of the weights, which the product would
+    keep for the backward pass of every layer (+269 MiB on the SmolLM2-135M update, about
+    0.9 GiB on Qwen2.5-0.5B's); with ``recat`` (:class:`_ProductByParts`) the backward pass
+    concatenates them again instead, one more operator per product."""
+    weights = [part.weight for part in parts]
+    biases = None if parts[0].bias is None else [part.bias for part in parts]
+    if recat and torch.is_grad_enabled():
+        return _ProductByParts.apply(x, len(weights), *weights, *(biases or []))
+    bias = None if biases is None else torch.cat(biases)
+    return torch.nn.functional.linear(x, torch.cat(weights), bias)
+
+
+class _ProductByParts(torch.autograd.Function):
+    """``linear(x, cat(weights), cat(biases))`` keeping ``x`` (in the product's dtype, as
+    autocast keeps it) and the weights themselves for the backward pass, not their
+    concatenated copy. The backward pass is ``torch.nn.functional.linear``'s (``g @ W``,
+    ``g.T @ x``, ``g.sum(0)``) in the product's dtype, each gradient returned in its input's
+    dtype: what autograd computes through autocast's casts."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, count: int, *tensors: Tensor) -> Tensor:
+        weights, biases = tensors[:count], tensors[count:]
+        bias = torch.cat(biases) if biases else None
+        out = torch.nn.functional.linear(x, torch.cat(weights), bias)  # autocast applies
+        ctx.x_dtype, ctx.bias_dtypes = x.dtype, [b.dtype for b in biases]
+        ctx.save_for_backward(_as(x, out.dtype), *weights)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        # Casts and reshapes only where needed: each would be one more dispatched operator
+        # per product, which this path exists to save (benchmarks/results/profile_step_cpu.md).
+        x, *weights = ctx.saved_tensors
+        sizes = [w.shape[0] for w in weights]
+        rows = grad if grad.dim() == 2 else grad.reshape(-1, grad.shape[-1])  # [tokens, out]
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        grad_x = _as(torch.mm(rows, _as(torch.cat(weights), grad.dtype)), ctx.x_dtype)
+        products = torch.mm(rows.t(), flat).split(sizes)
+        grad_weights = [_as(g, w.dtype) for g, w in zip(products, weights, strict=True)]
+        grad_biases = [_as(g, dtype) for g, dtype in zip(
+            rows.sum(0).split(sizes), ctx.bias_dtypes, strict=False)]
+        return (grad_x if x.dim() == 2 else grad_x.view(x.shape), None, *grad_weights,
+                *grad_biases)
+
+
+def _as(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 def _fused_attention_states(attn: nn.Module, normed: Tensor, tables: tuple[Tensor, Tensor],
-                            rotate_half: Callable[[Tensor], Tensor]) -> Tensor:
+                            rotate_half: Callable[[Tensor], Tensor], *,
+                            recat: bool = True) -> Tensor:
     """Query, key and value heads ``[M, heads + 2 kv_heads, d]`` from one product by the
     concatenated projection weights, the rotary embedding applied to all heads at once
     (the family's ``x * cos + rotate_half(x) * sin``; the value heads' tables are 1 and 0).
     The same numbers as three projections, the family's rotary function and a concatenation
     of the heads, up to the product's float rounding; fewer operators forward and backward."""
-    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
-    weight = torch.cat([part.weight for part in parts])
-    bias = None if parts[0].bias is None else torch.cat([part.bias for part in parts])
-    states = torch.nn.functional.linear(normed, weight, bias).view(normed.shape[0], -1,
-                                                                   attn.head_dim)
+    states = _linear_by_parts(normed, (attn.q_proj, attn.k_proj, attn.v_proj),
+                              recat=recat).view(normed.shape[0], -1, attn.head_dim)
     cos, sin = tables
     return (states * cos) + (rotate_half(states) * sin)
 
 
-def _fused_mlp(mlp: nn.Module, normed: Tensor) -> Tensor:
+def _fused_mlp(mlp: nn.Module, normed: Tensor, *, recat: bool = True) -> Tensor:
     """``down(act(gate(x)) * up(x))`` with gate and up as one product by their concatenated
     weights (:func:`_fusable`)."""
-    weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-    bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias,
-                                                              mlp.up_proj.bias])
-    gate, up = torch.nn.functional.linear(normed, weight, bias).chunk(2, dim=-1)
+    gate, up = _linear_by_parts(normed, (mlp.gate_proj, mlp.up_proj),
+                                recat=recat).chunk(2, dim=-1)
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
