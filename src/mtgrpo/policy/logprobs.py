@@ -150,8 +150,10 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     virtual tokens are added by the PEFT forward), and models without a separable backbone
     or head.
     """
+    # DDP is called, not bypassed: its forward hooks set up the gradient all-reduce every rank runs
     via = model if _is_instance_of(model, "torch.nn.parallel", "DistributedDataParallel") else None
     inner = model.module if via is not None else model
+    # FSDP (v1): only its root forward gathers the sharded weights, so the model's forward must run
     if _is_instance_of(inner, "torch.distributed.fsdp", "FullyShardedDataParallel"):
         return LogprobRoute("model_forward", "the model is wrapped in FullyShardedDataParallel")
     causal_lm, reason = causal_lm_and_reason(inner)
@@ -166,6 +168,7 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     head = get_head() if callable(get_head) else None
     if not isinstance(backbone, nn.Module) or not isinstance(head, nn.Module):
         return LogprobRoute("model_forward", "no separable backbone and output head were found")
+    # an FSDP2 head's weight is a shard; its root forward gathers it, calling the head would not
     if _is_instance_of(getattr(head, "weight", None), "torch.distributed.tensor", "DTensor"):
         return LogprobRoute("model_forward", "the output head is sharded by FSDP2")
     reason = "plain causal LM head" + (" (called through the DDP forward)" if via else "")
@@ -226,6 +229,7 @@ def sequence_logprobs(
     _check_sequence_inputs(input_ids, attention_mask, completion_length)
     check_scoring_options(temperature, chunk_size)
     route = _route_for(model, path)
+    # positions from the mask, so a left-padded row sees the positions it was generated with
     position_ids = position_ids_from_attention_mask(attention_mask)  # [N, T]
     if route.path == "chunked_head":
         layout = None
@@ -233,6 +237,7 @@ def sequence_logprobs(
             width = input_ids.shape[1] - completion_length
             layout = packed_layout(input_ids, attention_mask, position_ids, completion_length,
                                    *distinct_prompts(input_ids, attention_mask, width))
+        # the padding-free layout already runs each distinct prompt once: it takes precedence
         shared = share_prompts and layout is None
         logps_full, entropy_full = chunked_head_scores(
             route.backbone, route.head, route.via, input_ids, attention_mask, position_ids,
@@ -285,6 +290,7 @@ def _logit_transform(causal_lm: nn.Module) -> str | None:
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     for field in LOGIT_TRANSFORM_FIELDS:
         value = getattr(text_config, field, None)
+        # a scale field at 1 (or unset) leaves the logits as the head returned them
         if value not in _NEUTRAL_VALUES.get(field, (None, 1, 1.0)):
             return f"{field}={value!r}"
     return None
@@ -301,6 +307,7 @@ def _check_sequence_inputs(
     total = input_ids.shape[1]
     if isinstance(completion_length, bool) or not isinstance(completion_length, int):
         raise TypeError(f"completion_length must be an int, got {type(completion_length).__name__}")
+    # the first completion token is predicted from the last prompt position, so one must exist
     if not 1 <= completion_length <= total - 1:
         raise ValueError(
             f"completion_length must be between 1 and T - 1 = {total - 1} (at least one prompt "

@@ -36,6 +36,7 @@ def saved_bytes(forward: Callable[[], Any], exclude: set[int]) -> int:
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
+        # keyed by storage: views of one tensor, saved by several operators, count once
         if storage.data_ptr() not in exclude:
             seen[storage.data_ptr()] = storage.nbytes()
         return tensor
@@ -67,6 +68,7 @@ class ActivationCost:
                 f"{self.fixed / 2**20:.0f} MiB that does not grow with tokens); raise it, turn "
                 "on gradient_checkpointing, or shorten max_prompt_length / "
                 "max_completion_length")
+        # floor of 1 byte: a forward that saves nothing per token must not divide by zero
         return int(room // max(self.per_token, 1.0))
 
 
@@ -82,6 +84,7 @@ def activation_cost(model: nn.Module, forward: Callable[[int], Any], lengths: tu
         raise ValueError(f"activation_cost needs two lengths 0 < short < long, got {lengths}")
     at_short = saved_bytes(lambda: forward(short), exclude)
     at_long = saved_bytes(lambda: forward(long), exclude)
+    # two-point linear fit: the slope is the per-token cost, the intercept what does not grow
     per_token = max((at_long - at_short) / (long - short), 0.0)
     fixed = max(at_short - per_token * short, 0.0)
     head = _HEAD_TRANSIENT_COPIES * 4 * head_chunk * vocab  # float32

@@ -106,7 +106,9 @@ class PolicyBatch:
         prompt_mask = self.prompt_mask[index]
         completion_mask = self.completion_mask[index]
         prompt_width = int(_prompt_spans(prompt_mask).max())
+        # at least one completion column, so rows with empty completions stay scoreable
         completion_width = max(int(_completion_spans(completion_mask).max()), 1)
+        # prompts are left-padded (TRL's layout): the unused columns are the leading ones
         prompt_cols = slice(self.prompt_ids.shape[1] - prompt_width, None)
         completion_cols = slice(0, completion_width)
 

@@ -109,6 +109,7 @@ def build_optimizer(
         {"params": no_decay, "weight_decay": 0.0},
     ]
     groups = [group for group in groups if group["params"]]
+    # transformers' default optimizer on torch >= 2.8; built here, so a bad device can fall back
     if optim == "adamw_torch_fused" and not optim_args:
         params = [p for group in groups for p in group["params"]]
         unsupported = _fused_unsupported(params)
@@ -144,6 +145,7 @@ def _transformers_optimizer(optim: str, optim_args: str | None, lr: float,
 
     from transformers import Trainer
 
+    # the Trainer's own optimizer table, fed the TrainingArguments fields it reads for `optim`
     args = SimpleNamespace(optim=optim, optim_args=optim_args, learning_rate=lr,
                            adam_beta1=betas[0], adam_beta2=betas[1], adam_epsilon=eps)
     return Trainer.get_optimizer_cls_and_kwargs(args, model)  # type: ignore[arg-type]
@@ -176,6 +178,7 @@ def build_scheduler(
     if warmup_ratio is not None:
         if not 0 <= warmup_ratio <= 1:
             raise ValueError(f"warmup_ratio must be in [0, 1], got {warmup_ratio}")
+        # rounded up, as transformers' TrainingArguments.get_warmup_steps does for a ratio
         warmup_steps = math.ceil(warmup_ratio * total_steps)
     warmup_steps = 0 if warmup_steps is None else warmup_steps
     if not 0 <= warmup_steps <= total_steps:
@@ -206,6 +209,7 @@ def clip_gradients(
     with_grad = [p for p in params if p.requires_grad and p.grad is not None]
     if not with_grad:
         return torch.zeros(())
+    # an infinite limit makes clip_grad_norm_ measure the norm without scaling the gradients
     limit = math.inf if max_norm is None else max_norm
     norm = torch.nn.utils.clip_grad_norm_(with_grad, limit)
     # sharded (FSDP2) gradients give a DTensor norm, already reduced over the shards
