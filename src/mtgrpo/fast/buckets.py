@@ -41,6 +41,7 @@ def plan_micro_batches(
     """
     table = _length_table(lengths)
     _check_budget(max_tokens_per_micro_batch, max_rows, max_padding)
+    # longest first, so an out-of-memory error shows on the first micro-batch
     order = sorted(range(len(table)), key=lambda row: (-sum(table[row]), row))
     plan: list[list[int]] = []
     current: list[int] = []

@@ -111,6 +111,7 @@ def entropy_from_logits(
     check_scoring_options(temperature, chunk_size)
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
+    # the scorer always gathers a target; id 0 exists in every vocabulary
     dummy_index = torch.zeros(flat.shape[0], dtype=torch.long, device=logits.device)
     _, entropy = _chunked_scores(
         _logits_scorer(temperature, with_entropy=True), flat, dummy_index, chunk_size,
@@ -130,6 +131,7 @@ def _row_scores(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of ``targets`` and entropy for logits ``[c, V]`` (float32 from here on);
     ``entropy_grad=False``: the entropy without a graph (for logging or masking)."""
+    # float32 before the temperature, as generate's sampler forms the distribution
     scaled = logits.float()
     if temperature != 1.0:
         scaled = scaled / temperature
@@ -204,6 +206,7 @@ def grad_goes_into_weight(backbone: nn.Module, head: nn.Module, via: nn.Module |
     from those hooks)."""
     if type(head) is not nn.Linear or not head.weight.requires_grad or via is not None:
         return False
+    # DDP and FSDP reduce gradients from the accumulation hooks this shortcut would bypass
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
     embeddings = getattr(backbone, "get_input_embeddings", lambda: None)()
@@ -215,6 +218,7 @@ def _recompute(positions: int, vocab: int | None, checkpointing: bool = False) -
     in the backward pass: under gradient checkpointing (``checkpointing``: the model's layers
     are checkpointed), and otherwise when their float32 logits would take more than
     :data:`KEEP_LOGITS_BYTES` (or the vocabulary size is unknown)."""
+    # 4 bytes per position and column: the scorer's float32 copy of the logits
     return checkpointing or vocab is None or positions * vocab * 4 > KEEP_LOGITS_BYTES
 
 
@@ -327,6 +331,7 @@ def chunked_head_scores(
     }
     if via is None:
         return score(**inputs)
+    # inside DDP's forward (as TRL's fused head patches the model forward): its hooks run
     with _forward_replaced(via.module, score):
         return via(**inputs)
 
@@ -371,6 +376,7 @@ def model_forward_scores(
         "use_cache": False,
     }
     if _accepts_logits_to_keep(model):
+        # + 1: the last prompt position's logits predict the first completion token
         kwargs["logits_to_keep"] = length + 1
     logits = model(**kwargs).logits[:, -length - 1 : -1]  # [N, L, V] in the model's dtype
     scorer = _logits_scorer(temperature, compute_entropy, entropy_grad)

@@ -101,6 +101,7 @@ def llama_functions(backbone: Any) -> tuple[Callable[..., Any], Callable[..., An
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     modeling = importlib.import_module(LLAMA_FAMILY[_BACKBONES[_own_class(backbone).__name__]])
+    # the same lookup <Family>Attention.forward makes, so both paths run one attention function
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(
         backbone.config._attn_implementation, modeling.eager_attention_forward
     )

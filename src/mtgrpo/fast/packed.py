@@ -250,6 +250,7 @@ def packed_layout(
                 "prompt_key_start": 0, "prompt_keys": 0, "own_key_start": 0, "own_keys": 0}
         segments = {k: torch.cat([v.new_tensor([head[k]]), v]) for k, v in segments.items()}
     spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
+    # an unbounded token budget: only the padding fraction splits attention groups
     plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
     groups = tuple(
         _attention_group({k: v[torch.as_tensor(part, device=device)] for k, v in segments.items()},
@@ -262,6 +263,7 @@ def packed_layout(
     order = torch.empty(len(token_ids), dtype=torch.long, device=device)
     order[query_slots[valid]] = torch.nonzero(valid).squeeze(1)
     last_prompt = own_start + own_len - 1  # [U]
+    # a row's first completion token is predicted by its prompt's last token
     predictor = torch.where(
         columns == 0, last_prompt[inverse][:, None], completion_start[:, None] + columns - 1
     )[completion_mask]
@@ -310,6 +312,7 @@ def _attention_group(segment: dict[str, Tensor], width_q: int, width_k: int) -> 
 
 def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
     zero = torch.zeros((), dtype=dtype, device=mask.device)
+    # finfo.min, not -inf, as transformers' own additive masks (masking_utils)
     return torch.where(mask, zero, torch.finfo(dtype).min)
 
 
@@ -340,6 +343,7 @@ def packed_states(
     sdpa = backbone.config._attn_implementation == "sdpa"
     if sdpa and hidden.device.type == "cpu" and _SDPA_HAS_GQA:
         attention = _sdpa_with_grouped_heads
+    # the slice LlamaModel.forward itself iterates over
     layers = backbone.layers[: backbone.config.num_hidden_layers]
     fused = project is None and mlp is None and keys_values is None and all(
         _fusable(layer) for layer in layers)
@@ -562,6 +566,7 @@ def _group_attention(
         query = query[:, :, width_k - width_q:]
     output, _ = attention(
         attn, query, key, value, mask,
+        # as <Family>Attention.forward: attention dropout only in training mode
         dropout=attn.attention_dropout if attn.training else 0.0,
         scaling=attn.scaling,
     )  # [S, Lq, heads, d]

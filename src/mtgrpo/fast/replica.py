@@ -72,6 +72,7 @@ class WeightReplica:
         return trainable or params
 
     def _current_stamp(self) -> tuple[tuple[int, int], ...]:
+        # an in-place optimizer step bumps _version; re-assigned or loaded tensors move data_ptr
         return tuple((p.data_ptr(), p._version) for p in self._watched())
 
     def stale(self) -> bool:
@@ -190,6 +191,7 @@ def merged_lora(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
         if adapter in variants:  # DoRA and other variants: peft's safe merge
             weight = variants[adapter].merge_safe(layer, adapter, weight)
         else:
+            # peft's own delta (scaling * B @ A), added to a copy: the layer is never modified
             weight += layer.get_delta_weight(adapter).to(weight.dtype)
         if getattr(layer, "lora_bias", {}).get(adapter, False):
             bias = bias + layer.lora_B[adapter].bias * layer.scaling[adapter]

@@ -42,6 +42,7 @@ def shared_prompt_rows(
         or getattr(config, "model_type", None) not in PROMPT_SHARING_MODEL_TYPES
         or (getattr(config, "sliding_window", None) is not None
         and getattr(config, "use_sliding_window", True))
+        # checkpointed layers keep no cache for the completions to attend to
         or getattr(backbone, "gradient_checkpointing", False)
         or width < 1
         or input_ids.shape[0] < 2
@@ -58,6 +59,7 @@ def distinct_prompts(
 ) -> tuple[Tensor, Tensor]:
     """``(first row of each distinct prompt [U], each row's prompt index [N])``: rows whose
     first ``width`` columns hold the same tokens under the same mask share a prompt."""
+    # pad ids zeroed (they are never attended to), the mask kept (where padding is matters)
     prompts = torch.cat([input_ids[:, :width] * attention_mask[:, :width],
                          attention_mask[:, :width]], dim=1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
@@ -96,6 +98,7 @@ def shared_prompt_hidden(
     layers = getattr(cache, "layers", None)
     if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
         raise RuntimeError(f"shared prompts need a plain DynamicCache, got {type(cache).__name__}")
+    # indexed per row, not expanded: the index's backward sums the rows' gradients into the prompt
     repeated = DynamicCache(
         ddp_cache_data=[(layer.keys[inverse], layer.values[inverse]) for layer in layers]
     )

@@ -110,6 +110,7 @@ _GRAPH_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 # Buckets when graphs are on: few distinct (rows, columns) shapes means few captures.
 _GRAPH_ROW_BUCKET = 8
 _GRAPH_LENGTH_BUCKET = 64
+# Each host read of `done` waits for the device's queue; on the CPU a read is free (every step).
 _ACCELERATOR_SYNC_EVERY = 16
 # transpose_weights="auto" copies at most this much weight (a model of up to about 250 M
 # float32 projection parameters): beyond it the copies' memory weighs more than their speed.
@@ -221,6 +222,7 @@ class _Slot:
         [n, P]``); rows from ``real_rows`` on are bucket padding, done from the start."""
         self.cache.reset()
         buffers, width = self.buffers, attention_mask.shape[1]
+        # finfo.min rather than -inf: the additive-mask value transformers' own masks use
         buffers.visible.fill_(torch.finfo(buffers.visible.dtype).min)
         buffers.visible[:, :width].masked_fill_(attention_mask.bool(), 0.0)
         # The first generated token sits right after the row's last prompt token.
@@ -541,6 +543,7 @@ class StaticGenerator:
         saved = slot.snapshot()
         try:
             with _preserved_rng(self.device):
+                # warm-up steps draw numbers: a seed's samples must not depend on a capture
                 return capture_step(eager, warmup_steps=self.graph_warmup_steps)
         except Exception as error:  # capture is an optimisation; eager decoding is correct
             program.capture_failed = True
@@ -553,6 +556,7 @@ class StaticGenerator:
             )  # fmt: skip
             return None
         finally:
+            # the warm-up steps really ran: rewind the slot's state to before them
             _Slot.restore(saved)
 
     def _sync_every(self, device: torch.device) -> int:
@@ -588,6 +592,7 @@ class StaticGenerator:
             active = decoded - int(live.buffers.done.sum())
             if active == 0:
                 break
+            # a CPU step's cost grows with its rows; HF generate keeps finished rows to the end
             if active < decoded and active <= self.compact_below * decoded:
                 live, rows = _compacted(slot, live, rows)
             burst = min(sync_every, max_new_tokens - emitted)
@@ -609,6 +614,7 @@ class StaticGenerator:
             self._slots.move_to_end(key)
             return self._slots[key]
         while len(self._slots) >= self.max_cached_shapes:
+            # least recently used first: OrderedDict keeps use order (move_to_end above)
             self._slots.popitem(last=False)
         cache = StaticCache(config=self._lm.config, max_cache_len=columns)
         slot = _Slot(cache, _DecodeBuffers.allocate(rows, columns, dtype, device))
@@ -696,6 +702,7 @@ def length_buckets(
     rows = [prompt * group_size + sample for prompt in order for sample in range(group_size)]
     size = max_batch_size or max(len(rows), 1)
     if group_size <= size:
+        # whole groups per sub-batch, so each prompt is prefilled once
         size -= size % group_size
     return [rows[start : start + size] for start in range(0, len(rows), size)]
 
@@ -772,6 +779,7 @@ def _check_options(**options: object) -> None:
 def _weights_fingerprint(lm: nn.Module) -> tuple[Any, ...]:
     """What a captured graph depends on besides shapes: tensor addresses, adapter state."""
     tensors = itertools.chain(lm.parameters(), lm.buffers())
+    # a captured graph replays on these addresses: a re-assigned parameter invalidates it
     pointers = tuple(tensor.data_ptr() for tensor in tensors)
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer

@@ -185,6 +185,7 @@ def _probe_forward(lm: nn.Module) -> str:
 
     device = next(lm.parameters()).device
     vocab = lm.get_input_embeddings().weight.shape[0]
+    # arbitrary ids, kept inside the vocabulary
     pad, a, b = (token % vocab for token in (3, 1, 2))
 
     def forward(ids: list[int], positions: list[int], mask: Any = None, **extra: Any) -> Tensor:
@@ -295,6 +296,7 @@ def _check_cache_layers(config: Any) -> None:
 
 def _logits_to_keep(lm: nn.Module) -> dict[str, int]:
     accepts = "logits_to_keep" in inspect.signature(lm.forward).parameters
+    # sampling reads the last position only: no [n, P, V] logits at prefill
     return {"logits_to_keep": 1} if accepts else {}
 
 

@@ -129,15 +129,18 @@ def warp_logits(scores: Tensor, *, temperature: float, top_k: int, top_p: float)
     whose cumulative probability (from the least likely up) is ``<= 1 - top_p``, always keeping
     the most likely token. ``scores`` must be float32 (the caller's copy; it is not modified).
     """
+    # each warper only where it changes something, as generate builds its chain
     if temperature != 1.0:
         scores = scores / temperature
     if top_k > 0:
+        # TopKLogitsWarper's own clamp of k to the vocabulary
         k = min(top_k, scores.shape[-1])
         kth = torch.topk(scores, k)[0][..., -1, None]  # [n, 1]
         scores = scores.masked_fill(scores < kth, -float("inf"))
     if top_p < 1.0:
         sorted_scores, sorted_index = torch.sort(scores, descending=False)  # [n, V]
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        # TopPLogitsWarper's comparison, so the same tokens survive, bit for bit
         sorted_remove = cumulative <= (1 - top_p)
         sorted_remove[..., -1:] = False  # keep at least the most likely token
         remove = sorted_remove.scatter(1, sorted_index, sorted_remove)
@@ -153,6 +156,7 @@ def draw_tokens(scores: Tensor) -> SampledTokens:
     """
     logprobs = torch.log_softmax(scores, dim=-1)  # [n, V]
     if logprobs.device.type == "cpu":
+        # V exponential draws per row cost more than the CPU step's LM head (module docstring)
         tokens = inverse_cdf_draw(logprobs)
     else:
         tokens = gumbel_max_draw(logprobs)
@@ -173,6 +177,7 @@ def inverse_cdf_draw(logprobs: Tensor) -> Tensor:
     ``c[V-1]``), token ``= min{v : c[v] > u}``: token ``v`` is drawn with probability
     ``exp(logprobs_v) / sum exp(logprobs)``, and never when that is 0.
     """
+    # float64 keeps every token's interval within V * 2^-53 of its probability
     cumulative = logprobs.double().exp_().cumsum_(-1)  # [n, V]
     total = cumulative[:, -1:]  # [n, 1]
     uniform = torch.rand(total.shape, dtype=torch.float64, device=total.device)

@@ -60,6 +60,7 @@ def cache_keyword(output_type: type | None = None) -> str:
     """
     if output_type is None:
         return _installed_cache_keyword()
+    # read off the class, not a version number: development builds are read correctly
     fields = getattr(output_type, "__dataclass_fields__", {})
     for name in CACHE_KEYWORDS:
         if name in fields:
