@@ -195,6 +195,7 @@ class TrainerBuilding:
         args = self.args
         self.ref_model = None
         if args.beta > 0 and not self.is_peft:
+            # the initial policy, frozen, as TRL's reference (under LoRA: the adapter-disabled model)
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         optimizer, scheduler = optimizers if optimizers is not None else (None, None)
         self.sharded = args.fully_sharded
@@ -361,6 +362,7 @@ def _column_names(rows: Any, task_column: str) -> set[str]:
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
+    # NumPy's legacy seed must fit in 32 bits
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
@@ -423,6 +425,7 @@ def _ddp_kwargs(args: GRPOConfig) -> list[Any]:
     ddp = {k: v for k, v in ddp.items() if v is not None}
     if ddp:
         handlers.append(DistributedDataParallelKwargs(**ddp))
+    # 1800 s is TrainingArguments' default ddp_timeout: only another value needs the handler
     if args.ddp_backend is not None or args.ddp_timeout != 1800:
         handlers.append(InitProcessGroupKwargs(
             backend=args.ddp_backend, timeout=datetime.timedelta(seconds=args.ddp_timeout)))

@@ -104,6 +104,7 @@ def save_trainable(model: torch.nn.Module, path: Path,
     from safetensors.torch import save_file
 
     tensors = {
+        # safetensors refuses non-contiguous tensors
         name: (p if state is None else state[name]).detach().to("cpu").contiguous()
         for name, p in model.named_parameters() if p.requires_grad
     }
@@ -171,6 +172,7 @@ def load_rng_state(checkpoint: Path, rank: int) -> None:
             f"{path} is missing: the checkpoint was written by fewer processes; resume with the "
             "same number of processes"
         )
+    # weights_only=False: the state holds Python's and NumPy's RNG tuples, not only tensors
     set_rng_state(torch.load(path, weights_only=False))
 
 
@@ -201,6 +203,7 @@ def save_failure(target: Path, error: BaseException, previous: Path | None) -> O
     and roughly how much a checkpoint takes, and what is still safe."""
     free = shutil.disk_usage(target.parent).free if target.parent.exists() else 0
     needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file()) if previous else 0
+    # torch's zip writer reports a full disk as a RuntimeError "[enforce fail at ...]"
     full = (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "enforce fail" in \
         str(error) or "No space" in str(error)
     cause = "the disk is full" if full or (needed and free < needed) else f"{error}"

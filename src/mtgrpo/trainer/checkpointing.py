@@ -55,6 +55,7 @@ class Checkpointing:
         """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones.
 
         With ``save_only_model`` only the model is written (no resuming from it)."""
+        # a collective: every process's RNG state goes to the main process, which writes them all
         rng_states = self._gather_objects([ckpt.rng_state()]) if self.world > 1 \
             else [ckpt.rng_state()]
         final = self.output_dir / f"checkpoint-{self.state.global_step}"
@@ -87,6 +88,7 @@ class Checkpointing:
             if self._hub is not None:
                 self._hub.on_save(self.args.hub_strategy, final / "model", final,
                                   self.state.global_step)
+        # no process runs ahead while the main process still writes the checkpoint
         self.accelerator.wait_for_everyone()
         self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         return final if self.is_main_process else None
@@ -155,6 +157,7 @@ class Checkpointing:
         _read(checkpoint / f"rng_state_{self.rank}.pt",
               lambda p: ckpt.load_rng_state(p.parent, self.rank))
         if self.is_main_process:
+            # records past the checkpoint's step would otherwise appear twice
             MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 

@@ -229,6 +229,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
     if args.gradient_checkpointing:
         enable_activation_checkpointing(
             loaded, args.gradient_checkpointing_kwargs or {"use_reentrant": False})
+        # as TRL's GRPOTrainer: PEFT under checkpointing needs input gradients (transformers#42489)
         if is_peft:
             loaded.enable_input_require_grads()
     return loaded, tokenizer, is_peft
@@ -255,10 +256,12 @@ def cast_lm_head_to_fp32(model: Any) -> None:
     if head is None:
         raise ValueError(f"cast_lm_head_to_fp32: {type(model).__name__} has no output head")
     if head.weight is model.get_input_embeddings().weight:
+        # untied first: only the head goes to float32, the input embedding keeps its dtype
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         if hasattr(model.config, "tie_word_embeddings"):
             model.config.tie_word_embeddings = False
     head.float()
+    # the float32 head receives hidden states in the model's dtype: cast them on the way in
     head.register_forward_pre_hook(
         lambda module, inputs: tuple(x.float() if torch.is_tensor(x) else x for x in inputs))
 

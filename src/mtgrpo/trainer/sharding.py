@@ -49,6 +49,7 @@ def shard_model(model: nn.Module) -> nn.Module:
             f"fsdp=full_shard shards a model block by block, but {type(model).__name__} names no "
             "blocks in _no_split_modules; train it without fsdp, or set "
             "model._no_split_modules to its decoder layer class name")
+    # blocks first, then the root: each block is gathered and freed on its own
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
@@ -67,6 +68,7 @@ def unsharded(model: nn.Module) -> Iterator[None]:
         return
     modules = _fsdp_modules(model)
     for module in modules:
+        # forwards inside the block must not free what the phase gathered
         module.set_reshard_after_forward(False, recurse=False)
         module.unshard()
     model._mtgrpo_gathered = True
@@ -117,6 +119,7 @@ def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
     elsewhere). Every process must call it."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    # accelerate's AcceleratedOptimizer wraps the torch optimizer in `.optimizer`
     return get_optimizer_state_dict(model, getattr(optimizer, "optimizer", optimizer),
                                     options=_options(cpu_offload=True))
 
@@ -126,6 +129,7 @@ def load_model_state(model: nn.Module, model_state: dict[str, Any]) -> None:
     processes pass ``{}``) into every process's model. Every process must call it."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    # strict=False: a checkpoint holds the trainable parameters, not necessarily all
     set_model_state_dict(model, model_state, options=_options(broadcast_from_rank0=True,
                                                               strict=False))
 

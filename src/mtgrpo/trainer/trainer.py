@@ -379,6 +379,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                      has_rows: bool) -> np.ndarray:
         local = list(zip(tasks.tolist(), before.tolist(), after.tolist(), strict=True)) \
             if has_rows else []
+        # every process joins the gather, with rows or without: it is a collective
         rows = self._gather_objects(local) if self.world > 1 else local
         k = len(self.task_names)
         if not rows:
@@ -550,6 +551,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                     self.control = handler.on_epoch_end(args, self.state, self.control)
                 self._log_save_evaluate(last)
                 bar.advance(self.step, last)
+                # every process stops at the same step: one leaving alone would hang the collectives
                 if self._agreed(stop.requested is not None):
                     self._stop_on_signal(stop.requested or signal.SIGTERM)
         return last

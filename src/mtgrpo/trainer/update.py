@@ -202,6 +202,7 @@ class PolicyUpdater:
             ids = torch.randint(vocab, (1, tokens), device=device)
             row = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
                                   completion_length=max(1, tokens // 2))
+            # autograd saves tensors only with grad on: what the measurement counts
             with torch.enable_grad():
                 return self._logps(model, row, entropy=self._needs_entropy)
 
@@ -223,6 +224,7 @@ class PolicyUpdater:
         packed = self.args.padding_free and resolve_logprob_path(self.model).packed
         plan = plan_micro_batches(
             lengths, budget or _UNBOUNDED_TOKENS,
+            # no token budget: TRL's micro-batches, a fixed row count
             max_rows=None if budget else self.args.per_device_train_batch_size,
             max_padding=1.0 if packed else self.args.max_padding_fraction,
         )
@@ -274,11 +276,13 @@ class PolicyUpdater:
 
     # ------------------------------------------------------------------ the update
     def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
+        # a collective every process runs: the normalisers are the whole batch's
         local = torch.tensor([len(rows), int(batch.loss_mask[rows].sum())],
                              dtype=torch.float64)
         world = self.accelerator.num_processes
         total = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
         return LossNormalizer(
+            # divided by the process count: DDP averages the gradients over processes
             num_sequences=max(float(total[0]) / world, 1e-12),
             num_tokens=float(total[1]) / world,
             max_completion_length=self.args.max_completion_length,
@@ -294,9 +298,11 @@ class PolicyUpdater:
         for i, micro in enumerate(plan):
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
                 scored = self._logps(self.model, self._filler(batch))
+                # a real backward with a zero loss: the shards' reduce-scatter runs on every process
                 self.accelerator.backward(scored.logps.sum() * 0.0)
                 continue
             part = batch.select(micro)
+            # DDP all-reduces on the last micro-batch only; earlier ones accumulate under no_sync
             sync = i == len(plan) - 1
             context = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
             with context:
@@ -310,6 +316,7 @@ class PolicyUpdater:
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
         max_norm = self.args.max_grad_norm or None
+        # FSDP's gradient norm must be reduced over the shards (clip_gradients' docstring)
         if self.accelerator.distributed_type.value == "FSDP":
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
@@ -351,6 +358,7 @@ class PolicyUpdater:
         """Token mean of the trained tokens' entropy over one optimizer step, all processes."""
         stats = torch.stack([o.trained_entropy for o in outputs]).sum(0)  # [2]
         total = self.accelerator.reduce(stats.to(self.accelerator.device), "sum").cpu()
+        # no trained token on any process: 0 rather than NaN
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
@@ -366,6 +374,7 @@ class PolicyUpdater:
         old log-probs of several updates, else those of the one update's forward pass, at no
         extra cost). ``max_steps``: take at most this many optimizer steps (the run's last
         batch, when TRL's ``max_steps`` ends inside it)."""
+        # as TRL: one optimizer step per batch needs no old log-probs (the ratio starts at 1)
         multi = self.args.num_iterations > 1 or self.args.updates_per_generation() > 1
         batch = self._with_logps(batch, need_old=multi)
         capture = None
@@ -396,6 +405,7 @@ class PolicyUpdater:
         return result
 
     def _objective_after(self, batch: PolicyBatch, logps_at_start: Tensor) -> np.ndarray:
+        # no dropout: the re-score measures the update's change to the weights alone
         self.model.eval()
         after = self.score(batch)
         self.model.train()
