@@ -195,7 +195,7 @@ class TrainerBuilding:
         args = self.args
         self.ref_model = None
         if args.beta > 0 and not self.is_peft:
-            # the initial policy, frozen, as TRL's reference (under LoRA: the adapter-disabled model)
+            # the initial policy, frozen, as TRL's reference (LoRA: the adapter-disabled model)
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         optimizer, scheduler = optimizers if optimizers is not None else (None, None)
         self.sharded = args.fully_sharded
