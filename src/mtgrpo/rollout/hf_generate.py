@@ -177,6 +177,7 @@ class HFGenerateBackend:
 
         chunks: list[_Chunk] = []
         with (
+            # no dropout while sampling; the caller's mode is restored afterwards
             _eval_mode(self.model),
             _blank_generation_config(self.model),
             torch.no_grad(),
@@ -213,6 +214,7 @@ class HFGenerateBackend:
         options = {
             "max_new_tokens": params.max_new_tokens, "min_length": 0, "num_beams": 1,
             "eos_token_id": list(stop_ids), "pad_token_id": self.pad_token_id,
+            # generate's scores are the warped ones: the distribution each token came from
             "return_dict_in_generate": True, "output_scores": params.return_logprobs,
             **sampling,
         }
@@ -299,6 +301,7 @@ def _cut_at_stop(generated: list[list[int]], stop_ids: set[int]) -> tuple[list[i
     lengths, finished = [], []
     for ids in generated:
         stop_at = next((i for i, token in enumerate(ids) if token in stop_ids), None)
+        # the stop token is kept: a finished completion ends with it (the generation contract)
         lengths.append(len(ids) if stop_at is None else stop_at + 1)
         finished.append(stop_at is not None)
     return lengths, finished

@@ -153,6 +153,7 @@ class RolloutWorker:
         :meth:`reset`; empty without tools. Every process must call it (it gathers)."""
         if self.agent is None:
             return {}
+        # summed over processes: every process must call this (a collective)
         counts = np.sum(self.shard.all([self.tool_counts]), axis=0)  # [K, 3]
         metrics = _tool_frequencies("tools/call_frequency", "tools/failure_frequency",
                                     counts.sum(0))
@@ -166,10 +167,12 @@ class RolloutWorker:
     def __call__(self, prompt_ids: Sequence[int]) -> list[ScoredGroup]:
         start, stop = self.shard.bounds(len(prompt_ids))
         local = [int(i) for i in prompt_ids[start:stop]]
+        # every process joins the gather, one without prompts too: it is a collective
         gathered: list[_Scored] = self.shard.all(self._generate_and_score(local) if local
                                                  else [])
         if not gathered:
             return []
+        # on every process's groups, so that each process holds the same advantages
         estimated = self.estimate(np.concatenate([g.rewards for g in gathered]), self.group_size)
         advantages = estimated.advantages.numpy().reshape(len(gathered), self.group_size)
         zero_gradient = estimated.zero_gradient.numpy()  # [groups]

@@ -88,6 +88,8 @@ def tool_reply_ids(tokenizer: Any, tool_messages: Sequence[Mapping[str, Any]],
     tool messages works; the first must end with the tokenizer's EOS text (the end of the turn
     the model sampled), and be a prefix of the second."""
     kwargs = dict(chat_template_kwargs or {})
+    # TRL's _get_tool_suffix_ids: a dummy tool call under the real tool name (some templates
+    # derive the tool reply's header from it), then the reply is what the template adds after it
     call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
     dummy = [{"role": "user", "content": "dummy"},
              {"role": "assistant", "content": "", "tool_calls": [call]}]
@@ -95,6 +97,7 @@ def tool_reply_ids(tokenizer: Any, tool_messages: Sequence[Mapping[str, Any]],
     full = tokenizer.apply_chat_template(dummy + list(tool_messages), tokenize=False,
                                          add_generation_prompt=True, **kwargs)
     eos = tokenizer.eos_token
+    # as TRL: the prefix ends at its last EOS, not after the "\n" Qwen3's template adds
     if eos and eos in prefix:
         prefix = prefix[: prefix.rindex(eos) + len(eos)]
     if not full.startswith(prefix):
@@ -271,8 +274,10 @@ class ToolLoop:
         if len(ids) >= room:  # rolled back: the rollout ends on the model's last turn
             return False
         rollout.completion_ids += ids
+        # TRL's tool_mask: a tool's reply is attended to but carries no loss
         rollout.tool_mask += [0] * len(ids)
         if rollout.logprobs is not None:
+            # the engine sampled none of these tokens: no log-probability to correct with
             rollout.logprobs += [0.0] * len(ids)
         rollout.messages += messages
         return True

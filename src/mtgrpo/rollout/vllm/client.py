@@ -50,6 +50,7 @@ def server_url(base_url: str | None, host: str = "0.0.0.0", port: int = 8000) ->
     """TRL's rule: ``base_url`` when given, else ``http://host:port`` (0.0.0.0 = this machine)."""
     if base_url:
         return base_url.rstrip("/")
+    # a server bound to every interface is reached over loopback
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return f"http://{host}:{port}"
 
@@ -153,6 +154,7 @@ class VLLMServerBackend:
     def _choose_transport(self, transport: str) -> str:
         if transport != "auto":
             return transport
+        # the file transport needs the server to share this filesystem: it must read back a token
         probe = shared_memory_dir() / f"mtgrpo-probe-{uuid.uuid4().hex}"
         token = uuid.uuid4().hex
         try:

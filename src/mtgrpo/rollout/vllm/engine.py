@@ -248,6 +248,7 @@ def load_weights(engine: Any, named: Sequence[tuple[str, torch.Tensor]], version
     engine.collective_rpc("reload_weights", kwargs={
         "weights_iterator": iter(named), "is_checkpoint_format": True})
     engine.llm_engine.apply_model(_refresh_tied_head)
+    # cached prefixes hold keys and values computed with the old weights
     engine.reset_prefix_cache()
     engine.llm_engine.set_weight_version(str(version))
 
@@ -280,6 +281,7 @@ def vllm_sampling(params: SamplingParams, n: int, stop_ids: Sequence[int],
         "repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0,
     }
     if params.is_greedy:
+        # temperature 0 is vLLM's greedy decoding
         options.update(temperature=0.0, top_p=1.0, top_k=0)
     else:
         options.update(temperature=float(params.temperature), top_p=float(params.top_p),

@@ -45,12 +45,15 @@ def merged_named_weights(model: torch.nn.Module) -> Iterator[list[tuple[str, tor
         try:
             named = []
             for name, param in model.named_parameters():
+                # peft's wrapped names back to the checkpoint's, by which vLLM loads
                 name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                # adapter factors, modules_to_save originals: merged already, no checkpoint names
                 if prefix in name or "original_module" in name:
                     continue
                 named.append((name.replace("modules_to_save.default.", ""), param.detach()))
             yield named
         finally:
+            # training continues on the unmerged base weights and adapter
             model.unmerge_adapter()
 
 
@@ -72,6 +75,7 @@ def pack_weights(named: list[tuple[str, torch.Tensor]]) -> bytes:
     """One safetensors blob (CPU copies; tied tensors are sent once per name)."""
     from safetensors.torch import save
 
+    # contiguous copies: safetensors refuses non-contiguous and storage-sharing (tied) tensors
     return save({name: t.detach().to("cpu").contiguous().clone() for name, t in named})
 
 
@@ -83,6 +87,7 @@ def unpack_weights(blob: bytes) -> list[tuple[str, torch.Tensor]]:
 
 def shared_memory_dir() -> Path:
     """``/dev/shm`` where it exists (RAM-backed), else the temporary directory."""
+    # RAM-backed where it exists: the weights file never reaches a disk
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
