@@ -33,3 +33,21 @@ def two_groups(vocab: int, prompt: int, completion: int, lengths: tuple[int, int
     completion_mask = (torch.arange(completion) < torch.tensor(lengths)[:, None]).long()
     input_ids = torch.cat([prompts[of_row] * prompt_mask[of_row], completions * completion_mask], 1)
     return input_ids, torch.cat([prompt_mask[of_row], completion_mask], 1)
+
+
+def trainer_layout_logprobs(model, output, pad: int, temperature: float,
+                            device: str | torch.device = "cpu") -> torch.Tensor:
+    """``[N, L]`` ``sequence_logprobs`` of a generation backend's ``output`` rows in the
+    trainer's layout (left-padded prompts, then right-padded completions), on the CPU: what
+    the backend's own log-probs are compared with."""
+    width, length = max(map(len, output.prompt_ids)), max(output.completion_lengths)
+    input_ids = torch.full((len(output), width + length), pad, device=device)
+    attention_mask = torch.zeros_like(input_ids)
+    pairs = zip(output.prompt_ids, output.completion_ids, strict=True)
+    for row, (prompt, completion) in enumerate(pairs):
+        span = slice(width - len(prompt), width + len(completion))
+        input_ids[row, span] = torch.tensor(prompt + completion, device=device)
+        attention_mask[row, span] = 1
+    with torch.no_grad():
+        return sequence_logprobs(model, input_ids, attention_mask, length,
+                                 temperature=temperature).logps.cpu()

@@ -17,10 +17,10 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
+import logprob_helpers
 import mtgrpo.fast.static as static_module
 from mtgrpo.fast.static import length_buckets
 from mtgrpo.models import apply_lora, load_model, load_model_and_tokenizer
-from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import (
     BACKENDS,
     GenerationBackend,
@@ -437,18 +437,7 @@ def test_logprobs_equal_the_trainers_sequence_logprobs(
                                 return_logprobs=True), num_samples=2,
     )  # fmt: skip
     assert out.logprobs is not None
-    # The trainer's layout: left-padded prompts, then right-padded completions.
-    width, length = max(map(len, out.prompt_ids)), max(out.completion_lengths)
-    input_ids = torch.full((len(out), width + length), PAD)
-    attention_mask = torch.zeros_like(input_ids)
-    pairs = zip(out.prompt_ids, out.completion_ids, strict=True)
-    for row, (prompt, completion) in enumerate(pairs):
-        span = slice(width - len(prompt), width + len(completion))
-        input_ids[row, span] = torch.tensor(prompt + completion)
-        attention_mask[row, span] = 1
-    with torch.no_grad():
-        expected = sequence_logprobs(model, input_ids, attention_mask, length,
-                                     temperature=temperature).logps  # fmt: skip
+    expected = logprob_helpers.trainer_layout_logprobs(model, out, PAD, temperature)
     # KV-cached decoding against one full forward: other attention and matmul shapes through
     # every layer (tests/tolerance.py). A log-prob at the wrong temperature or of the wrong
     # position is off by more than 1e-2.

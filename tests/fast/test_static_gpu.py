@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import logprob_helpers
 from mtgrpo.fast.static_graph import CapturedStep
 from mtgrpo.models import apply_lora, load_model
-from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import HFGenerateBackend, SamplingParams, StaticCacheBackend
 
 pytestmark = pytest.mark.gpu
@@ -70,17 +70,8 @@ def test_graph_sampling_is_reproducible_and_logprobs_match_the_trainer(
                                 return_logprobs=True), num_samples=2
     )  # fmt: skip
     assert sampled.logprobs is not None
-    width, length = max(map(len, sampled.prompt_ids)), max(sampled.completion_lengths)
-    input_ids = torch.full((len(sampled), width + length), PAD, device="cuda")
-    attention_mask = torch.zeros_like(input_ids)
-    pairs = zip(sampled.prompt_ids, sampled.completion_ids, strict=True)
-    for row, (prompt, completion) in enumerate(pairs):
-        span = slice(width - len(prompt), width + len(completion))
-        input_ids[row, span] = torch.tensor(prompt + completion, device="cuda")
-        attention_mask[row, span] = 1
-    with torch.no_grad():
-        expected = sequence_logprobs(model, input_ids, attention_mask, length,
-                                     temperature=temperature).logps.cpu()  # fmt: skip
+    expected = logprob_helpers.trainer_layout_logprobs(model, sampled, PAD, temperature,
+                                                       device="cuda")
     for row, logprobs in enumerate(sampled.logprobs):
         torch.testing.assert_close(
             torch.tensor(logprobs), expected[row, : len(logprobs)], rtol=0, atol=1e-4

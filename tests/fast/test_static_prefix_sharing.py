@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import logprob_helpers
 import mtgrpo.fast.static as static_module
 from mtgrpo.fast.static import length_buckets
 from mtgrpo.models import apply_lora, load_model
-from mtgrpo.policy import sequence_logprobs
 from mtgrpo.rollout import HFGenerateBackend, SamplingParams, StaticCacheBackend
 from tolerance import assert_close_f32
 
@@ -230,18 +230,7 @@ def test_logprobs_of_shared_prefills_equal_sequence_logprobs(
         PROMPTS, params, num_samples=3
     )
     assert out.logprobs is not None
-    # The trainer's layout: left-padded prompts, then right-padded completions.
-    width, length = max(map(len, out.prompt_ids)), max(out.completion_lengths)
-    input_ids = torch.full((len(out), width + length), PAD)
-    attention_mask = torch.zeros_like(input_ids)
-    pairs = zip(out.prompt_ids, out.completion_ids, strict=True)
-    for row, (prompt, completion) in enumerate(pairs):
-        span = slice(width - len(prompt), width + len(completion))
-        input_ids[row, span] = torch.tensor(prompt + completion)
-        attention_mask[row, span] = 1
-    with torch.no_grad():
-        expected = sequence_logprobs(model, input_ids, attention_mask, length,
-                                     temperature=temperature).logps  # fmt: skip
+    expected = logprob_helpers.trainer_layout_logprobs(model, out, PAD, temperature)
     # KV-cached decoding from a shared prefill against one full forward: float32 rounding
     # through every layer (tests/tolerance.py); a row decoded against another group's prompt
     # or at the wrong position is off by more than 1e-2
