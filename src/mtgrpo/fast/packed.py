@@ -230,25 +230,8 @@ def packed_layout(
     own_start = prefix + _starts(own_len)  # [U] into the packed tokens
     completion_start = sum(prompt_lengths) - prefix * (len(prompt_lengths) - 1) + _starts(
         completion_len)  # [N]: after the prefix and every prompt's own tokens
-    rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
-    own_prompt = inverse[rows]
-    none = torch.zeros_like(own_len)
-    # One entry per segment: its queries (start, count, and `offset`: the keys before its
-    # first query), its keys (the shared prefix, then its prompt's own tokens, then its own).
-    segments = {
-        "query_start": torch.cat([own_start, completion_start[rows]]),
-        "query_count": torch.cat([own_len, completion_len[rows]]),
-        "offset": torch.cat([none + prefix, prompt_len[own_prompt]]),
-        "prefix_keys": torch.cat([none + prefix, none[own_prompt] + prefix]),
-        "prompt_key_start": torch.cat([own_start, own_start[own_prompt]]),
-        "prompt_keys": torch.cat([own_len, own_len[own_prompt]]),
-        "own_key_start": torch.cat([none, completion_start[rows]]),
-        "own_keys": torch.cat([none, completion_len[rows]]),
-    }
-    if prefix:  # the shared prefix's own segment, first
-        head = {"query_start": 0, "query_count": prefix, "offset": 0, "prefix_keys": prefix,
-                "prompt_key_start": 0, "prompt_keys": 0, "own_key_start": 0, "own_keys": 0}
-        segments = {k: torch.cat([v.new_tensor([head[k]]), v]) for k, v in segments.items()}
+    segments = _segment_table(prefix, prompt_len, own_start, own_len, completion_start,
+                              completion_len, inverse)
     spans = torch.stack([segments["offset"], segments["query_count"]], 1).tolist()
     # an unbounded token budget: only the padding fraction splits attention groups
     plan = plan_micro_batches(spans, 1 << 62, max_padding=ATTENTION_MAX_PADDING)
@@ -275,6 +258,33 @@ def packed_layout(
                         predictor=predictor, query_slots=query_slots,
                         key_slots=torch.cat([g.key_index.reshape(-1) for g in groups]),
                         prefix=prefix, prompt_index=prompt_index)
+
+
+def _segment_table(prefix: int, prompt_len: Tensor, own_start: Tensor, own_len: Tensor,
+                   completion_start: Tensor, completion_len: Tensor,
+                   inverse: Tensor) -> dict[str, Tensor]:
+    """One entry per attention segment of :func:`packed_layout`: the shared prefix (when there
+    is one), each prompt's own tokens, each row's completion (rows with one). Its queries
+    (start, count, and ``offset``: the keys before its first query), its keys (the shared
+    prefix, then its prompt's own tokens, then its own)."""
+    rows = torch.nonzero(completion_len > 0).squeeze(1)  # rows with a completion segment
+    own_prompt = inverse[rows]
+    none = torch.zeros_like(own_len)
+    segments = {
+        "query_start": torch.cat([own_start, completion_start[rows]]),
+        "query_count": torch.cat([own_len, completion_len[rows]]),
+        "offset": torch.cat([none + prefix, prompt_len[own_prompt]]),
+        "prefix_keys": torch.cat([none + prefix, none[own_prompt] + prefix]),
+        "prompt_key_start": torch.cat([own_start, own_start[own_prompt]]),
+        "prompt_keys": torch.cat([own_len, own_len[own_prompt]]),
+        "own_key_start": torch.cat([none, completion_start[rows]]),
+        "own_keys": torch.cat([none, completion_len[rows]]),
+    }
+    if prefix:  # the shared prefix's own segment, first
+        head = {"query_start": 0, "query_count": prefix, "offset": 0, "prefix_keys": prefix,
+                "prompt_key_start": 0, "prompt_keys": 0, "own_key_start": 0, "own_keys": 0}
+        segments = {k: torch.cat([v.new_tensor([head[k]]), v]) for k, v in segments.items()}
+    return segments
 
 
 def _attention_group(segment: dict[str, Tensor], width_q: int, width_k: int) -> AttentionGroup:
