@@ -102,6 +102,8 @@ def _auto_backend(model: Any) -> str:
     try:
         check_static_cache_support(unwrap_causal_lm(model))
     except (ValueError, TypeError) as exc:
+        # TypeError: no transformers model at all; otherwise the error says if a setting could
+        # fix it, and only such a fallback is worth a WARNING
         inherent = isinstance(exc, TypeError) or getattr(exc, "inherent", True)
         logger.log(
             logging.INFO if inherent else logging.WARNING,

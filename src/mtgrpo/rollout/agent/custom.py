@@ -40,8 +40,9 @@ def check_rollout_output(output: Any) -> RolloutFuncResult:
     if not isinstance(output, Mapping):
         raise TypeError(f"rollout_func must return a dict, got {type(output).__name__}")
     missing = sorted(set(REQUIRED_KEYS) - set(output))
-    if missing:
+    if missing:  # TRL's message, word for word
         raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+    # env_mask is TRL's tool_mask under another name: a mask, not a column for the rewards
     extra = {k: list(v) for k, v in output.items()
              if k not in REQUIRED_KEYS and k != "env_mask"}
     prompt_ids, completion_ids = list(output["prompt_ids"]), list(output["completion_ids"])
@@ -81,15 +82,17 @@ class CustomRollouts:
         """Rollouts of prompts ``ids`` (``group_size`` each); ``params`` are rollout_func's
         to choose (it reads the trainer's settings)."""
         messages = [prompts.prompt(i) for i in ids for _ in range(group_size)]
+        # TRL's _generate also returns images and tool images, which a text model has none of
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra = \
             tuple(self.generate(messages))[:6]
         if len(completion_ids) != len(messages):
             raise ValueError(f"rollout_func returned {len(completion_ids)} completions for "
                              f"{len(messages)} prompts (each prompt {group_size} times); "
                              "return one per prompt it was given")
-        finished = [bool(c) and c[-1] in self.stop_ids for c in completion_ids]
-        mask = tool_mask or [[1] * len(c) for c in completion_ids]
+        finished = [bool(c) and c[-1] in self.stop_ids for c in completion_ids]  # TRL's rule
+        mask = tool_mask or [[1] * len(c) for c in completion_ids]  # no env_mask: all the model's
         generation = GenerationOutput(prompt_ids, completion_ids, finished, logprobs)
+        # calls made inside rollout_func are unseen: TRL counts tools/* only for tools=
         none = [0] * len(completion_ids)
         output = AgentOutput(generation, list(completions), mask, none, none)
         return AgentBatch(output, messages, None, columns=dict(extra))

@@ -61,6 +61,7 @@ class Environments:
                                  "does not)")
             self.pool[name] = [instance]
             self.tools[name] = self.standalone + environment_methods(instance)
+            # one channel per class, as TRL: two names for one class must not score it twice
             if callable(getattr(instance, "get_reward", None)) and \
                     type(instance) not in self.reward_classes:
                 self.reward_classes.append(type(instance))
@@ -90,7 +91,7 @@ class Environments:
         chosen = []
         for name in names:
             pool, index = self.pool[name], handed.get(name, 0)
-            if index == len(pool):
+            if index == len(pool):  # TRL's pool: grows only when a batch needs more at once
                 pool.append(self.factories[name]())
             handed[name] = index + 1
             chosen.append(pool[index])
@@ -102,6 +103,8 @@ class Environments:
     def reward_function(self, environment_class: type) -> Callable[..., list[float | None]]:
         """A reward function (TRL's contract) reading ``get_reward()`` of the rollouts whose
         environment is exactly ``environment_class`` (None for the others)."""
+        # exact type, not isinstance (TRL's rule): a subclass that is itself a registered
+        # environment would otherwise be scored by both channels
         if inspect.iscoroutinefunction(environment_class.get_reward):
             async def get_reward(environments: Sequence[Any], **_: Any) -> list[float | None]:
                 return [await e.get_reward() if type(e) is environment_class else None

@@ -96,7 +96,7 @@ async def _call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout
             loop = asyncio.get_running_loop()
             value = await asyncio.wait_for(
                 loop.run_in_executor(pool, lambda: tool(**call.arguments)), timeout)
-    except TimeoutError:
+    except TimeoutError:  # what asyncio.wait_for raises since Python 3.11
         return _failure(name, f"{name} timed out after {timeout:g} s")
     except Exception as exc:  # a tool's error is the model's feedback, not the trainer's
         return _failure(name, f"{type(exc).__name__}: {exc}")
@@ -120,6 +120,7 @@ class EventLoop:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
+                # a daemon: a tool still running never keeps the trainer's process alive
                 threading.Thread(target=self._loop.run_forever, name="mtgrpo-tools",
                                  daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

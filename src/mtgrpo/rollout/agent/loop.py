@@ -167,6 +167,7 @@ class ToolLoop:
         text = self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) or None, tokenize=False,
             add_generation_prompt=True, **self.chat_template_kwargs)
+        # the template wrote the special tokens (BOS) already; adding them again doubles them
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ the loop
@@ -213,6 +214,7 @@ class ToolLoop:
 
     def _next_turn(self, rollouts: list[_Rollout], params: SamplingParams) -> None:
         room = [self._room(r) for r in rollouts]
+        # one batched call has one max_new_tokens: the largest room; each turn is cut to its own
         out = self.backend.generate([r.prompt_ids + r.completion_ids for r in rollouts],
                                     self._budgeted(params, max(room)), 1)
         for i, rollout in enumerate(rollouts):
@@ -226,10 +228,12 @@ class ToolLoop:
                    limit: int | None = None) -> None:
         ids = list(out.completion_ids[row])
         finished = out.finished[row]
+        # a turn cut to its room never reached its stop token, so its calls are not run
         if limit is not None and len(ids) > limit:
             ids, finished = ids[:limit], False
         rollout.completion_ids += ids
         rollout.tool_mask += [1] * len(ids)
+        # all or none: a turn without log-probs would leave the rest misaligned with the ids
         if out.logprobs is None or rollout.logprobs is None:
             rollout.logprobs = None
         else:
@@ -244,6 +248,8 @@ class ToolLoop:
         turn = rollout.turn
         if turn is None or not turn.calls or not rollout.finished:
             return False
+        # TRL's rule, kept: a model that has not learnt the format would otherwise spend its
+        # whole budget on error replies, and the rollout's reward should say it failed
         if self.malformed == "end" and all(call.malformed for call in turn.calls):
             rollout.calls += len(turn.calls)
             rollout.failures += len(turn.calls)
@@ -267,6 +273,7 @@ class ToolLoop:
     def _append_replies(self, rollout: _Rollout, replies: list[ToolResult]) -> bool:
         messages = [reply.message() for reply in replies]
         room = self._room(rollout)
+        # a cheap bound first, so a flood of tool output is never rendered nor tokenized
         text = sum(len(m["content"]) for m in messages if isinstance(m["content"], str))
         if text >= room * self._longest_token():
             return False  # rolled back untokenized: its text alone needs more than the room

@@ -64,11 +64,12 @@ ToolCallParser = Callable[[str], ParsedTurn]
 """``parser(turn_text) -> ParsedTurn``: the text of one model turn (special tokens removed) to
 its content and tool calls."""
 
+# `|\Z`: a turn cut at its stop token may leave its last block unclosed; it still counts
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def _read_call(body: str) -> ToolCall:
-    try:
+    try:  # the model wrote this text: parsed as JSON data only, never evaluated
         value = json.loads(body)
     except json.JSONDecodeError as exc:
         return ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg})")

@@ -14,7 +14,7 @@ from mtgrpo.tasks import PromptSet, is_conversational
 __all__ = ["AgentBatch", "AgentRollouts"]
 
 ENVIRONMENT_COLUMN = "environment"
-EMPTY_PROMPT = ({"role": "user", "content": ""},)
+EMPTY_PROMPT = ({"role": "user", "content": ""},)  # TRL's, for rows without a prompt
 
 
 @dataclass
@@ -87,5 +87,6 @@ class AgentRollouts:
     def _reset_arguments(self, row: dict[str, Any]) -> dict[str, Any]:
         hidden = set(self.hidden_columns)
         if self.environments is not None and self.environments.multiple:
+            # TRL's rule: with several environments the column routes rows; reset never sees it
             hidden.add(ENVIRONMENT_COLUMN)
         return {k: v for k, v in row.items() if k not in hidden}

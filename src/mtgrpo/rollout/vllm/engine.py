@@ -69,7 +69,7 @@ class EngineOptions:
     model: str
     dtype: str = "auto"
     max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = 0.3  # TRL's vllm_gpu_memory_utilization default
     tensor_parallel_size: int = 1
     enable_sleep_mode: bool = False
     model_impl: str = "auto"
@@ -105,6 +105,7 @@ class EngineOptions:
             # the log-probs after temperature and top-k/top-p: those of the distribution
             # sampled, which the importance ratios need (TRL sets the same)
             "logprobs_mode": "processed_logprobs",
+            # as TRL: with the default (32768) vLLM's memory profiler finds too little memory
             "max_num_batched_tokens": 4096,
         }
         if self.max_num_seqs is not None:
@@ -115,7 +116,7 @@ class EngineOptions:
             kwargs["enable_prefix_caching"] = self.enable_prefix_caching
         if on_gpu():
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        else:
+        else:  # CPU: a byte size; vLLM's fraction there subtracts a colocated trainer's memory
             kwargs["kv_cache_memory_bytes"] = self.cpu_kv_cache_bytes()
         return kwargs
 
@@ -277,7 +278,9 @@ def vllm_sampling(params: SamplingParams, n: int, stop_ids: Sequence[int],
     vllm = require_vllm()
     options: dict[str, Any] = {
         "n": n, "max_tokens": params.max_new_tokens, "stop_token_ids": list(stop_ids),
+        # logprobs 0: the sampled token's alone (vLLM adds it to the top-k asked for)
         "logprobs": 0 if params.return_logprobs else None, "seed": params.seed,
+        # no penalties: the log-prob check and importance ratios assume softmax(logits / T)
         "repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0,
     }
     if params.is_greedy:
@@ -286,7 +289,7 @@ def vllm_sampling(params: SamplingParams, n: int, stop_ids: Sequence[int],
     else:
         options.update(temperature=float(params.temperature), top_p=float(params.top_p),
                        top_k=int(params.top_k))
-    options.update(extra or {})
+    options.update(extra or {})  # TRL's generation_kwargs override the fields above
     if regex is not None:
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -307,7 +310,7 @@ def sample(engine: Any, prompts: list[list[int]], params: SamplingParams, n: int
     for request in outputs:
         for output in request.outputs:
             completions.append(list(output.token_ids))
-            finished.append(output.finish_reason == "stop")
+            finished.append(output.finish_reason == "stop")  # "length" (max_tokens): clipped
             if output.logprobs is not None:
                 logprobs.append([float(step[token].logprob) for step, token
                                  in zip(output.logprobs, output.token_ids, strict=True)])

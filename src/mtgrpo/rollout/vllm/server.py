@@ -62,6 +62,7 @@ class GenerationServer:
         config = self.engine.llm_engine.model_config
         self.max_model_len = int(config.max_model_len)
         self.vocab_size = int(config.get_vocab_size())
+        # one request in the engine at a time: the HTTP server answers on several threads
         self.lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
@@ -71,6 +72,7 @@ class GenerationServer:
                 "vllm": require_vllm().__version__}
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        # whoever reaches the port writes this body: checked before the engine sees it
         prompts = check_prompt_ids(body.get("prompt_ids"), self.vocab_size)
         n = body.get("n", 1)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -80,6 +82,7 @@ class GenerationServer:
         if unknown:
             raise ValueError(f"unknown sampling fields {unknown}; known: {list(_SAMPLING_FIELDS)}")
         params = SamplingParams(**raw)
+        # refused here with the fix, rather than by the engine with its own message
         longest = max(len(p) for p in prompts) + params.max_new_tokens
         if longest > self.max_model_len:
             raise ValueError(
@@ -87,7 +90,7 @@ class GenerationServer:
                 f"{params.max_new_tokens} exceeds the server's max_model_len "
                 f"{self.max_model_len}; restart it with a larger --max-model-len or shorten them"
             )
-        with self.lock:
+        with self.lock:  # the version read here is the one that generates: no push between
             version = weights_version(self.engine)
             out = sample(self.engine, prompts, params, n, params.stop_token_ids,
                          body.get("structured_outputs_regex"), body.get("options"))
@@ -111,6 +114,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args: Any) -> None:
+            # http.server writes every request to stderr; here they are debug records
             logger.debug("%s " + format, self.address_string(), *args)
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
@@ -156,12 +160,13 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
             elif url.path == "/update_weights":
                 self._answer(lambda: self._update(url))
             elif url.path == "/reset_prefix_cache":
+                # read even unused: under HTTP/1.1 it would be parsed as the next request
                 self._body()
                 self._answer(server.reset_prefix_cache)
             elif url.path == "/probe_path":
                 self._answer(lambda: self._probe(self._json()))
             else:
-                self._body()
+                self._body()  # as above: the connection may carry another request
                 self._send(404, {"error": f"no POST {url.path}; see protocol {PROTOCOL}"})
 
         def _update(self, url: Any) -> dict[str, Any]:
@@ -176,7 +181,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
                                          int(query["version"][0]))
 
         def _probe(self, body: dict[str, Any]) -> dict[str, Any]:
-            try:
+            try:  # the token proves it is the trainer's file, not another at the same path
                 readable = Path(body["path"]).read_text(encoding="utf-8") == body["token"]
             except OSError:
                 readable = False
@@ -191,14 +196,14 @@ def serve(options: EngineOptions, host: str = "127.0.0.1", port: int = 8000,
     begin = time.perf_counter()
     server = GenerationServer(options)
     httpd = ThreadingHTTPServer((host, port), _handler(server))
-    httpd.daemon_threads = True
+    httpd.daemon_threads = True  # a request in flight never holds the server at exit
     print(f"[vllm-serve] {options.model} ready on http://{host}:{httpd.server_address[1]} "
           f"after {time.perf_counter() - begin:.0f} s (protocol {PROTOCOL})", flush=True)
     if ready is not None:
         ready.set()
     try:
         httpd.serve_forever()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
         pass
     finally:
         httpd.server_close()
