@@ -73,6 +73,7 @@ def new_state(max_steps: int, steps_per_epoch: int, num_train_epochs: float,
 
     return TrainerState(
         epoch=0.0, global_step=0, max_steps=max_steps,
+        # transformers' Trainer rule: as many epochs as max_steps reaches into
         num_train_epochs=math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else
         int(num_train_epochs),
         logging_steps=intervals["logging"], eval_steps=intervals["eval"],
@@ -112,9 +113,9 @@ class LogWindow:
     def record(self, metrics: Mapping[str, Any], epoch: float) -> dict[str, Any]:
         """The log record of the window ending with the step of ``metrics``; resets it."""
         record = with_trl_names(metrics)
-        if self.losses:
+        if self.losses:  # the HF Trainer's logged loss: the mean since the previous log
             record["loss"] = sum(self.losses) / len(self.losses)
-        for name, values in self.custom.items():
+        for name, values in self.custom.items():  # TRL averages its metrics over the window
             record[name] = sum(values) / len(values)
         record["epoch"] = epoch
         self.losses, self.custom = [], {}
@@ -129,7 +130,7 @@ def train_summary(start: float, steps: int, prompts_per_step: int, num_generatio
         "train_runtime": runtime,
         "train_samples_per_second": steps * prompts_per_step * num_generations / runtime,
         "train_steps_per_second": steps / runtime,
-        "total_flos": 0.0,
+        "total_flos": 0.0,  # transformers' summary key; mtgrpo does not count FLOPs
         "train_loss": sum(run_losses) / len(run_losses) if run_losses else math.nan,
     }
 
@@ -140,6 +141,7 @@ def best_metric_improved(metric: str, greater_is_better: bool | None, value: flo
     in ``loss`` or ``greater_is_better`` says otherwise, as transformers)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return False
+    # transformers' default: a metric named *loss is minimised, any other maximised
     greater = not metric.endswith("loss") if greater_is_better is None else greater_is_better
     if best is None:
         return True

@@ -40,6 +40,7 @@ class HubUploader:
         self.api = HfApi(token=token)
         self.revision = revision
         url = self.api.create_repo(repo_id, private=private, exist_ok=True)
+        # the Hub's full name: a bare name has gained the token's user as namespace
         self.repo_id = getattr(url, "repo_id", None) or repo_id
         if revision is not None:
             self.api.create_branch(self.repo_id, branch=revision, exist_ok=True)
@@ -57,6 +58,7 @@ class HubUploader:
         """A checkpoint was written: upload what ``strategy`` asks for."""
         if strategy == "end":
             return
+        # transformers' commit message and layout: the repository reads as the HF Trainer's
         self.upload(model_dir, commit_message=f"Training in progress, step {step}")
         if strategy == "checkpoint":
             self.upload(checkpoint, path_in_repo="last-checkpoint",

@@ -49,6 +49,7 @@ def run_identity(args: Any, *, tasks: Sequence[str], channels: Sequence[str],
 
 def changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{field: (checkpoint's value, this run's)}`` for the fields both record that differ."""
+    # a field only one side records (added since the checkpoint was written) is no difference
     return {name: (saved[name], now[name]) for name in now
             if name in saved and saved[name] != now[name]}  # fmt: skip
 

@@ -93,6 +93,7 @@ def channel_metrics(channel_names: Sequence[str], values: np.ndarray,
     bool, :mod:`mtgrpo.rewards.guard`)."""
     out = {
         "reward": _nanmean(scalar_rewards),
+        # TRL's reward_std: over the whole batch (not per group), with Bessel's correction
         "reward_std": float(np.nanstd(scalar_rewards, ddof=1))
         if np.isfinite(scalar_rewards).sum() > 1 else math.nan,
     }
@@ -100,6 +101,7 @@ def channel_metrics(channel_names: Sequence[str], values: np.ndarray,
         column = values[:, r]
         present = column[~np.isnan(column)]
         out[f"rewards/{name}/mean"] = _mean(present)
+        # ddof 1 and NaN below two values: TRL's nanstd
         out[f"rewards/{name}/std"] = float(present.std(ddof=1)) if present.size > 1 else math.nan
         out[f"rewards/{name}/errors"] = int(errors[:, r].sum()) if errors is not None else 0
     return out
@@ -113,6 +115,7 @@ def length_metrics(lengths: np.ndarray, finished: np.ndarray) -> dict[str, float
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
+        # TRL's clipped_ratio: completions that did not end at a stop token
         "completions/clipped_ratio": float(1.0 - finished.mean()),
     }
 

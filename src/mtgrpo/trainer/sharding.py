@@ -78,6 +78,7 @@ def unsharded(model: nn.Module) -> Iterator[None]:
         model._mtgrpo_gathered = False
         for module in modules:
             module.reshard()
+            # resharded after each forward again: the update holds one gathered block at a time
             module.set_reshard_after_forward(True, recurse=False)
 
 
@@ -111,6 +112,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     process must call it."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    # full_state_dict with cpu_offload: torch gathers to rank 0's host memory, {} elsewhere
     return get_model_state_dict(model, options=_options(cpu_offload=True))
 
 
@@ -129,7 +131,9 @@ def load_model_state(model: nn.Module, model_state: dict[str, Any]) -> None:
     processes pass ``{}``) into every process's model. Every process must call it."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    # strict=False: a checkpoint holds the trainable parameters, not necessarily all
+    # broadcast_from_rank0: only the main process read the checkpoint; torch sends each
+    # tensor from it to every process's shard. strict=False: a checkpoint holds the trainable
+    # parameters, not necessarily all
     set_model_state_dict(model, model_state, options=_options(broadcast_from_rank0=True,
                                                               strict=False))
 

@@ -46,6 +46,7 @@ class StopRequests:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequests:
+        # Python installs signal handlers from the main thread only (ValueError elsewhere)
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
@@ -53,6 +54,7 @@ class StopRequests:
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
+            # None: the old handler was not set from Python and cannot be put back as such
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
 
