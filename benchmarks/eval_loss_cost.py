@@ -58,7 +58,7 @@ def trainer_for(config: str, model: str | None, out: Path) -> tuple[Any, Any]:
                          "task suite's held-out set")
     if model is not None:
         run.model.name_or_path, run.model.tiny = model, False
-    run.training.output_dir, run.training.report_to = str(out), []
+    run.training.output.output_dir, run.training.output.report_to = str(out), []
     suite = run.tasks.build_suite()
     rewards, train = run_inputs(run, suite)
     return build_trainer(run, prepare_model(run, suite), rewards, train, suite), suite
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     fast = sum(p["seconds_without"] for p in pairs)
     result = {
         "config": options.config, "model": options.model, "threads": torch.get_num_threads(),
-        "loss_type": trainer.args.loss_type, "beta": trainer.args.beta,
+        "loss_type": trainer.config.loss.loss_type, "beta": trainer.config.loss.beta,
         "seconds_with_forward": slow, "seconds_without": fast, "ratio": slow / fast,
         "pairs": pairs,
     }

@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     else:
         held_out_suite(run, args.tasks).close()
         prompts = dict.fromkeys(args.tasks, args.eval_size)
-    checkpoints = find_checkpoints(args.grid, run.training.max_steps)
+    checkpoints = find_checkpoints(args.grid, run.training.schedule.max_steps)
     jobs = [(c, task) for task in args.tasks for c in checkpoints]
     with ThreadPoolExecutor(args.jobs) as pool:
         paths = list(pool.map(lambda job: evaluate(job[0], job[1], args), jobs))

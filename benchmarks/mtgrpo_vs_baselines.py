@@ -134,7 +134,7 @@ import yaml
 
 from mtgrpo.algo.sampling import SAMPLERS
 from mtgrpo.algo.weighting import WEIGHTINGS
-from mtgrpo.config import load_run_config, run_config_from_dict
+from mtgrpo.config import FlatOptions, load_run_config, run_config_from_dict
 from mtgrpo.recipes import recipe_path
 from mtgrpo.reporting.compare import (
     ComparisonTable,
@@ -483,10 +483,11 @@ def load_base(options: GridOptions) -> tuple[Path, dict[str, Any]]:
     if options.max_steps is not None:
         overrides.append(f"--max_steps={options.max_steps}")
     run = load_run_config(path, overrides)
-    if run.training.eval_steps < 1:
+    if run.training.evaluation.eval_steps < 1:
         raise ValueError(
             f"the comparison is made on the eval split, but {path.name} has eval_steps="
-            f"{run.training.eval_steps}; add --set eval_steps=N (e.g. a tenth of max_steps)")
+            f"{run.training.evaluation.eval_steps}; add --set eval_steps=N (e.g. a tenth of "
+            "max_steps)")
     if run.sft and not run.tasks:
         raise ValueError("the sft section warm-starts on a task suite's gold answers; the base "
                          "config needs a tasks section")
@@ -550,7 +551,7 @@ def written_config(config: Mapping[str, Any]) -> dict[str, Any]:
     from mtgrpo.trainer.run import _model_kwargs
 
     run = run_config_from_dict(config)
-    run.training.model_init_kwargs = _model_kwargs(run)  # run_training writes them so
+    run.training.compute.model_init_kwargs = _model_kwargs(run)  # run_training writes them so
     resolved = run.to_dict()
     for key in _RESUME_KEYS:
         resolved.pop(key, None)
@@ -1328,7 +1329,7 @@ def per_task_table(aggregate: SeedAggregateTable) -> str:
 
 def method_rows(plan: GridPlan) -> str:
     """The methods as run: weighting, batch construction, ε_high and their parameters."""
-    epsilon = run_config_from_dict(plan.base).training.epsilon
+    epsilon = run_config_from_dict(plan.base).training.loss.epsilon
     seen: dict[str, PlannedRun] = {}
     for run in plan.runs:
         seen.setdefault(run.method.name, run)
@@ -1383,13 +1384,13 @@ def _eval_prompts_per_task(plan: GridPlan) -> int | None:
 
 def eval_samples_per_task(plan: GridPlan) -> int:
     """Completions scored per task at one evaluation: eval prompts × samples per prompt."""
-    run = run_config_from_dict(plan.base).training
+    run = FlatOptions(run_config_from_dict(plan.base).training)  # options by flat name
     return (_eval_prompts_per_task(plan) or 0) * run.num_generations_eval
 
 
 def settings(plan: GridPlan) -> list[str]:
     """The shared settings of every run, in words."""
-    run = run_config_from_dict(plan.base).training
+    run = FlatOptions(run_config_from_dict(plan.base).training)  # options by flat name
     eval_size = _eval_prompts_per_task(plan)
     return [
         f"base config `{_display(plan.base_path)}`; start model "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mtgrpo.config import reference_markdown
+from mtgrpo.compat import reference_markdown
 
 README = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

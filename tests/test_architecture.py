@@ -127,6 +127,13 @@ def test_imports_run_down_the_layers():
     assert not upward, f"imports that go up a layer (room, target, layers): {upward}"
 
 
+def test_trl_compatibility_is_imported_only_by_the_facade_and_the_command_line():
+    """``mtgrpo.compat`` (TRL's flat config, its trainer defaults, its model arguments) is the
+    edge: the rest of the package reads the native configuration."""
+    importers = sorted(room for room, targets in code_imports().items() if "compat" in targets)
+    assert importers == sorted([FACADE, "cli"])
+
+
 def test_no_cycle_lazy_or_not():
     graph = code_imports()
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -189,7 +196,7 @@ def test_building_a_config_imports_no_torch():
     """``GRPOConfig()`` (and the whole default run config) is validated without torch."""
     import subprocess
 
-    code = ("import sys\nfrom mtgrpo.config import GRPOConfig, load_run_config\n"
+    code = ("import sys\nfrom mtgrpo.compat import GRPOConfig, load_run_config\n"
             "GRPOConfig()\nload_run_config(None)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
             "assert 'transformers' not in sys.modules, 'transformers was imported'\n")

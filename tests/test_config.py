@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+import mtgrpo
+from mtgrpo.compat import GRPOConfig, load_run_config
 from mtgrpo.config import (
-    GRPOConfig,
+    BatchConfig,
+    LossConfig,
     TrainConfig,
     apply_overrides,
     config_fields_help,
-    load_run_config,
     run_config_from_dict,
 )
 
@@ -47,12 +51,13 @@ def test_prompts_per_step_follows_trl_derivation():
 def test_run_files_count_optimizer_steps_per_generation_batch():
     # TrainConfig (run files, the CLI): steps_per_generation counts optimizer steps, so the
     # same numbers mean 8 x 2 accumulation x 4 optimizer steps / 4 = 16 prompts
-    args = TrainConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                       steps_per_generation=4, num_generations=4)
+    args = TrainConfig(batch=BatchConfig(per_device_train_batch_size=8,
+                                         gradient_accumulation_steps=2,
+                                         steps_per_generation=4, num_generations=4))
     assert args.resolved_prompts_per_step() == 16
     assert args.updates_per_generation() == 4
     assert args.completions_per_optimizer_step() == 16
-    assert TrainConfig().steps_per_generation == 1
+    assert TrainConfig().batch.steps_per_generation == 1
 
 
 def test_aliases_are_merged():
@@ -100,8 +105,8 @@ def test_run_config_from_yaml_with_overrides(tmp_path):
                                  "--task_weighting_params.lam", "0.5"])
     assert run.model.name_or_path == "my/model"
     assert run.model.dtype == "bfloat16"
-    assert run.training.learning_rate == 2e-5
-    assert run.training.task_weighting_params == {"lam": 0.5}
+    assert run.training.optimization.learning_rate == 2e-5
+    assert run.training.multitask.task_weighting_params == {"lam": 0.5}
     assert run.rewards.to_value() == {"countdown": ["countdown_reward"]}
     assert run.rewards.by_task == {"countdown": ["countdown_reward"]}
     assert run.peft.to_dict()["r"] == 8
@@ -166,7 +171,8 @@ def test_wrong_types_in_a_run_file_and_its_sections(tmp_path):
     with pytest.raises(TypeError, match=r"model.trust_remote_code: 'maybe' \(str\) is not "
                                         r"true or false"):
         load_run_config(path)
-    assert load_run_config(path, ["--model.trust_remote_code", "true"]).training.learning_rate \
+    assert load_run_config(path, ["--model.trust_remote_code", "true"]) \
+        .training.optimization.learning_rate \
         == 1e-5  # YAML reads 1e-5 as a string; numeric options convert it
 
 
@@ -297,3 +303,98 @@ def test_sections_are_typed_and_round_trip_through_a_run_file(tmp_path):
     written.write_text(yaml.safe_dump(run.to_dict()))
     again = load_run_config(written)
     assert again.to_dict() == run.to_dict()
+
+
+# ------------------------------------------------------------------ the native, nested tree
+def test_the_native_config_is_nested_and_every_option_is_named_once():
+    from mtgrpo.config import FIELD_SECTION, SECTIONS
+
+    config = TrainConfig()
+    assert config.loss.beta == 0.0
+    assert config.batch.num_generations == 8
+    assert len(FIELD_SECTION) == sum(len(dataclasses.fields(k)) for k in SECTIONS.values())
+    assert set(config.to_flat()) == set(FIELD_SECTION)
+    assert TrainConfig.from_flat(config.to_flat()) == config  # the run file's form round-trips
+    nested = TrainConfig.from_flat({"loss": {"beta": 0.04}, "learning_rate": "1e-5"})
+    assert (nested.loss.beta, nested.optimization.learning_rate) == (0.04, 1e-5)
+    assert TrainConfig(loss={"beta": 0.04}).loss.beta == 0.04  # a section as a mapping
+    with pytest.raises(ValueError, match=r"unknown config option\(s\): 'betta' \(did you mean "
+                                         r"'beta'\?\)"):
+        TrainConfig.from_flat({"betta": 0.1})
+    with pytest.raises(ValueError, match=r"unknown loss option\(s\): 'learning_rate'"):
+        TrainConfig.from_flat({"loss": {"learning_rate": 0.1}})  # an option of another section
+    with pytest.raises(TypeError, match=r"LossConfig.*'betta' \(did you mean 'beta'\?\)"):
+        LossConfig(betta=0.1)
+
+
+def test_every_native_option_acts():
+    """No option of the native tree is accepted without effect: each is read by the code
+    (the TRL fields that do not act live in mtgrpo.compat.trl_fields)."""
+    import pathlib
+    import re
+
+    from mtgrpo.config import FIELD_SECTION
+
+    source = "\n".join(p.read_text() for p in pathlib.Path(mtgrpo.__file__).parent.rglob("*.py")
+                       if p.name != "config.py" and "compat" not in p.parts)
+    read_elsewhere = {
+        # transformers' DefaultFlowCallback reads these from the arguments it is handed
+        "logging_first_step", "eval_delay",
+        # DDP's options, read as f"ddp_{name}" (trainer/building.py)
+        "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
+        "ddp_static_graph",
+        # read by TrainConfig's own step counting (training_steps, optimizer_interval)
+        "step_unit",
+    }
+    unread = [name for name in FIELD_SECTION
+              if name not in read_elsewhere and not re.search(rf"\b{name}\b", source)]
+    assert unread == []
+    assert 'f"ddp_{name}"' in source
+
+
+def test_trls_flat_config_builds_the_native_tree():
+    args = GRPOConfig(beta=0.04, gradient_accumulation_steps=2, steps_per_generation=4,
+                      per_device_train_batch_size=4, num_generations=4, max_steps=6)
+    native = args.to_native()
+    assert native.loss.beta == 0.04
+    assert native.schedule.step_unit == "optimizer"
+    assert native.batch.steps_per_generation == 2  # 4 micro-batches of 2 per optimizer step
+    assert native.training_steps() == args.training_steps() == 3
+    assert args.to_native() is native  # built once while no field changes
+    args.beta = 0.1
+    assert args.to_native().loss.beta == 0.1  # a changed field is read again
+    assert args.loss.beta == 0.1  # the sections read through the native tree
+
+
+def test_a_flat_view_serves_code_written_for_training_arguments():
+    from mtgrpo.config import FlatOptions
+
+    config = TrainConfig()
+    view = FlatOptions(config)
+    assert view.logging_steps == config.output.logging_steps
+    view.logging_steps = 5
+    assert config.output.logging_steps == 5
+    assert view.to_sanitized_dict()["logging_steps"] == 5
+    with pytest.raises(AttributeError, match="not an option"):
+        view.logging_stepz = 1
+
+
+def test_run_files_may_hold_trls_fields(tmp_path, caplog):
+    import logging
+
+    path = tmp_path / "run.yaml"
+    path.write_text("dataloader_num_workers: 4\nreward_aggregation_method: na\n"
+                    "vllm_importance_sampling_cap: 2.0\n")
+    with caplog.at_level(logging.WARNING, logger="mtgrpo.config"):
+        run = load_run_config(path)
+    assert "dataloader_num_workers" in caplog.text  # accepted, named as having no effect
+    assert run.training.advantage.multi_objective_aggregation == "normalize_then_sum"
+    assert run.training.vllm.vllm_importance_sampling_clip_max == 2.0
+    path.write_text("use_liger_kernel: true\n")
+    with pytest.raises(ValueError, match="use_liger_kernel=True is not supported"):
+        load_run_config(path)
+    from mtgrpo.config import load_run_config as native_only
+
+    path.write_text("dataloader_num_workers: 4\n")
+    with pytest.raises(ValueError, match=r"unknown config option\(s\): 'dataloader_num_workers'"):
+        native_only(path)  # the native reader knows only the options that act

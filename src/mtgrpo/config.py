@@ -1,17 +1,18 @@
-"""The configuration tree: :class:`TrainConfig` (training) plus model, data and reward sections.
+"""The configuration tree: :class:`TrainConfig` (training, nested by concern) plus the model,
+data, task and reward sections of a run.
 
-:class:`TrainConfig` speaks TRL's ``GRPOConfig`` names wherever TRL has the same option
-(``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...) and adds the
-multi-task options (task weighting, batch construction, zero-gradient filter, ...). Every field
-carries its help text once, in ``metadata["help"]``: docs/configuration.md and the
-``mtgrpo train --field value`` flags are derived from it.
+:class:`TrainConfig` holds thirteen sections (``output``, ``saving``, ``evaluation``,
+``compute``, ``distributed``, ``optimization``, ``schedule``, ``batch``, ``rollout``,
+``vllm``, ``loss``, ``advantage``, ``multitask``), and every option in them acts. It speaks
+TRL's names wherever TRL has the same option (``learning_rate``, ``num_generations``,
+``beta``, ``epsilon``, ``loss_type``, ...), and option names are unique across sections, so a
+run file and the ``mtgrpo train --name value`` flags name them flat. Every field carries its
+help text once, in ``metadata["help"]``: docs/configuration.md and the flags derive from it.
 
-A YAML run file maps one-to-one onto :class:`RunConfig`: the :class:`TrainConfig` fields at the
-top level, plus the sections ``model``, ``data``, ``tasks``, ``rewards`` and ``peft``.
-:class:`TrainConfig` counts in training steps (one generation batch each);
-:class:`GRPOConfig`, its subclass for Python code written for TRL, takes the same options and
-counts ``max_steps``, ``logging_steps``, ``save_steps``, ``eval_steps`` and
-``steps_per_generation`` as TRL 1.16 does (optimizer steps and micro-batches).
+A YAML run file maps onto :class:`RunConfig`: the training options at the top level (flat, or
+as sections), plus the sections ``model``, ``data``, ``tasks``, ``rewards``, ``peft``, ``sft``
+and ``environments``. TRL's flat ``GRPOConfig``, with its units and its fields that have no
+effect here, is :mod:`mtgrpo.compat`'s, which builds this tree.
 
 Batch sizes (the part TRL users most often ask about):
 
@@ -23,7 +24,7 @@ Batch sizes (the part TRL users most often ask about):
   ``B*G / steps_per_generation`` completions), repeated ``num_iterations`` times (μ).
 * ``prompts_per_step`` defaults to TRL's derivation:
   ``per_device_train_batch_size × gradient_accumulation_steps × world_size ×
-  steps_per_generation / num_generations`` (in :class:`GRPOConfig`'s units:
+  steps_per_generation / num_generations`` (in TRL's ``GRPOConfig`` units:
   ``per_device_train_batch_size × world_size × steps_per_generation / num_generations``).
   When it is given explicitly, the ``gradient_accumulation_steps`` needed to cover an
   optimizer step is derived instead.
@@ -38,7 +39,7 @@ import dataclasses
 import functools
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from mtgrpo._config_types import (
     refuse_unknown,
 )
 from mtgrpo._config_types import option as _help
+from mtgrpo.algo.params import as_mapping, sampler_params, weighting_params
 from mtgrpo.algo.registry import (
     BACKENDS,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -63,6 +65,7 @@ from mtgrpo.algo.registry import (
     MalformedToolCalls,
     NoneHandling,
     ScaleRewards,
+    check_is_correction,
     check_optimizer_name,
     check_scheduler_name,
     resolve_aggregation,
@@ -78,21 +81,36 @@ from mtgrpo.algo.weighting import (
     check_weighting_params,
     reads_task_stats,
 )
-from mtgrpo.config_compat import TRLCompatibleFields, check_compatibility_fields
 from mtgrpo.models import DTYPES, LoraSettings
 from mtgrpo.sft.config import SFTConfig, WarmStartConfig
 from mtgrpo.tasks.config import TasksConfig
 from mtgrpo.tasks.episodes import EnvironmentsConfig
 
 __all__ = [
+    "FIELD_SECTION",
+    "SECTIONS",
+    "AdvantageConfig",
+    "BatchConfig",
+    "ComputeConfig",
     "DataConfig",
-    "GRPOConfig",
+    "DistributedConfig",
+    "EvaluationConfig",
+    "FlatOptions",
+    "LossConfig",
     "ModelConfig",
+    "MultiTaskConfig",
+    "OptimizationConfig",
+    "OutputConfig",
+    "RolloutConfig",
     "RunConfig",
+    "SavingConfig",
+    "ScheduleConfig",
     "TrainConfig",
+    "VLLMConfig",
     "apply_overrides",
     "config_fields_help",
     "load_run_config",
+    "native_config",
     "reference_markdown",
 ]
 
@@ -105,6 +123,10 @@ LogLevel = typing.Literal["passive", "debug", "info", "warning", "error", "criti
 FsdpOption = typing.Literal["full_shard", "auto_wrap"]
 SamplingOrder = typing.Literal["random", "sequential"]
 TokensSeen = typing.Literal["no", "all"]
+StepUnit = typing.Literal["training", "optimizer"]
+VLLMMode = typing.Literal["colocate", "server"]
+ImportanceSamplingMode = typing.Literal["token_truncate", "token_mask", "sequence_truncate",
+                                        "sequence_mask"]
 ON_LONG_PROMPT: tuple[str, ...] = typing.get_args(OnLongPrompt)
 INTERVALS: tuple[str, ...] = typing.get_args(Interval)
 SAVE_INTERVALS: tuple[str, ...] = typing.get_args(SaveInterval)
@@ -148,8 +170,8 @@ def _checked_init(cls: type) -> type:
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
         refuse_unknown(
             [key for key in kwargs if key not in names], names, cls.__name__, error=TypeError,
-            fix=f"correct the name ({cls.__name__} takes TRL 1.16's GRPOConfig options and "
-                "mtgrpo's, listed in docs/configuration.md)")
+            fix=f"correct the name ({cls.__name__}'s options are listed in "
+                "docs/configuration.md)")
         generated(self, *args, **kwargs)
 
     cls.__init__ = checked_init  # type: ignore[assignment]
@@ -158,28 +180,9 @@ def _checked_init(cls: type) -> type:
 
 @_checked_init
 @dataclass
-class TrainConfig(TRLCompatibleFields):
-    """Training options, counted in mtgrpo's steps: the top level of a run file and the CLI.
+class OutputConfig:
+    """Where the run writes and what it logs: the run directory, metrics, trackers, completions."""
 
-    A **step** is one generation batch and its update: ``max_steps``, ``logging_steps``,
-    ``eval_steps`` and ``save_steps`` count generation batches, and ``steps_per_generation``
-    counts the optimizer steps taken on each (``num_iterations`` times). The transformers
-    surface (``trainer.state.global_step``, ``state.max_steps``, ``log_history``, checkpoint
-    names) counts optimizer steps, as in TRL: ``global_step = step × steps_per_generation ×
-    num_iterations``. :class:`GRPOConfig` is the same set of options counted as TRL counts them.
-
-    ``step_counts`` (a class attribute, written to a run's ``config.yaml`` when it is not
-    ``"training"``) names the counting, so a saved config loads back as the same class.
-
-    Every field of TRL 1.16's ``GRPOConfig`` (and so of transformers' ``TrainingArguments``)
-    is accepted: those declared here act; the few that cannot apply are declared in
-    :mod:`mtgrpo.config_compat` (no effect, with a warning when set, or refused with the
-    alternative). ``docs/coming-from-trl.md`` lists every default that differs from TRL's.
-    """
-
-    step_counts: typing.ClassVar[str] = "training"
-
-    # ------------------------------------------------------------------ output and logging
     output_dir: str = _help("Run directory: metrics, checkpoints, report.", default="runs/mtgrpo")
     run_name: str | None = _help("Name shown by trackers (default: output_dir's name).",
                                  default=None)
@@ -215,6 +218,16 @@ class TrainConfig(TRLCompatibleFields):
     save_rollouts: bool = _help(
         "Write every group's rewards and advantages to rollouts.jsonl (the gradient-noise "
         "analysis reads it).", default=False)
+    profile: bool = _help("Write a torch profiler trace of one training step.", default=False)
+    log_entropy: bool = _help("Compute and log the policy's token entropy (costs a little).",
+                              default=True)
+
+
+@_checked_init
+@dataclass
+class SavingConfig:
+    """Checkpoints, resuming, the best model and uploads to the Hugging Face Hub."""
+
     save_strategy: SaveInterval = _help(
         "When to checkpoint: steps (every save_steps, and at the end), epoch, best (when "
         "metric_for_best_model improves) or no (never).", default="steps")
@@ -242,25 +255,6 @@ class TrainConfig(TRLCompatibleFields):
     greater_is_better: bool | None = _help(
         "Whether a larger metric_for_best_model is better (default: true, except for names "
         "ending in loss).", default=None)
-    eval_strategy: Interval | None = _help(
-        "When to evaluate: steps (every eval_steps, and at the end), epoch or no (default: "
-        "steps when eval_steps > 0, else no).", default=None)
-    eval_steps: int | float | None = _help(
-        "Evaluate every N steps (0: never; None with eval_strategy=steps: logging_steps; "
-        "below 1: that fraction of all steps).", default=None)
-    eval_delay: float = _help("Evaluate only from this step (or epoch, with "
-                              "eval_strategy=epoch) on.", default=0)
-    eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
-                                default=True)
-    num_generations_eval: int | None = _help(
-        "Samples per eval prompt (accuracy is their mean; None: num_generations, as TRL).",
-        default=1)
-    eval_temperature: float = _help("Sampling temperature for eval (0: greedy).", default=1.0)
-    profile: bool = _help("Write a torch profiler trace of one training step.", default=False)
-    log_entropy: bool = _help("Compute and log the policy's token entropy (costs a little).",
-                              default=True)
-
-    # ------------------------------------------------------------------ hub
     push_to_hub: bool = _help(
         "Upload the trained model (or adapter) and tokenizer to the Hugging Face Hub "
         "(hub_strategy decides when).", default=False)
@@ -276,12 +270,35 @@ class TrainConfig(TRLCompatibleFields):
         "end (the final model), every_save (the model at every checkpoint and at the end), "
         "checkpoint (also the newest checkpoint as last-checkpoint/) or all_checkpoints "
         "(every checkpoint in its own folder).", default="every_save")
-    hub_always_push: bool = _help(
-        "Upload at every save even if the previous upload has not finished (uploads here "
-        "are synchronous, so every save uploads either way).", default=False)
     hub_revision: str | None = _help("Branch of the repository to upload to.", default=None)
 
-    # ------------------------------------------------------------------ model
+
+@_checked_init
+@dataclass
+class EvaluationConfig:
+    """When the held-out prompts are evaluated, and how they are sampled."""
+
+    eval_strategy: Interval | None = _help(
+        "When to evaluate: steps (every eval_steps, and at the end), epoch or no (default: "
+        "steps when eval_steps > 0, else no).", default=None)
+    eval_steps: int | float | None = _help(
+        "Evaluate every N steps (0: never; None with eval_strategy=steps: logging_steps; "
+        "below 1: that fraction of all steps).", default=None)
+    eval_delay: float = _help("Evaluate only from this step (or epoch, with "
+                              "eval_strategy=epoch) on.", default=0)
+    eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
+                                default=True)
+    num_generations_eval: int | None = _help(
+        "Samples per eval prompt (accuracy is their mean; None: num_generations, as TRL).",
+        default=1)
+    eval_temperature: float = _help("Sampling temperature for eval (0: greedy).", default=1.0)
+
+
+@_checked_init
+@dataclass
+class ComputeConfig:
+    """How the policy is loaded and computed: precision, device, gradient checkpointing, dropout."""
+
     model_init_kwargs: dict[str, Any] = _help(
         "Loading options when the model is given by name: dtype, attn_implementation, "
         "trust_remote_code, revision, gguf_file (TRL's field).", default_factory=dict)
@@ -312,7 +329,30 @@ class TrainConfig(TRLCompatibleFields):
     torch_empty_cache_steps: int | None = _help(
         "Empty the CUDA cache every N training steps (None: never).", default=None)
 
-    # ------------------------------------------------------------------ optimisation
+
+@_checked_init
+@dataclass
+class DistributedConfig:
+    """Several processes: DDP's options, fully sharded training (FSDP2), the process group."""
+
+    ddp_find_unused_parameters: bool | None = _help(
+        "DDP's find_unused_parameters (None: DDP's default).", default=None)
+    ddp_bucket_cap_mb: int | None = _help("DDP's bucket_cap_mb.", default=None)
+    ddp_broadcast_buffers: bool | None = _help("DDP's broadcast_buffers.", default=None)
+    ddp_static_graph: bool | None = _help("DDP's static_graph.", default=None)
+    ddp_backend: str | None = _help("Process-group backend (nccl, gloo, ...).", default=None)
+    fsdp: str | list[str] | None = _help(
+        "full_shard: fully sharded training (FSDP2) across the launched processes, each decoder "
+        "layer sharded, checkpoints resumable (docs/distributed.md); other FSDP options go "
+        "through accelerate's config file.", default=None)
+    ddp_timeout: int = _help("Process-group timeout in seconds.", default=1800)
+
+
+@_checked_init
+@dataclass
+class OptimizationConfig:
+    """The optimizer and its learning-rate schedule."""
+
     learning_rate: float = _help("Peak learning rate.", default=1e-6)
     optim: str = _help(
         "Optimizer, by transformers' name (adamw_torch_fused, adamw_torch, adafactor, sgd, "
@@ -337,6 +377,13 @@ class TrainConfig(TRLCompatibleFields):
         default=0)
     warmup_ratio: float = _help("Warm-up as a fraction of all optimizer steps (if > 0).",
                                 default=0.0)
+
+
+@_checked_init
+@dataclass
+class ScheduleConfig:
+    """How long the run trains, in what unit it counts, and the seeds and order of its prompts."""
+
     max_steps: int = _help(
         "Training steps, one generation batch each (-1: derived from num_train_epochs and "
         "the dataset's size).", default=-1)
@@ -344,26 +391,29 @@ class TrainConfig(TRLCompatibleFields):
         "Passes over the training prompts when max_steps is -1: a step uses prompts_per_step "
         "prompts, so an epoch is len(dataset) // prompts_per_step steps (at least 1).",
         default=3.0)
+    step_unit: StepUnit = _help(
+        "What max_steps, logging_steps, eval_steps and save_steps count: training (steps, one "
+        "generation batch each) or optimizer (optimizer steps, TRL's unit; when max_steps ends "
+        "inside a generation batch, the last batch takes only the optimizer steps left).",
+        default="training")
     seed: int = _help("Seed for data order, sampling and initialisation.", default=42)
     data_seed: int | None = _help("Seed of the prompt order alone (default: seed).",
                                   default=None)
     full_determinism: bool = _help(
         "Deterministic kernels (torch.use_deterministic_algorithms); slower.", default=False)
+    shuffle_dataset: bool = _help(
+        "Visit each task's prompts in a seeded shuffled order, reshuffled every epoch "
+        "(false: dataset order).", default=True)
+    train_sampling_strategy: SamplingOrder = _help(
+        "random (as shuffle_dataset) or sequential (dataset order, whatever shuffle_dataset "
+        "says); transformers' name.", default="random")
 
-    # ------------------------------------------------------------------ distributed
-    ddp_find_unused_parameters: bool | None = _help(
-        "DDP's find_unused_parameters (None: DDP's default).", default=None)
-    ddp_bucket_cap_mb: int | None = _help("DDP's bucket_cap_mb.", default=None)
-    ddp_broadcast_buffers: bool | None = _help("DDP's broadcast_buffers.", default=None)
-    ddp_static_graph: bool | None = _help("DDP's static_graph.", default=None)
-    ddp_backend: str | None = _help("Process-group backend (nccl, gloo, ...).", default=None)
-    fsdp: str | list[str] | None = _help(
-        "full_shard: fully sharded training (FSDP2) across the launched processes, each decoder "
-        "layer sharded, checkpoints resumable (docs/distributed.md); other FSDP options go "
-        "through accelerate's config file.", default=None)
-    ddp_timeout: int = _help("Process-group timeout in seconds.", default=1800)
 
-    # ------------------------------------------------------------------ batch sizes
+@_checked_init
+@dataclass
+class BatchConfig:
+    """Batch shape: completions per prompt, prompts per step, micro-batches and packing."""
+
     num_generations: int = _help("G: completions per prompt.", default=8)
     prompts_per_step: int | None = _help(
         "B: prompts per training step (default: derived from the TRL batch fields).",
@@ -396,7 +446,13 @@ class TrainConfig(TRLCompatibleFields):
         "attention. Same log-probs and gradients; false: padded, length-bucketed micro-batches.",
         default=True)
 
-    # ------------------------------------------------------------------ generation
+
+@_checked_init
+@dataclass
+class RolloutConfig:
+    """Generation: prompt and completion lengths, sampling, the generation backend, the tool
+    loop."""
+
     max_prompt_length: int | None = _help("Prompts longer than this many tokens are "
                                           "handled by on_long_prompt (None: no limit).",
                                           default=512)
@@ -439,12 +495,6 @@ class TrainConfig(TRLCompatibleFields):
         default=None)
     chat_template_kwargs: dict[str, Any] | None = _help(
         "Extra variables of the chat template (e.g. {enable_thinking: false}).", default=None)
-    shuffle_dataset: bool = _help(
-        "Visit each task's prompts in a seeded shuffled order, reshuffled every epoch "
-        "(false: dataset order).", default=True)
-    train_sampling_strategy: SamplingOrder = _help(
-        "random (as shuffle_dataset) or sequential (dataset order, whatever shuffle_dataset "
-        "says); transformers' name.", default="random")
     max_tool_calling_iterations: int | None = _help(
         "With tools or an environment_factory: the most rounds of tool calls in one rollout "
         "(training and evaluation); a rollout still calling tools after them ends with those "
@@ -458,7 +508,64 @@ class TrainConfig(TRLCompatibleFields):
         "rollout (end, TRL's rule) or is answered with the parse error, which the model reads "
         "and which counts as a failed call (reply).", default="end")
 
-    # ------------------------------------------------------------------ loss
+
+@_checked_init
+@dataclass
+class VLLMConfig:
+    """The vLLM generation engine (TRL's use_vllm and vllm_* options; docs/engines.md)."""
+
+    use_vllm: bool = _help(
+        "Generate with vLLM (vllm_mode: colocate, an in-process engine; server, a `mtgrpo "
+        "vllm-serve` server); the policy's weights are pushed into it after every optimizer "
+        "step and after a resume (docs/engines.md).", default=False)
+    vllm_mode: VLLMMode = _help(
+        "colocate (an in-process vllm.LLM beside the trainer) or server (a `mtgrpo vllm-serve "
+        "MODEL` server, on this machine or another).", default="colocate")
+    vllm_model_impl: str = _help(
+        "Colocate: vLLM's model implementation (auto, vllm or transformers).", default="vllm")
+    vllm_enable_sleep_mode: bool = _help(
+        "Colocate, GPU only: free the engine's weights and KV cache between generations "
+        "(refused on a CPU).", default=False)
+    vllm_structured_outputs_regex: str | None = _help(
+        "A regular expression every completion must match (vLLM's structured outputs).",
+        default=None)
+    vllm_server_base_url: str | None = _help(
+        "Server: its URL (e.g. http://10.0.0.2:8000); overrides host and port.", default=None)
+    vllm_server_host: str = _help(
+        "Server: its host when no base URL is given (0.0.0.0: this machine).", default="0.0.0.0")
+    vllm_server_port: int = _help(
+        "Server: its port when no base URL is given.", default=8000)
+    vllm_server_timeout: float = _help(
+        "Server: seconds to wait for it to come up, and for any one request, before the run "
+        "stops with an error naming the server.", default=240.0)
+    vllm_gpu_memory_utilization: float = _help(
+        "Colocate: vLLM's fraction of GPU memory; on a CPU, the fraction of host memory given "
+        "to its KV cache.", default=0.3)
+    vllm_max_model_length: int | None = _help(
+        "Colocate: the engine's context (None: max_prompt_length + max_completion_length).",
+        default=None)
+    vllm_tensor_parallel_size: int = _help(
+        "Colocate: GPUs the engine splits the model over (1 on a CPU).", default=1)
+    vllm_importance_sampling_correction: bool = _help(
+        "Weight each token's policy loss by the ratio of the trainer's and the engine's "
+        "log-probs of the sampled tokens, bounded by the mode (TRL's; logged as "
+        "sampling/importance_sampling_ratio/* and sampling/sampling_logp_difference/*).",
+        default=True)
+    vllm_importance_sampling_mode: ImportanceSamplingMode = _help(
+        "token_truncate, token_mask, sequence_truncate or sequence_mask: a ratio per token or "
+        "per completion, clamped to or masked outside [clip_min, clip_max].",
+        default="sequence_mask")
+    vllm_importance_sampling_clip_max: float | None = _help(
+        "Upper bound of the correction's ratio (None: none).", default=3.0)
+    vllm_importance_sampling_clip_min: float | None = _help(
+        "Lower bound of the correction's ratio (None: none).", default=None)
+
+
+@_checked_init
+@dataclass
+class LossConfig:
+    """The GRPO loss family: clipping, KL, entropy, the reference model."""
+
     loss_type: str = _help(
         "grpo (sequence mean), dapo (token mean), dr_grpo (constant length), bnpo, cispo "
         "(clipped importance weights), sapo (soft gate), luspo (length-weighted sequences), "
@@ -515,14 +622,18 @@ class TrainConfig(TRLCompatibleFields):
     ref_model_sync_steps: int = _help("Steps between reference updates (sync_ref_model).",
                                       default=512)
 
-    # ------------------------------------------------------------------ rewards
+
+@_checked_init
+@dataclass
+class AdvantageConfig:
+    """From rewards to advantages: channel weights, aggregation, scaling, unscorable
+    completions, accuracy."""
+
     reward_weights: list[float] | None = _help("One weight per reward channel (default 1).",
                                                default=None)
     multi_objective_aggregation: str = _help(
         "sum_then_normalize (an), normalize_then_sum (na), gdpo, single.",
         default="sum_then_normalize")
-    reward_aggregation_method: str | None = _help(
-        "Alias of multi_objective_aggregation (TRL tutorials' name).", default=None)
     scale_rewards: ScaleRewards | bool = _help("group, batch or none (TRL's true/false accepted).",
                                default="group")
     none_handling: NoneHandling = _help(
@@ -545,13 +656,19 @@ class TrainConfig(TRLCompatibleFields):
         "Reward channel that defines accuracy (default: the first channel that applies).",
         default=None)
 
-    # ------------------------------------------------------------------ multi-task
+
+@_checked_init
+@dataclass
+class MultiTaskConfig:
+    """The multi-task method: task weighting, its signal, and batch construction."""
+
     task_column: str = _help("Dataset column that names each prompt's task.", default="task")
     task_weighting: str = _help("uniform, fixed, mt_grpo, worst_case, regularized or sec.",
                                 default="uniform")
     task_weighting_params: dict[str, Any] = _help(
-        "Parameters of the task weighting, e.g. {lam: 0.25, optimizer: adam}.",
-        default_factory=dict)
+        "Parameters of the task weighting, e.g. {lam: 0.25, optimizer: adam}; from Python also "
+        "their typed form (mtgrpo.algo.params, e.g. MTGRPOParams(lam=0.25)), kept as the "
+        "mapping.", default_factory=dict)
     improvement_reduction: ImprovementReduction = _help(
         "MT-GRPO's I_k over a task's samples: mean (paper text) or sum (released code, use "
         "with improvement_clip).", default="mean")
@@ -572,14 +689,126 @@ class TrainConfig(TRLCompatibleFields):
     batch_construction: str = _help("iid, dynamic (DAPO) or ratio_preserving (MT-GRPO).",
                                     default="iid")
     batch_construction_params: dict[str, Any] = _help(
-        "Parameters of the batch construction, e.g. {oversample_factor: 3}.",
+        "Parameters of the batch construction, e.g. {oversample_factor: 3}; from Python also "
+        "their typed form (e.g. RatioPreservingParams(oversample_factor=3)).",
         default_factory=dict)
     zero_gradient_filter: str = _help("strict, lenient or none (dynamic / ratio_preserving).",
                                       default="strict")
 
+    def weighting_params(self) -> Any:
+        """``task_weighting_params`` typed for ``task_weighting`` (``MTGRPOParams``, ...; a
+        dict for a strategy a user registered)."""
+        return weighting_params(self.task_weighting, self.task_weighting_params)
+
+    def sampler_params(self) -> Any:
+        """``batch_construction_params`` typed for ``batch_construction``."""
+        return sampler_params(self.batch_construction, self.batch_construction_params)
+
+
+SECTIONS: dict[str, type] = {
+    "output": OutputConfig,
+    "saving": SavingConfig,
+    "evaluation": EvaluationConfig,
+    "compute": ComputeConfig,
+    "distributed": DistributedConfig,
+    "optimization": OptimizationConfig,
+    "schedule": ScheduleConfig,
+    "batch": BatchConfig,
+    "rollout": RolloutConfig,
+    "vllm": VLLMConfig,
+    "loss": LossConfig,
+    "advantage": AdvantageConfig,
+    "multitask": MultiTaskConfig,
+}
+"""The sections of :class:`TrainConfig`, by attribute name, in the order of the reference."""
+
+FIELD_SECTION: dict[str, str] = {f.name: section for section, cls in SECTIONS.items()
+                                 for f in dataclasses.fields(cls)}
+"""Every option's section: option names are unique across sections, so a run file (and the
+CLI's ``--name value``) may name them flat."""
+
+
+@dataclass
+class TrainConfig:
+    """Training options, nested by concern, every one acting: ``config.loss.beta``,
+    ``config.batch.num_generations``, ``config.multitask.task_weighting``.
+
+    Build it nested (``TrainConfig(loss=LossConfig(beta=0.04))``) or from flat names, as a run
+    file writes them (:meth:`from_flat`: ``TrainConfig.from_flat({"beta": 0.04})``). Checks
+    that span sections run when it is built and again when :meth:`check` is called.
+
+    A **step** is one generation batch and its update; ``schedule.step_unit`` says whether
+    ``max_steps`` and the logging, evaluation and saving intervals count those steps
+    (``training``) or optimizer steps (``optimizer``, TRL's unit).
+    ``batch.steps_per_generation`` counts the optimizer steps taken on each generation batch
+    (``num_iterations`` times). The transformers surface (``trainer.state.global_step``,
+    ``log_history``, checkpoint names) counts optimizer steps, as in TRL.
+
+    TRL's flat ``GRPOConfig`` (every TRL 1.16 field, its units) is
+    :class:`mtgrpo.compat.GRPOConfig`, which builds this tree.
+    """
+
+    output: OutputConfig = field(default_factory=OutputConfig)
+    saving: SavingConfig = field(default_factory=SavingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    multitask: MultiTaskConfig = field(default_factory=MultiTaskConfig)
+
+    # ------------------------------------------------------------------ flat names
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The tree from flat option names (a run file's top level, ``--name value``) and/or
+        whole sections (``{"loss": {"beta": 0.04}}``); unknown names are refused with the
+        closest valid ones."""
+        names = list(FIELD_SECTION)
+        refuse_unknown([key for key in values if key not in FIELD_SECTION and key not in SECTIONS],
+                       sorted([*names, *SECTIONS]), "config")
+        grouped: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        for key, value in values.items():
+            if key in SECTIONS:
+                if not isinstance(value, Mapping):
+                    raise ValueError(f"{key} must be a mapping of its options, got {value!r}")
+                grouped[key].update(value)
+            else:
+                grouped[FIELD_SECTION[key]][key] = value
+        built = {}
+        for section, options in grouped.items():
+            kind = SECTIONS[section]
+            refuse_unknown([k for k in options if FIELD_SECTION.get(k) != section],
+                           [f.name for f in dataclasses.fields(kind)], section)
+            built[section] = kind(**coerce_numbers(kind, options))
+        return cls(**built)
+
+    def to_flat(self) -> dict[str, Any]:
+        """Every option by its flat name (what a run file's top level holds)."""
+        return {name: self.get(name) for name in FIELD_SECTION}
+
+    def get(self, name: str) -> Any:
+        """The option ``name`` (a flat name) from its section."""
+        return getattr(getattr(self, FIELD_SECTION[name]), name)
+
+    def set(self, name: str, value: Any) -> None:
+        setattr(getattr(self, FIELD_SECTION[name]), name, value)
+
     def __post_init__(self) -> None:
-        self._normalise_trl_values()
-        check_option_types(self)
+        for section, kind in SECTIONS.items():
+            value = getattr(self, section)
+            if isinstance(value, Mapping):  # a section written as a mapping, as in a run file
+                setattr(self, section, build_section(kind, value, section))
+            elif not isinstance(value, kind):
+                raise TypeError(f"{section} must be a {kind.__name__} (or a mapping of its "
+                                f"options), got {type(value).__name__}")
+        self._normalise_values()
+        for section in SECTIONS:
+            check_option_types(getattr(self, section))
         self._merge_aliases()
         self._check_ranges()
         self._check_task_generation()
@@ -589,44 +818,52 @@ class TrainConfig(TRLCompatibleFields):
         self._check_memory_budget()
         self._check_schedule()
         self._check_weighting_signal()
-        check_compatibility_fields(self)
+        self._check_vllm()
         self._check_fsdp()
-        self._convert_accelerator_config()
 
     # ------------------------------------------------------------------ validation
-    def _normalise_trl_values(self) -> None:
+    def _normalise_values(self) -> None:
         """TRL and transformers hand enums (``SchedulerType.COSINE``) and JSON strings for dict
         fields (the CLI's ``--lr_scheduler_kwargs '{...}'``); store plain values."""
         import enum
         import json
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+        for name in FIELD_SECTION:
+            value = self.get(name)
             if isinstance(value, enum.Enum):
-                setattr(self, f.name, value.value)
+                self.set(name, value.value)
         for name in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "generation_kwargs",
                      "chat_template_kwargs", "model_init_kwargs"):
-            value = getattr(self, name)
+            value = self.get(name)
             if isinstance(value, str):
                 try:
-                    setattr(self, name, json.loads(value))
+                    self.set(name, json.loads(value))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{name}={value!r} is not a JSON object: {exc}") from None
-            if getattr(self, name) is None and name == "model_init_kwargs":
-                self.model_init_kwargs = {}
-        if self.steps_per_generation is None:
-            self.steps_per_generation = 1
-        if self.output_dir is None:
-            self.output_dir = "trainer_output"  # TRL's (transformers') default
-        if self.bf16 is None and self.fp16:
-            self.bf16 = False  # fp16 asked for: auto never adds bf16
-        if self.num_generations_eval is None:
-            self.num_generations_eval = self.num_generations  # TRL's meaning of None
-        if self.trust_remote_code:
-            self.model_init_kwargs = {"trust_remote_code": True, **self.model_init_kwargs}
-        if isinstance(self.include_num_input_tokens_seen, bool):
-            self.include_num_input_tokens_seen = "all" if self.include_num_input_tokens_seen \
-                else "no"
+            if self.get(name) is None and name == "model_init_kwargs":
+                self.compute.model_init_kwargs = {}
+        multitask = self.multitask
+        for name, typed in (("task_weighting_params", weighting_params),
+                            ("batch_construction_params", sampler_params)):
+            value = getattr(multitask, name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                choice = multitask.task_weighting if name == "task_weighting_params" \
+                    else multitask.batch_construction
+                setattr(multitask, name, as_mapping(typed(choice, value)))  # kept as run files
+        if self.batch.steps_per_generation is None:
+            self.batch.steps_per_generation = 1
+        if self.output.output_dir is None:
+            self.output.output_dir = "trainer_output"  # TRL's (transformers') default
+        if self.compute.bf16 is None and self.compute.fp16:
+            self.compute.bf16 = False  # fp16 asked for: auto never adds bf16
+        if self.evaluation.num_generations_eval is None:
+            self.evaluation.num_generations_eval = self.batch.num_generations  # TRL's None
+        compute = self.compute
+        if compute.trust_remote_code:
+            compute.model_init_kwargs = {"trust_remote_code": True, **compute.model_init_kwargs}
+        seen = self.output.include_num_input_tokens_seen
+        if isinstance(seen, bool):
+            self.output.include_num_input_tokens_seen = "all" if seen else "no"
 
     @property
     def fully_sharded(self) -> bool:
@@ -634,7 +871,7 @@ class TrainConfig(TRLCompatibleFields):
         return bool(self._fsdp_words())
 
     def _fsdp_words(self) -> list[str]:
-        value = self.fsdp
+        value = self.distributed.fsdp
         words = value.split() if isinstance(value, str) else list(value or [])
         return [str(word) for word in words]
 
@@ -645,137 +882,159 @@ class TrainConfig(TRLCompatibleFields):
         unknown = [word for word in words if word not in FSDP_OPTIONS]
         if unknown or "full_shard" not in words:
             raise ValueError(
-                f"fsdp={self.fsdp!r}: mtgrpo shards with fsdp='full_shard' (FSDP2, every "
-                f"decoder layer; 'auto_wrap' may be added); {', '.join(unknown) or 'it'} is not "
-                "supported here. For shard_grad_op, hybrid_shard or offload, use accelerate's "
+                f"fsdp={self.distributed.fsdp!r}: mtgrpo shards with fsdp='full_shard' (FSDP2, "
+                f"every decoder layer; 'auto_wrap' may be added); {', '.join(unknown) or 'it'} is "
+                "not supported here. For shard_grad_op, hybrid_shard or offload, use accelerate's "
                 "config file (accelerate launch --config_file) and leave fsdp unset")
-        if self.use_vllm:
+        if self.vllm.use_vllm:
             raise ValueError("fsdp='full_shard' with use_vllm: the vLLM engine takes whole "
                              "weights from an unsharded model; use generation_backend static "
                              "or hf with fsdp, or vLLM without it")
 
+    def _check_vllm(self) -> None:
+        """TRL's vLLM switches, checked before any model or engine loads."""
+        vllm = self.vllm
+        if not vllm.use_vllm:
+            return
+        if vllm.vllm_mode not in typing.get_args(VLLMMode):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {vllm.vllm_mode!r}")
+        if self.rollout.generation_backend != "auto":
+            raise ValueError(
+                f"use_vllm=True generates with vLLM, but generation_backend="
+                f"{self.rollout.generation_backend!r} asks for another engine; set only one of "
+                "them")
+        if vllm.vllm_importance_sampling_correction:
+            check_is_correction(vllm.vllm_importance_sampling_mode,
+                                vllm.vllm_importance_sampling_clip_min,
+                                vllm.vllm_importance_sampling_clip_max)
+            if self.rollout.generation_logprobs is False:
+                raise ValueError(
+                    "vllm_importance_sampling_correction needs the engine's log-probs, and "
+                    "generation_logprobs=False turns them off; remove one of the two settings")
+            if self.loss.loss_type == "vespo":
+                raise ValueError(
+                    "loss_type='vespo' with vllm_importance_sampling_correction is not "
+                    "supported (TRL folds the ratio into VESPO's weights); set "
+                    "vllm_importance_sampling_correction=False or another loss_type")
+        timeout = vllm.vllm_server_timeout
+        if timeout is None or not timeout > 0:
+            raise ValueError(f"vllm_server_timeout={timeout!r} must be a number of seconds > 0")
+
     def _merge_aliases(self) -> None:
-        default = "sum_then_normalize"
-        if self.reward_aggregation_method is not None and (
-            self.multi_objective_aggregation == default
-        ):  # the alias given alone: it overrides the field's default
-            self.multi_objective_aggregation = self.reward_aggregation_method
-        self.multi_objective_aggregation = resolve_aggregation(
-            multi_objective_aggregation=self.multi_objective_aggregation,
-            reward_aggregation_method=self.reward_aggregation_method,
-        )
-        self.reward_aggregation_method = None
-        self.scale_rewards = resolve_scale_rewards(self.scale_rewards)
-        if self.report_to is None:
-            self.report_to = []
-        if isinstance(self.report_to, str):
-            self.report_to = [self.report_to]
-        self.report_to = [t for t in self.report_to if t != "none"]
-        if self.report_to == ["all"]:
-            self.report_to = list(TRACKERS)
-        if self.eval_strategy is None:
-            self.eval_strategy = "steps" if self.eval_steps else "no"
-        if self.eval_strategy == "steps" and self.eval_steps is None:
-            self.eval_steps = self.logging_steps  # TRL's default
+        self.advantage.multi_objective_aggregation = resolve_aggregation(
+            multi_objective_aggregation=self.advantage.multi_objective_aggregation)
+        self.advantage.scale_rewards = resolve_scale_rewards(self.advantage.scale_rewards)
+        if self.output.report_to is None:
+            self.output.report_to = []
+        if isinstance(self.output.report_to, str):
+            self.output.report_to = [self.output.report_to]
+        self.output.report_to = [t for t in self.output.report_to if t != "none"]
+        if self.output.report_to == ["all"]:
+            self.output.report_to = list(TRACKERS)
+        if self.evaluation.eval_strategy is None:
+            self.evaluation.eval_strategy = "steps" if self.evaluation.eval_steps else "no"
+        if self.evaluation.eval_strategy == "steps" and self.evaluation.eval_steps is None:
+            self.evaluation.eval_steps = self.output.logging_steps  # TRL's default
 
     def _check_ranges(self) -> None:
         positive = ("num_generations", "per_device_train_batch_size",
                     "gradient_accumulation_steps", "steps_per_generation", "num_iterations",
                     "max_completion_length", "num_generations_eval", "ref_model_sync_steps")
         for name in positive:
-            value = getattr(self, name)
+            value = self.get(name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        if self.max_prompt_length is not None and (
-            isinstance(self.max_prompt_length, bool) or not isinstance(self.max_prompt_length, int)
-            or self.max_prompt_length < 1
-        ):
+        prompt = self.rollout.max_prompt_length
+        if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)
+                                   or prompt < 1):
             raise ValueError(
-                f"max_prompt_length={self.max_prompt_length!r} must be a positive integer (the "
-                "most prompt tokens kept), or null to keep whole prompts"
+                f"max_prompt_length={prompt!r} must be a positive integer (the most prompt tokens "
+                "kept), or null to keep whole prompts"
             )
-        timeout = self.reward_timeout
+        timeout = self.advantage.reward_timeout
         number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
         if timeout is not None and not (number and timeout > 0):
             raise ValueError(f"reward_timeout={timeout!r} must be a positive number of seconds, "
                              "or null for no limit")  # fmt: skip
         self._check_tool_loop()
-        if not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
+        max_steps = self.schedule.max_steps
+        if not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
             raise ValueError(
-                f"max_steps={self.max_steps!r} must be a positive integer, or -1 to train for "
+                f"max_steps={max_steps!r} must be a positive integer, or -1 to train for "
                 "num_train_epochs"
             )
         for name in ("logging_steps", "save_steps", "eval_steps", "warmup_steps", "eval_delay"):
-            value = getattr(self, name)
+            value = self.get(name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name}={value} must be >= 0")
-        if not self.logging_steps > 0:
-            raise ValueError(f"logging_steps={self.logging_steps} must be > 0")
-        if self.eval_strategy == "steps" and not self.eval_steps:
+        if not self.output.logging_steps > 0:
+            raise ValueError(f"logging_steps={self.output.logging_steps} must be > 0")
+        if self.evaluation.eval_strategy == "steps" and not self.evaluation.eval_steps:
             raise ValueError(
-                f"eval_strategy='steps' needs eval_steps > 0, got {self.eval_steps!r}; set "
-                "eval_steps or eval_strategy='no'"
+                f"eval_strategy='steps' needs eval_steps > 0, got "
+                f"{self.evaluation.eval_steps!r}; set eval_steps or eval_strategy='no'"
             )
-        if self.num_generations < 2:
+        if self.batch.num_generations < 2:
             raise ValueError(
-                f"num_generations={self.num_generations}: GRPO compares completions of the same "
-                "prompt, so it needs at least 2; use num_generations >= 2"
+                f"num_generations={self.batch.num_generations}: GRPO compares completions of the "
+                "same prompt, so it needs at least 2; use num_generations >= 2"
             )
         checks = {
-            "learning_rate": self.learning_rate >= 0,
-            "temperature": self.temperature >= 0,
-            "top_p": 0 < self.top_p <= 1,
-            "top_k": self.top_k >= 0,
-            "min_p": self.min_p is None or 0 <= self.min_p <= 1,
-            "repetition_penalty": self.repetition_penalty > 0,
-            "beta": self.beta >= 0,
-            "epsilon": self.epsilon >= 0,
-            "epsilon_high": self.epsilon_high is None or self.epsilon_high >= 0,
-            "max_grad_norm": self.max_grad_norm >= 0,
-            "warmup_ratio": 0 <= self.warmup_ratio < 1,
-            "advantage_epsilon": self.advantage_epsilon >= 0,
-            "advantage_std_ddof": self.advantage_std_ddof in (0, 1),
-            "eval_temperature": self.eval_temperature >= 0,
-            "max_padding_fraction": 0 < self.max_padding_fraction <= 1,
-            "num_train_epochs": self.num_train_epochs > 0,
-            "ref_model_mixup_alpha": 0 <= self.ref_model_mixup_alpha <= 1,
+            "learning_rate": self.optimization.learning_rate >= 0,
+            "temperature": self.rollout.temperature >= 0,
+            "top_p": 0 < self.rollout.top_p <= 1,
+            "top_k": self.rollout.top_k >= 0,
+            "min_p": self.rollout.min_p is None or 0 <= self.rollout.min_p <= 1,
+            "repetition_penalty": self.rollout.repetition_penalty > 0,
+            "beta": self.loss.beta >= 0,
+            "epsilon": self.loss.epsilon >= 0,
+            "epsilon_high": self.loss.epsilon_high is None or self.loss.epsilon_high >= 0,
+            "max_grad_norm": self.optimization.max_grad_norm >= 0,
+            "warmup_ratio": 0 <= self.optimization.warmup_ratio < 1,
+            "advantage_epsilon": self.advantage.advantage_epsilon >= 0,
+            "advantage_std_ddof": self.advantage.advantage_std_ddof in (0, 1),
+            "eval_temperature": self.evaluation.eval_temperature >= 0,
+            "max_padding_fraction": 0 < self.batch.max_padding_fraction <= 1,
+            "num_train_epochs": self.schedule.num_train_epochs > 0,
+            "ref_model_mixup_alpha": 0 <= self.loss.ref_model_mixup_alpha <= 1,
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
-        if self.temperature == 0:
+                raise ValueError(f"{name}={self.get(name)!r} is out of range")
+        if self.rollout.temperature == 0:
             raise ValueError(
                 "temperature=0 (greedy) gives identical completions, so every group has zero "
                 "gradient; use a temperature > 0 for training (eval_temperature may be 0)"
             )
 
     def _check_tool_loop(self) -> None:
-        rounds = self.max_tool_calling_iterations
+        rounds = self.rollout.max_tool_calling_iterations
         if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int)
                                    or rounds < 0):
             raise ValueError(
                 f"max_tool_calling_iterations={rounds!r} must be an integer >= 0 (the most "
                 "rounds of tool calls per rollout), or null for no limit")
-        timeout = self.tool_call_timeout
+        timeout = self.rollout.tool_call_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(
                 f"tool_call_timeout={timeout!r} must be a positive number of seconds (how long "
                 "one tool call may take); use e.g. tool_call_timeout=60")
-        if self.malformed_tool_calls not in MALFORMED_TOOL_CALLS:
+        if self.rollout.malformed_tool_calls not in MALFORMED_TOOL_CALLS:
             raise ValueError(
-                f"malformed_tool_calls={self.malformed_tool_calls!r} must be one of "
+                f"malformed_tool_calls={self.rollout.malformed_tool_calls!r} must be one of "
                 f"{', '.join(MALFORMED_TOOL_CALLS)}: end stops the rollout, reply answers the "
                 "call with its parse error")
 
     def _check_task_generation(self) -> None:
         """``task_generation``: {task: {max_completion_length: N}}, 1 <= N <= the run's."""
-        if self.task_generation is None:
+        if self.rollout.task_generation is None:
             return
-        if not isinstance(self.task_generation, dict):
+        if not isinstance(self.rollout.task_generation, dict):
             raise ValueError(
-                f"task_generation must map task names to settings, got {self.task_generation!r}"
+                "task_generation must map task names to settings, got "
+                f"{self.rollout.task_generation!r}"
             )
-        for task, fields in self.task_generation.items():
+        for task, fields in self.rollout.task_generation.items():
             if not isinstance(fields, dict) or set(fields) != {"max_completion_length"}:
                 raise ValueError(
                     f"task_generation[{task!r}]={fields!r}: the per-task setting is "
@@ -784,120 +1043,126 @@ class TrainConfig(TRLCompatibleFields):
                 )
             value = fields["max_completion_length"]
             if isinstance(value, bool) or not isinstance(value, int) or \
-                    not 1 <= value <= self.max_completion_length:
+                    not 1 <= value <= self.rollout.max_completion_length:
                 raise ValueError(
                     f"task_generation[{task!r}].max_completion_length={value!r} must be an int "
-                    f"in [1, max_completion_length={self.max_completion_length}]"
+                    f"in [1, max_completion_length={self.rollout.max_completion_length}]"
                 )
 
     def _check_loss_options(self) -> None:
-        if self.delta is not None and self.delta <= 1 + self.resolved_epsilon_high:
+        if self.loss.delta is not None and self.loss.delta <= 1 + self.resolved_epsilon_high:
             raise ValueError(
-                f"delta={self.delta} must exceed 1 + epsilon_high = "
+                f"delta={self.loss.delta} must exceed 1 + epsilon_high = "
                 f"{1 + self.resolved_epsilon_high}, or two-sided clipping clips every ratio; "
                 "raise delta or leave it None"
             )
-        if not 0 <= self.top_entropy_quantile <= 1:
+        if not 0 <= self.loss.top_entropy_quantile <= 1:
             raise ValueError(
-                f"top_entropy_quantile={self.top_entropy_quantile} must be in [0, 1] (1.0 "
+                f"top_entropy_quantile={self.loss.top_entropy_quantile} must be in [0, 1] (1.0 "
                 "trains on every token, 0.0 on the highest-entropy one)"
             )
-        if not self.entropy_coef_min <= self.entropy_coef_max:
+        if not self.loss.entropy_coef_min <= self.loss.entropy_coef_max:
             raise ValueError(
-                f"entropy_coef_min={self.entropy_coef_min} exceeds entropy_coef_max="
-                f"{self.entropy_coef_max}"
+                f"entropy_coef_min={self.loss.entropy_coef_min} exceeds entropy_coef_max="
+                f"{self.loss.entropy_coef_max}"
             )
-        if min(self.sapo_temperature_pos, self.sapo_temperature_neg) <= 0:
+        if min(self.loss.sapo_temperature_pos, self.loss.sapo_temperature_neg) <= 0:
             raise ValueError("sapo temperatures must be > 0, got "
-                             f"{self.sapo_temperature_pos} and {self.sapo_temperature_neg}")
-        if self.sync_ref_model and self.beta == 0:
+                             f"{self.loss.sapo_temperature_pos} and "
+                             f"{self.loss.sapo_temperature_neg}")
+        if self.loss.sync_ref_model and self.loss.beta == 0:
             raise ValueError(
                 "sync_ref_model=True updates the reference model, which exists only with a KL "
                 "term; set beta > 0 or sync_ref_model=False"
             )
-        _warn_about_loss_combinations(self.loss_type, self.importance_sampling_level)
+        _warn_about_loss_combinations(self.loss.loss_type, self.loss.importance_sampling_level)
 
     def _check_choices(self) -> None:
         choices = {
-            "loss_type": (self.loss_type, LOSS_TYPES.names()),
-            "on_long_prompt": (self.on_long_prompt, ON_LONG_PROMPT),
-            "none_handling": (self.none_handling, NONE_HANDLING),
-            "on_unscorable": (self.on_unscorable, ("auto", *ON_UNSCORABLE.names())),
-            "improvement_reduction": (self.improvement_reduction, IMPROVEMENT_REDUCTIONS),
-            "task_weighting_signal": (self.task_weighting_signal, TASK_WEIGHTING_SIGNALS),
-            "logging_strategy": (self.logging_strategy, INTERVALS),
-            "eval_strategy": (self.eval_strategy, INTERVALS),
-            "save_strategy": (self.save_strategy, SAVE_INTERVALS),
-            "hub_strategy": (self.hub_strategy, HUB_STRATEGIES),
-            "importance_sampling_level": (self.importance_sampling_level,
+            "loss_type": (self.loss.loss_type, LOSS_TYPES.names()),
+            "on_long_prompt": (self.rollout.on_long_prompt, ON_LONG_PROMPT),
+            "none_handling": (self.advantage.none_handling, NONE_HANDLING),
+            "on_unscorable": (self.advantage.on_unscorable, ("auto", *ON_UNSCORABLE.names())),
+            "improvement_reduction": (self.multitask.improvement_reduction, IMPROVEMENT_REDUCTIONS),
+            "task_weighting_signal": (self.multitask.task_weighting_signal, TASK_WEIGHTING_SIGNALS),
+            "logging_strategy": (self.output.logging_strategy, INTERVALS),
+            "eval_strategy": (self.evaluation.eval_strategy, INTERVALS),
+            "save_strategy": (self.saving.save_strategy, SAVE_INTERVALS),
+            "hub_strategy": (self.saving.hub_strategy, HUB_STRATEGIES),
+            "importance_sampling_level": (self.loss.importance_sampling_level,
                                           IMPORTANCE_SAMPLING_LEVELS),
-            "log_level": (self.log_level, LOG_LEVELS),
-            "log_level_replica": (self.log_level_replica, LOG_LEVELS),
-            "include_num_input_tokens_seen": (self.include_num_input_tokens_seen, TOKENS_SEEN),
-            "train_sampling_strategy": (self.train_sampling_strategy, SAMPLING_ORDERS),
+            "log_level": (self.output.log_level, LOG_LEVELS),
+            "log_level_replica": (self.output.log_level_replica, LOG_LEVELS),
+            "include_num_input_tokens_seen": (self.output.include_num_input_tokens_seen,
+                                              TOKENS_SEEN),
+            "train_sampling_strategy": (self.schedule.train_sampling_strategy, SAMPLING_ORDERS),
         }
         for name, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"{name}={value!r} is not one of: {', '.join(valid)}")
-        for tracker in self.report_to:
+        for tracker in self.output.report_to:
             if tracker not in TRACKERS:
                 raise ValueError(
                     f"report_to contains {tracker!r}; valid trackers: {', '.join(TRACKERS)} "
                     "(metrics.jsonl is always written)"
                 )
-        check_scheduler_name(self.lr_scheduler_type)
-        check_optimizer_name(self.optim)
-        if self.generation_backend != "auto" and ":" not in self.generation_backend:
-            BACKENDS.canonical(self.generation_backend)  # an object or import path: the trainer
-        check_model_init_kwargs(self.model_init_kwargs)
-        if self.save_strategy == "best" and self.metric_for_best_model is None:
+        check_scheduler_name(self.optimization.lr_scheduler_type)
+        check_optimizer_name(self.optimization.optim)
+        if self.rollout.generation_backend != "auto" and ":" not in self.rollout.generation_backend:
+            # an object or an import path is the trainer's to resolve
+            BACKENDS.canonical(self.rollout.generation_backend)
+        check_model_init_kwargs(self.compute.model_init_kwargs)
+        if self.saving.save_strategy == "best" and self.saving.metric_for_best_model is None:
             raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. "
                              "'accuracy/worst')")
-        if self.load_best_model_at_end and self.metric_for_best_model is None:
-            self.metric_for_best_model = "loss"  # transformers' default
-        self.task_weighting = WEIGHTINGS.canonical(self.task_weighting)
-        self.batch_construction = SAMPLERS.canonical(self.batch_construction)
-        self.zero_gradient_filter = ZERO_GRADIENT_FILTERS.canonical(self.zero_gradient_filter)
-        check_weighting_params(self.task_weighting, self.task_weighting_params)
-        check_sampler_params(self.batch_construction, self.batch_construction_params)
+        if self.saving.load_best_model_at_end and self.saving.metric_for_best_model is None:
+            self.saving.metric_for_best_model = "loss"  # transformers' default
+        multitask = self.multitask
+        multitask.task_weighting = WEIGHTINGS.canonical(multitask.task_weighting)
+        multitask.batch_construction = SAMPLERS.canonical(multitask.batch_construction)
+        multitask.zero_gradient_filter = ZERO_GRADIENT_FILTERS.canonical(
+            multitask.zero_gradient_filter)
+        check_weighting_params(multitask.task_weighting, multitask.task_weighting_params)
+        check_sampler_params(multitask.batch_construction, multitask.batch_construction_params)
 
     def _check_memory_budget(self) -> None:
-        if self.max_memory_per_microbatch is None:
+        if self.batch.max_memory_per_microbatch is None:
             return
-        parse_bytes(self.max_memory_per_microbatch, "max_memory_per_microbatch")
-        if self.max_tokens_per_microbatch is not None:
+        parse_bytes(self.batch.max_memory_per_microbatch, "max_memory_per_microbatch")
+        if self.batch.max_tokens_per_microbatch is not None:
             raise ValueError(
-                f"max_memory_per_microbatch={self.max_memory_per_microbatch!r} and "
-                f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} both size the "
+                f"max_memory_per_microbatch={self.batch.max_memory_per_microbatch!r} and "
+                f"max_tokens_per_microbatch={self.batch.max_tokens_per_microbatch} both size the "
                 "micro-batches; set one of them")
-        if self.fsdp:
+        if self.distributed.fsdp:
             raise ValueError(
                 "max_memory_per_microbatch with fsdp='full_shard' is not supported yet (the "
                 "measuring forward would gather the shards outside a step); size the "
                 "micro-batches with max_tokens_per_microbatch or per_device_train_batch_size")
 
     def _check_batch_shape(self) -> None:
-        if self.prompts_per_step is not None:
-            if self.prompts_per_step < 1:
-                raise ValueError(f"prompts_per_step={self.prompts_per_step} must be >= 1")
+        if self.batch.prompts_per_step is not None:
+            if self.batch.prompts_per_step < 1:
+                raise ValueError(f"prompts_per_step={self.batch.prompts_per_step} must be >= 1")
             return
-        completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
+        batch = self.batch
+        completions = (batch.per_device_train_batch_size * batch.gradient_accumulation_steps
                        * self.updates_per_generation())
-        if completions < self.num_generations:
+        if completions < self.batch.num_generations:
             import logging
 
             logging.getLogger("mtgrpo.config").warning(
                 "per_device_train_batch_size × gradient_accumulation_steps × "
                 "steps_per_generation = %d completions is less than one group of "
                 "num_generations=%d: each step trains on one prompt's %d completions, in "
-                "micro-batches of %d", completions, self.num_generations, self.num_generations,
-                self.per_device_train_batch_size)
+                "micro-batches of %d", completions, batch.num_generations, batch.num_generations,
+                batch.per_device_train_batch_size)
             return
-        if completions % self.num_generations:
+        if completions % self.batch.num_generations:
             raise ValueError(
                 f"per_device_train_batch_size × gradient_accumulation_steps × "
                 f"steps_per_generation = {completions} completions is not a multiple of "
-                f"num_generations={self.num_generations}; change one of them, or set "
+                f"num_generations={self.batch.num_generations}; change one of them, or set "
                 "prompts_per_step explicitly"
             )
 
@@ -905,24 +1170,25 @@ class TrainConfig(TRLCompatibleFields):
         """``task_weighting_signal: validation`` needs weights that move, a positive interval
         and, for sec, groups to read ``|A|`` from (the split itself: :class:`RunConfig`, or
         the trainer's ``validation_dataset``)."""
-        samples = self.num_generations_validation
+        samples = self.multitask.num_generations_validation
         if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
                                     or samples < 1):
             raise ValueError(f"num_generations_validation={samples!r} must be a positive "
                              "integer, or null for num_generations")
-        steps = self.validation_steps
+        steps = self.multitask.validation_steps
         if steps is not None and (isinstance(steps, bool) or not steps > 0
                                   or (steps >= 1 and steps != int(steps))):
             raise ValueError(f"validation_steps={steps!r} must be a whole number of steps >= 1 "
                              "or a fraction of the run below 1 (null: eval_steps)")
-        if self.task_weighting_signal != "validation":
+        if self.multitask.task_weighting_signal != "validation":
             return
-        if not reads_task_stats(self.task_weighting):
+        if not reads_task_stats(self.multitask.task_weighting):
             raise ValueError(
                 f"task_weighting_signal='validation' moves the task weights with held-out "
-                f"accuracy, but task_weighting={self.task_weighting!r} never moves them; use "
-                "mt_grpo, worst_case, regularized or sec, or task_weighting_signal: train")
-        if self.task_weighting == "sec" and self.resolved_num_generations_validation < 2:
+                f"accuracy, but task_weighting={self.multitask.task_weighting!r} never moves "
+                "them; use mt_grpo, worst_case, regularized or sec, or task_weighting_signal: "
+                "train")
+        if self.multitask.task_weighting == "sec" and self.resolved_num_generations_validation < 2:
             raise ValueError(
                 f"sec reads the mean |A| of each task's validation groups, which is 0 with "
                 f"num_generations_validation={self.resolved_num_generations_validation}; set "
@@ -931,9 +1197,11 @@ class TrainConfig(TRLCompatibleFields):
     def resolved_validation_steps(self, training_steps: int) -> int:
         """How often, in steps, the validation split is evaluated (``validation_steps``; None:
         ``eval_steps`` when evaluating by steps, else :data:`DEFAULT_VALIDATION_STEPS`)."""
-        value = self.validation_steps
+        value = self.multitask.validation_steps
         if value is None:
-            value = self.eval_steps if self.eval_strategy == "steps" and self.eval_steps \
+            evaluation = self.evaluation
+            value = evaluation.eval_steps \
+                if evaluation.eval_strategy == "steps" and evaluation.eval_steps \
                 else DEFAULT_VALIDATION_STEPS
         return max(self.interval(value, training_steps), 1)
 
@@ -941,52 +1209,39 @@ class TrainConfig(TRLCompatibleFields):
     def resolved_num_generations_validation(self) -> int:
         """Samples per validation prompt (``num_generations_validation``, else
         ``num_generations``)."""
-        return self.num_generations_validation or self.num_generations
+        return self.multitask.num_generations_validation or self.batch.num_generations
 
     def _check_schedule(self) -> None:
-        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be an integer of steps "
+        warmup_steps, warmup_ratio = self.optimization.warmup_steps, self.optimization.warmup_ratio
+        if warmup_steps >= 1 and warmup_steps != int(warmup_steps):
+            raise ValueError(f"warmup_steps={warmup_steps} must be an integer of steps "
                              "or a fraction below 1")
-        if self.warmup_ratio > 0 and self.warmup_steps > 0:
+        if warmup_ratio > 0 and warmup_steps > 0:
             raise ValueError(
-                f"give warmup_steps ({self.warmup_steps}) or warmup_ratio ({self.warmup_ratio}), "
-                "not both"
+                f"give warmup_steps ({warmup_steps}) or warmup_ratio ({warmup_ratio}), not both"
             )
-
-    def _convert_accelerator_config(self) -> None:
-        """A mapping or a JSON file becomes transformers' ``AcceleratorConfig`` (which imports
-        torch); the default ``None`` stays None until the trainer reads it
-        (:meth:`accelerator_settings`), so building a default config imports no torch."""
-        value = self.accelerator_config
-        if value is None or not isinstance(value, Mapping | str):
-            return
-        from transformers.trainer_pt_utils import AcceleratorConfig
-
-        if isinstance(value, Mapping):
-            self.accelerator_config = AcceleratorConfig(**value)
-        elif isinstance(value, str):
-            self.accelerator_config = AcceleratorConfig.from_json_file(value)
 
     # ------------------------------------------------------------------ derived values
     def updates_per_generation(self) -> int:
         """Optimizer steps taken on one generation batch in each of its ``num_iterations``
-        passes (here ``steps_per_generation``; :class:`GRPOConfig` derives it from TRL's)."""
-        return self.steps_per_generation
+        passes (``steps_per_generation``; TRL's ``GRPOConfig`` counts micro-batches there)."""
+        return self.batch.steps_per_generation
 
     def optimizer_steps_per_step(self) -> int:
         """Optimizer steps per training step (generation batch), all passes together."""
-        return self.updates_per_generation() * self.num_iterations
+        return self.updates_per_generation() * self.batch.num_iterations
 
     def resolved_prompts_per_step(self, world_size: int = 1) -> int:
         """``B``: prompts per training step on all processes together."""
-        if self.prompts_per_step is not None:
-            return self.prompts_per_step
-        completions = (self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if self.batch.prompts_per_step is not None:
+            return self.batch.prompts_per_step
+        batch = self.batch
+        completions = (batch.per_device_train_batch_size * batch.gradient_accumulation_steps
                        * self.updates_per_generation() * world_size)
-        return max(1, completions // self.num_generations)  # at least one group
+        return max(1, completions // self.batch.num_generations)  # at least one group
 
     def completions_per_optimizer_step(self, world_size: int = 1) -> int:
-        total = self.resolved_prompts_per_step(world_size) * self.num_generations
+        total = self.resolved_prompts_per_step(world_size) * self.batch.num_generations
         updates = self.updates_per_generation()
         if total % updates:
             raise ValueError(
@@ -997,11 +1252,11 @@ class TrainConfig(TRLCompatibleFields):
 
     @property
     def epsilon_low(self) -> float:
-        return self.epsilon
+        return self.loss.epsilon
 
     @property
     def resolved_epsilon_high(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+        return self.loss.epsilon if self.loss.epsilon_high is None else self.loss.epsilon_high
 
     def steps_per_epoch(self, num_prompts: int, world_size: int = 1) -> int:
         """Training steps in one pass over ``num_prompts`` prompts (TRL drops the last
@@ -1009,28 +1264,36 @@ class TrainConfig(TRLCompatibleFields):
         return max(1, num_prompts // self.resolved_prompts_per_step(world_size))
 
     def training_steps(self, num_prompts: int | None = None, world_size: int = 1) -> int:
-        """Training steps of the run: ``max_steps``, or ``num_train_epochs`` epochs."""
-        if self.max_steps > 0:
-            return self.max_steps
+        """Training steps (generation batches) of the run: ``max_steps`` (with
+        ``step_unit: optimizer``, enough batches for that many optimizer steps), or
+        ``num_train_epochs`` epochs."""
+        max_steps = self.schedule.max_steps
+        if max_steps > 0:
+            if self.schedule.step_unit == "optimizer":
+                return math.ceil(max_steps / self.optimizer_steps_per_step())
+            return max_steps
         if num_prompts is None:
             raise ValueError(
                 "max_steps=-1 trains for num_train_epochs epochs, which needs the dataset's "
                 "size; this dataset has none (an iterable dataset): set max_steps"
             )
-        return math.ceil(self.num_train_epochs * self.steps_per_epoch(num_prompts, world_size))
+        epochs = self.schedule.num_train_epochs
+        return math.ceil(epochs * self.steps_per_epoch(num_prompts, world_size))
 
     def total_optimizer_steps(self, training_steps: int | None = None) -> int:
         """Optimizer steps of a run of ``training_steps`` steps (TRL's ``max_steps``)."""
+        if self.schedule.step_unit == "optimizer" and self.schedule.max_steps > 0:
+            return self.schedule.max_steps  # the last batch takes only the steps left
         steps = self.training_steps() if training_steps is None else training_steps
         return steps * self.optimizer_steps_per_step()
 
     def resolved_warmup_steps(self, training_steps: int | None = None) -> int:
         total = self.total_optimizer_steps(training_steps)
-        if self.warmup_ratio > 0:
-            return math.ceil(self.warmup_ratio * total)
-        if 0 < self.warmup_steps < 1:
-            return math.ceil(self.warmup_steps * total)
-        return int(self.warmup_steps)
+        if self.optimization.warmup_ratio > 0:
+            return math.ceil(self.optimization.warmup_ratio * total)
+        if 0 < self.optimization.warmup_steps < 1:
+            return math.ceil(self.optimization.warmup_steps * total)
+        return int(self.optimization.warmup_steps)
 
     def interval(self, value: int | float | None, training_steps: int) -> int:
         """A logging / eval / save interval in steps (a value below 1 is a fraction of the
@@ -1042,33 +1305,25 @@ class TrainConfig(TRLCompatibleFields):
         return int(value)
 
     def optimizer_interval(self, value: int | float | None, training_steps: int) -> int:
-        """The same interval in optimizer steps (``trainer.state``'s unit, which transformers'
-        ``DefaultFlowCallback`` compares with ``global_step``)."""
+        """A logging / eval / save interval in optimizer steps (``trainer.state``'s unit,
+        which transformers' ``DefaultFlowCallback`` compares with ``global_step``)."""
+        if self.schedule.step_unit == "optimizer":
+            return self.interval(value, self.total_optimizer_steps(training_steps))
         return self.interval(value, training_steps) * self.optimizer_steps_per_step()
 
-    def accelerator_settings(self) -> Any:
-        """``accelerator_config`` as transformers' ``AcceleratorConfig`` (its default for
-        None); the trainer reads it, and it is kept in the field from then on."""
-        if self.accelerator_config is None:
-            from transformers.trainer_pt_utils import AcceleratorConfig
-
-            self.accelerator_config = AcceleratorConfig()
-        return self.accelerator_config
+    def to_dict(self) -> dict[str, Any]:
+        """Every option by its flat name: a run file's top level, which
+        :meth:`from_flat` reads back."""
+        return self.to_flat()
 
     def run_file_dict(self) -> dict[str, Any]:
-        """The top level of a run file holding these options: :meth:`to_dict`, preceded by
-        ``step_counts`` when it is not ``training``, so the file loads back as this class."""
-        counts = {} if self.step_counts == "training" else {"step_counts": self.step_counts}
-        return {**counts, **self.to_dict()}
+        """A run file holding these options (:meth:`to_dict`), which loads back as this tree."""
+        return self.to_dict()
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        if self.accelerator_config is not None:
-            from transformers.trainer_pt_utils import AcceleratorConfig
-
-            if self.accelerator_config == AcceleratorConfig():
-                out["accelerator_config"] = None  # the default, as given
-        return out
+    def to_nested_dict(self) -> dict[str, dict[str, Any]]:
+        """The options by section (``{"loss": {"beta": ...}, ...}``), as :meth:`from_flat`
+        also reads them."""
+        return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
 
     # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
     def to_sanitized_dict(self) -> dict[str, Any]:
@@ -1079,6 +1334,35 @@ class TrainConfig(TRLCompatibleFields):
         import json
 
         return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def native_config(args: Any) -> TrainConfig:
+    """``args`` itself when it is a :class:`TrainConfig`, else the tree it builds
+    (``args.to_native()``: TRL's flat ``GRPOConfig``, :mod:`mtgrpo.compat`)."""
+    if isinstance(args, TrainConfig):
+        return args
+    to_native = getattr(args, "to_native", None)
+    if to_native is None:
+        raise TypeError(f"args must be a TrainConfig or a GRPOConfig, got {type(args).__name__}")
+    return to_native()
+
+
+class FlatOptions:
+    """A live view of a :class:`TrainConfig` by flat option names (``view.logging_steps``), for
+    code written against transformers' ``TrainingArguments``: its callbacks read the
+    arguments so (``DefaultFlowCallback`` reads ``args.logging_strategy``, ...)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        object.__setattr__(self, "_config", config)
+
+    def __getattr__(self, name: str) -> Any:
+        config = object.__getattribute__(self, "_config")
+        return config.get(name) if name in FIELD_SECTION else getattr(config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in FIELD_SECTION:
+            raise AttributeError(f"{name!r} is not an option of TrainConfig")
+        self._config.set(name, value)
 
 
 _MODEL_INIT_KWARGS = ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code",
@@ -1093,60 +1377,6 @@ def check_model_init_kwargs(kwargs: Mapping[str, Any]) -> None:
             f"model_init_kwargs has unknown option(s) {unknown}; use dtype, "
             "attn_implementation, trust_remote_code, revision or gguf_file"
         )
-
-
-@_checked_init
-@dataclass
-class GRPOConfig(TrainConfig):
-    """TRL 1.16's ``GRPOConfig``: :class:`TrainConfig`'s options, counted as TRL counts them.
-
-    * ``steps_per_generation`` counts micro-batches of ``per_device_train_batch_size``
-      completions (default: ``gradient_accumulation_steps``): a generation batch holds
-      ``per_device_train_batch_size × steps_per_generation × world size`` completions (TRL's
-      ``generation_batch_size``) and is trained in ``steps_per_generation /
-      gradient_accumulation_steps`` optimizer steps, ``num_iterations`` times over.
-    * ``max_steps``, ``logging_steps``, ``eval_steps`` and ``save_steps`` count optimizer steps,
-      the unit of ``trainer.state.global_step``; when ``max_steps`` ends inside a generation
-      batch, the last batch takes only the optimizer steps left.
-
-    An optimizer step never spans two generation batches here, so ``steps_per_generation``
-    must be a multiple of ``gradient_accumulation_steps`` (TRL's default is equal to it).
-    A run file with ``step_counts: trl`` at its top level is read as this class.
-    """
-
-    step_counts: typing.ClassVar[str] = "trl"
-
-    def __post_init__(self) -> None:
-        if self.steps_per_generation is None:
-            self.steps_per_generation = self.gradient_accumulation_steps  # TRL's default
-        super().__post_init__()
-        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
-        if steps % accumulation:
-            below = max(accumulation, steps - steps % accumulation)
-            raise ValueError(
-                f"steps_per_generation={steps} is not a multiple of gradient_accumulation_steps="
-                f"{accumulation}: an optimizer step would take micro-batches from two generation "
-                f"batches, which mtgrpo does not do; set steps_per_generation={below} or "
-                f"{below + accumulation} (or gradient_accumulation_steps to a divisor of {steps})"
-            )
-
-    def updates_per_generation(self) -> int:
-        return self.steps_per_generation // self.gradient_accumulation_steps
-
-    def training_steps(self, num_prompts: int | None = None, world_size: int = 1) -> int:
-        """Generation batches of the run: enough for ``max_steps`` optimizer steps, or
-        ``num_train_epochs`` epochs."""
-        if self.max_steps > 0:
-            return math.ceil(self.max_steps / self.optimizer_steps_per_step())
-        return super().training_steps(num_prompts, world_size)
-
-    def total_optimizer_steps(self, training_steps: int | None = None) -> int:
-        if self.max_steps > 0:
-            return self.max_steps
-        return super().total_optimizer_steps(training_steps)
-
-    def optimizer_interval(self, value: int | float | None, training_steps: int) -> int:
-        return self.interval(value, self.total_optimizer_steps(training_steps))
 
 
 @dataclass
@@ -1258,7 +1488,7 @@ class RunConfig:
                 "environments (their episodes) or on tasks / data, not both. Fix: drop one, "
                 "or write your rows with an environment column to a file for data.train and "
                 "pass environment_factory from Python")
-        if self.training.task_weighting_signal == "validation" and (
+        if self.training.multitask.task_weighting_signal == "validation" and (
                 self.tasks is None or not self.tasks.validation_size):
             where = "this run has no tasks section" if self.tasks is None \
                 else "tasks.validation_size is 0"
@@ -1269,7 +1499,7 @@ class RunConfig:
                 "train")
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = self.training.run_file_dict()
+        out: dict[str, Any] = self.training.to_dict()
         out["model"] = dataclasses.asdict(self.model)
         out["data"] = dataclasses.asdict(self.data)
         if self.tasks is not None:
@@ -1298,33 +1528,24 @@ _SECTIONS: dict[str, Any] = {
 }
 
 
-STEP_COUNTS: dict[str, type[TrainConfig]] = {"training": TrainConfig, "trl": GRPOConfig}
-"""A run file's optional top-level ``step_counts``: the class its training options build."""
-
-
-def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
+def run_config_from_dict(
+        raw: Mapping[str, Any],
+        training: Callable[[Mapping[str, Any]], TrainConfig] = TrainConfig.from_flat,
+) -> RunConfig:
     """Build a :class:`RunConfig` from a mapping shaped like the YAML file; every section is
-    validated here, before anything loads."""
+    validated here, before anything loads.
+
+    ``training`` builds the training options from the keys that are not sections (default:
+    :meth:`TrainConfig.from_flat`; :func:`mtgrpo.compat.load_run_config` passes the reader that
+    also takes TRL's fields and ``step_counts: trl``)."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a run config must be a mapping of options, got {type(raw).__name__}")
-    counts = raw.get("step_counts", "training")
-    if counts not in STEP_COUNTS:
-        raise ValueError(
-            f"step_counts={counts!r} must be one of {', '.join(STEP_COUNTS)}: training counts "
-            "max_steps and the intervals in training steps (one generation batch each), trl "
-            "as TRL 1.16's GRPOConfig (optimizer steps, steps_per_generation in micro-batches)")
-    training_names = {f.name for f in dataclasses.fields(TrainConfig)}
-    extra = [k for k in raw if k not in training_names and k not in _SECTIONS
-             and k != "step_counts"]
-    refuse_unknown(extra, sorted(training_names | set(_SECTIONS) | {"step_counts"}), "config")
-    kind = STEP_COUNTS[counts]
-    training = kind(**coerce_numbers(
-        kind, {k: v for k, v in raw.items() if k in training_names}))
+    options = training({k: v for k, v in raw.items() if k not in _SECTIONS})
     sections = {name: build(raw[name]) for name, build in _SECTIONS.items()
                 if raw.get(name) is not None}
     sections.setdefault("model", ModelConfig())
     sections.setdefault("data", DataConfig())
-    return RunConfig(training=training, **sections)
+    return RunConfig(training=options, **sections)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -1365,8 +1586,12 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return out
 
 
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML run file (or start from defaults when ``path`` is None) and apply overrides."""
+def load_run_config(
+        path: str | Path | None, overrides: Sequence[str] = (),
+        training: Callable[[Mapping[str, Any]], TrainConfig] = TrainConfig.from_flat,
+) -> RunConfig:
+    """Read a YAML run file (or start from defaults when ``path`` is None) and apply overrides;
+    ``training`` as in :func:`run_config_from_dict`."""
     import yaml
 
     raw: dict[str, Any] = {}
@@ -1390,20 +1615,23 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         raw = loaded
     if isinstance(raw.get("model"), str):
         raw["model"] = {"name_or_path": raw["model"]}
-    return run_config_from_dict(apply_overrides(raw, overrides))
+    return run_config_from_dict(apply_overrides(raw, overrides), training)
 
 
 def config_fields_help(cls: type = TrainConfig,
                        own_only: bool = False) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` for every field: the source of docs/configuration.md.
+    """``(name, type, default, help)`` for every field: the source of docs/configuration.md
+    and the CLI's flags. For :class:`TrainConfig`, every option of its sections, by flat name.
 
-    ``own_only`` leaves out the fields a base class declares (for :class:`TrainConfig` and
-    :class:`GRPOConfig`, the TRL compatibility fields of :mod:`mtgrpo.config_compat`)."""
+    ``own_only`` leaves out the fields a dataclass base class declares (for TRL's
+    ``GRPOConfig``, the fields of :mod:`mtgrpo.compat` that do not act)."""
+    if cls is TrainConfig:
+        return [row for kind in SECTIONS.values() for row in config_fields_help(kind)]
     hints = typing.get_type_hints(cls)
     inherited = set()
     if own_only:
         for base in cls.__mro__[1:]:
-            if dataclasses.is_dataclass(base) and not issubclass(base, TrainConfig):
+            if dataclasses.is_dataclass(base):
                 inherited |= {f.name for f in dataclasses.fields(base)}
     rows = []
     for f in dataclasses.fields(cls):
@@ -1425,12 +1653,20 @@ def _first_paragraph(cls: type) -> str:
     return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 
+def _table(lines: list[str], title: str, cls: type, note: str = "") -> None:
+    lines += [f"#### {title}", ""] + ([note, ""] if note else [])
+    lines += ["| option | default | meaning |", "|---|---|---|"]
+    for name, _, default, text in config_fields_help(cls, own_only=True):
+        lines.append(f"| `{name}` | `{default}` | {text} |")
+    lines.append("")
+
+
 def reference_markdown() -> str:
     """docs/configuration.md: one table per section, from the field metadata."""
-    from mtgrpo.config_compat import compatibility_rows
-
+    lines: list[str] = []
+    for section, kind in SECTIONS.items():
+        _table(lines, f"Training: `{section}` (`{kind.__name__}`)", kind, _first_paragraph(kind))
     sections = [
-        ("Training (top level of a run file; `TrainConfig`)", TrainConfig, ""),
         ("`model:`", ModelConfig, ""), ("`data:`", DataConfig, ""),
         ("`tasks:` (`mtgrpo.tasks.TasksConfig`)", TasksConfig, ""),
         ("`environments:` (`mtgrpo.tasks.episodes.EnvironmentsConfig`; docs/agents.md)",
@@ -1444,28 +1680,6 @@ def reference_markdown() -> str:
          SFTConfig, "The warm start sets `output_dir` (`<output_dir>/sft`) and "
          "`overwrite_output_dir` itself."),
     ]
-    lines: list[str] = []
     for title, cls, note in sections:
-        lines += [f"#### {title}", ""] + ([note, ""] if note else [])
-        lines += ["| option | default | meaning |", "|---|---|---|"]
-        for name, _, default, text in config_fields_help(cls, own_only=True):
-            lines.append(f"| `{name}` | `{default}` | {text} |")
-        lines.append("")
-    rows = compatibility_rows()
-    lines += ["#### vLLM: TRL's `use_vllm` and `vllm_*` (`GRPOConfig`; docs/engines.md)", "",
-              "| option | default | meaning |", "|---|---|---|"]
-    lines += [f"| `{name}` | `{default}` | {text} |" for name, default, effect, text in rows
-              if effect == "vllm"]
-    lines.append("")
-    lines += ["#### Accepted for TRL compatibility (`GRPOConfig`)", "",
-              "TRL 1.16 / transformers fields that mtgrpo does not act on. *no effect*: any "
-              "value is accepted (a non-default value is named in a warning); *refused*: only "
-              "the default is accepted, anything else is an error that names the alternative.",
-              "", "| option | default | effect |", "|---|---|---|"]
-    for name, default, effect, text in rows:
-        if effect == "vllm":
-            continue
-        label = "refused" if effect == "refused" else "no effect"
-        reason = text.removeprefix("no effect: ").removeprefix("no effect ")
-        lines.append(f"| `{name}` | `{default}` | {label}: {reason} |")
+        _table(lines, title, cls, note)
     return "\n".join(lines).rstrip() + "\n"

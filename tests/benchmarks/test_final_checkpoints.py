@@ -207,7 +207,7 @@ def test_bad_input_fails_before_any_evaluation(tmp_path, tiny_model_dir):
     from mtgrpo.config import load_run_config
     from mtgrpo.recipes import recipe_path
 
-    recipe_steps = load_run_config(recipe_path("smollm2-cpu")).training.max_steps
+    recipe_steps = load_run_config(recipe_path("smollm2-cpu")).training.schedule.max_steps
     (tmp_path / "grid").mkdir()
     with pytest.raises(ValueError, match="not a task of this config"):
         bench.main(["--grid", str(tmp_path / "grid"), "--config", "smollm2-cpu",

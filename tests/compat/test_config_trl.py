@@ -10,8 +10,9 @@ import typing
 
 import pytest
 
-from mtgrpo.config import GRPOConfig, config_fields_help, reference_markdown
-from mtgrpo.config_compat import TRLCompatibleFields, compatibility_rows
+from mtgrpo.compat import GRPOConfig, reference_markdown
+from mtgrpo.compat.trl_fields import TRLCompatibleFields, compatibility_rows
+from mtgrpo.config import config_fields_help
 
 trl = pytest.importorskip("trl")
 

@@ -294,7 +294,7 @@ def test_zero_fill_gate_and_bad_mode():
 
 def test_config_resolves_the_gated_judge():
     run = load_run_config(recipe_path("customer-comms"))
-    assert run.training.multi_objective_aggregation == "normalize_then_sum"
+    assert run.training.advantage.multi_objective_aggregation == "normalize_then_sum"
     suite = build_reward_suite(run.rewards, run.training)
     assert suite.channel_names == ["comms/compliance", "comms/politeness", "comms/next_step"]
     np.testing.assert_array_equal(suite.reward_weights, [1.0, 1.0, 0.5])

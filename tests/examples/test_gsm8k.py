@@ -263,7 +263,7 @@ def test_config_reward_suite_scores_three_channels_and_advantages():
     torch.testing.assert_close(scores.values, expected, rtol=0, atol=0)
     # sum_then_normalize: s = w·r = [1.75, 0.625, 1.125, 0]; A = (s - mean) / (std_ddof1 + 1e-4)
     result = compute_advantages(scores.values, 4, reward_weights=suite.reward_weights,
-                                aggregation=run.training.multi_objective_aggregation)
+                                aggregation=run.training.advantage.multi_objective_aggregation)
     s = np.array([1.75, 0.625, 1.125, 0.0])
     want = (s - s.mean()) / (s.std(ddof=1) + 1e-4)
     # the estimator (here on the suite's float64 scores) against the float64 formula, bounded

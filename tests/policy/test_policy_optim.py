@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mtgrpo.config import GRPOConfig
+from mtgrpo.compat import GRPOConfig
 from mtgrpo.policy import (
     build_optimizer,
     build_scheduler,

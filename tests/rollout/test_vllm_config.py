@@ -8,15 +8,22 @@ import logging
 import pytest
 
 from mtgrpo import GRPOConfig
-from mtgrpo.config_compat import TRLCompatibleFields
+from mtgrpo.compat.trl_fields import TRLCompatibleFields
 
 
 def test_vllm_fields_act_and_only_the_group_port_has_no_effect():
     import dataclasses
 
+    from mtgrpo.config import FIELD_SECTION
+
+    # TRL's vLLM switches are native options (every one acting), in the vllm section ...
+    native = {name for name, section in FIELD_SECTION.items() if section == "vllm"}
+    assert {"use_vllm", "vllm_mode", "vllm_server_base_url",
+            "vllm_importance_sampling_correction"} <= native
+    # ... but for the NCCL group port (no effect) and TRL's deprecated name of clip_max
     effects = {f.name: f.metadata["effect"] for f in dataclasses.fields(TRLCompatibleFields)
                if f.name.startswith("vllm_") or f.name == "use_vllm"}
-    assert {name for name, effect in effects.items() if effect != "vllm"} == {"vllm_group_port"}
+    assert effects == {"vllm_group_port": "none", "vllm_importance_sampling_cap": "alias"}
     GRPOConfig(use_vllm=True, vllm_mode="server", report_to="none")  # constructs
 
 

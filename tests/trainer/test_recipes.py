@@ -32,8 +32,8 @@ def test_paper_recipe_runs_one_step_on_the_tiny_model(name, tiny_model_dir, tmp_
     ]
     run = load_run_config(recipe_path(name), overrides)
     # the recipe's own settings survive the swap
-    assert run.training.task_weighting == "mt_grpo"
-    assert run.training.batch_construction == "ratio_preserving"
+    assert run.training.multitask.task_weighting == "mt_grpo"
+    assert run.training.multitask.batch_construction == "ratio_preserving"
     run_training(run)
     record = read_metrics(tmp_path / "run", split="train")[0]
     assert record["step"] == 1

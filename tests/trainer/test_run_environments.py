@@ -35,7 +35,7 @@ def small_agents_run(tmp_path, monkeypatch):
 
 def test_agents_recipe_end_to_end(small_agents_run, tmp_path):
     run = small_agents_run
-    assert run.training.task_weighting == "mt_grpo"  # the recipe's own settings survive
+    assert run.training.multitask.task_weighting == "mt_grpo"  # the recipe's own settings survive
     run_training(run)
     out = tmp_path / "run"
 

@@ -56,8 +56,9 @@ def test_recipe_trains_smollm2_from_pypi_with_lora_and_mt_grpo() -> None:
     assert run.sft is not None
     assert run.sft.num_examples > 0
     args = run.training
-    assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
-    assert args.output_dir == "runs/smollm2-mtgrpo3-easy"
+    assert (args.multitask.task_weighting, args.multitask.batch_construction) \
+        == ("mt_grpo", "ratio_preserving")
+    assert args.output.output_dir == "runs/smollm2-mtgrpo3-easy"
     # one family per papers' family, each with its own reward
     with build_suite(run.tasks, workers=0, train_size=1, eval_size=1) as suite:
         families = sorted(task.partition(":")[0] for task in suite.task_ids)
@@ -73,19 +74,21 @@ def test_cpu_recipe_trains_three_families_with_short_answers() -> None:
     assert run.sft.template == "answer_only"  # short completions: generation a CPU can afford
     assert run.sft.lora is None  # the warm start fine-tunes the whole model, GRPO trains LoRA
     args = run.training
-    assert (args.task_weighting, args.batch_construction) == ("mt_grpo", "ratio_preserving")
+    assert (args.multitask.task_weighting, args.multitask.batch_construction) \
+        == ("mt_grpo", "ratio_preserving")
     # λ 1.5 with a floor: the setting that met every target over four seeds (docs/smollm2.md)
-    assert args.task_weighting_params == {"lam": 1.5, "min_weight": 0.2}
-    assert args.bf16 is None  # auto: bfloat16 on CPUs with native bf16, float32 elsewhere
-    assert args.output_dir == "runs/smollm2-cpu"
+    assert args.multitask.task_weighting_params == {"lam": 1.5, "min_weight": 0.2}
+    assert args.compute.bf16 is None  # auto: bfloat16 on CPUs with native bf16, else float32
+    assert args.output.output_dir == "runs/smollm2-cpu"
     with build_suite(run.tasks, workers=0, train_size=4, eval_size=4) as suite:
         families = sorted(task.partition(":")[0] for task in suite.task_ids)
         assert families == ["addition", "chain_sum", "countdown"]
         assert set(suite.reward_routing) == set(suite.task_ids)
         # every gold answer, in its tags, fits the completion budget with room to spare
+        limit = 2 * args.rollout.max_completion_length
         for task in suite.task_ids:
             for row in suite.eval.task(task).rows():
-                assert len(f"<answer> {row['answer']} </answer>") < 2 * args.max_completion_length
+                assert len(f"<answer> {row['answer']} </answer>") < limit
 
 
 def test_cpu_recipe_has_no_answer_a_constant_could_learn() -> None:

@@ -35,12 +35,12 @@ def test_a_trl_script_that_sets_only_the_completion_length_trains_on_the_tiny_mo
 
 
 def test_a_default_prompt_length_shrinks_to_what_the_completion_leaves():
-    args = GRPOConfig(max_completion_length=100)
+    args = GRPOConfig(max_completion_length=100).to_native()
     _check_context_length(_model(512), args)
-    assert args.max_prompt_length == 412
-    fits = GRPOConfig(max_completion_length=100)
+    assert args.rollout.max_prompt_length == 412
+    fits = GRPOConfig(max_completion_length=100).to_native()
     _check_context_length(_model(2048), fits)
-    assert fits.max_prompt_length == 512
+    assert fits.rollout.max_prompt_length == 512
 
 
 def test_a_chosen_prompt_length_that_does_not_fit_names_the_largest_that_does():

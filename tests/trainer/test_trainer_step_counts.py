@@ -107,12 +107,15 @@ def test_grpo_config_max_steps_ends_inside_a_generation_batch(tiny_model_dir, tm
     trainer.train()
     assert len(counting.optimizer_steps) == trainer.state.global_step == 6
     assert (tmp_path / "checkpoint-6").is_dir()  # named by global_step, as TRL's
-    # the run's config.yaml says how it counted, so it loads back as the same run
+    # the run's config.yaml says how it counted, so it loads back as the same run: the native
+    # tree, counting optimizer steps, with 2 optimizer steps a generation batch
     from mtgrpo.config import load_run_config
 
     saved = load_run_config(tmp_path / "config.yaml").training
-    assert type(saved) is GRPOConfig
-    assert (saved.max_steps, saved.steps_per_generation, saved.training_steps()) == (6, 2, 2)
+    assert type(saved) is TrainConfig
+    assert saved.schedule.step_unit == "optimizer"
+    assert (saved.schedule.max_steps, saved.batch.steps_per_generation,
+            saved.training_steps()) == (6, 2, 2)
     # the linear schedule spans the 6 optimizer steps: it ends at zero
     assert trainer.scheduler.get_last_lr()[0] == 0.0
 
@@ -136,21 +139,25 @@ def test_run_files_count_generation_batches(tiny_model_dir, tmp_path, monkeypatc
 
 
 def test_a_run_file_may_count_as_trl():
+    from mtgrpo.compat import training_from_flat
     from mtgrpo.config import run_config_from_dict
 
     trl = run_config_from_dict({"step_counts": "trl", "gradient_accumulation_steps": 2,
                                 "steps_per_generation": 4, "num_iterations": 2,
-                                "max_steps": 6})
-    assert type(trl.training) is GRPOConfig
+                                "max_steps": 6}, training_from_flat)
+    assert type(trl.training) is TrainConfig  # the native tree, in TRL's units
     assert (trl.training.optimizer_steps_per_step(), trl.training.training_steps()) == (4, 2)
-    assert trl.to_dict()["step_counts"] == "trl"
-    plain = run_config_from_dict({"steps_per_generation": 4, "max_steps": 6})
+    assert trl.to_dict()["step_unit"] == "optimizer"
+    assert trl.to_dict()["steps_per_generation"] == 2  # 4 micro-batches: 2 optimizer steps
+    again = run_config_from_dict(trl.to_dict())  # the saved form loads back as the same run
+    assert again.training == trl.training
+    plain = run_config_from_dict({"steps_per_generation": 4, "max_steps": 6}, training_from_flat)
     assert type(plain.training) is TrainConfig
-    assert "step_counts" not in plain.to_dict()
+    assert plain.to_dict()["step_unit"] == "training"
     assert plain.training.total_optimizer_steps() == 24
     with pytest.raises(ValueError, match=r"step_counts='optimizer' must be one of training, "
                        r"trl"):
-        run_config_from_dict({"step_counts": "optimizer"})
+        run_config_from_dict({"step_counts": "optimizer"}, training_from_flat)
 
 
 def test_an_optimizer_step_spanning_two_generation_batches_is_refused():
@@ -161,7 +168,7 @@ def test_an_optimizer_step_spanning_two_generation_batches_is_refused():
                        r"steps=2.*steps_per_generation=2 or 4"):
         GRPOConfig(gradient_accumulation_steps=2, steps_per_generation=1)
     # the run files' unit has no such constraint: 3 optimizer steps of 2 micro-batches each
-    assert TrainConfig(gradient_accumulation_steps=2, steps_per_generation=3) \
+    assert TrainConfig.from_flat({"gradient_accumulation_steps": 2, "steps_per_generation": 3}) \
         .optimizer_steps_per_step() == 3
     assert math.isclose(GRPOConfig(gradient_accumulation_steps=2, steps_per_generation=6,
                                    num_iterations=2).optimizer_steps_per_step(), 6)

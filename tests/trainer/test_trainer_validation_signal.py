@@ -11,7 +11,8 @@ import trainer_helpers as _common
 
 from mtgrpo import GRPOTrainer
 from mtgrpo.algo.weighting import softmax
-from mtgrpo.config import GRPOConfig, run_config_from_dict
+from mtgrpo.compat import GRPOConfig
+from mtgrpo.config import run_config_from_dict
 from mtgrpo.reporting import read_metrics
 
 
@@ -111,7 +112,7 @@ def test_run_files_need_a_validation_split():
                               "tasks": tasks})
     run = run_config_from_dict({"task_weighting": "mt_grpo", "task_weighting_signal": "validation",
                                 "tasks": {**tasks, "validation_size": 8}})
-    assert run.training.task_weighting_signal == "validation"
+    assert run.training.multitask.task_weighting_signal == "validation"
 
 
 @pytest.mark.parametrize(("options", "match"), [

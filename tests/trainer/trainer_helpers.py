@@ -62,7 +62,8 @@ def args(output_dir, config_class: type = GRPOConfig, **overrides: Any) -> GRPOC
         "report_at_end": False,
     }
     options.update(overrides)
-    return config_class(**options)
+    build = getattr(config_class, "from_flat", None)  # the native tree takes flat names so
+    return build(options) if build is not None else config_class(**options)
 
 
 def validation_rows(per_task: int = 3) -> list[dict[str, Any]]:

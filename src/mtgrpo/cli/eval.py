@@ -151,14 +151,14 @@ def _task_list(tasks: str) -> list[str]:
 def _run_config(args: argparse.Namespace):
     """The run config of ``--config`` (it must have a ``tasks`` section); its
     ``max_completion_length`` becomes the default of ``--max-new-tokens``."""
-    from mtgrpo.config import load_run_config
+    from mtgrpo.compat import load_run_config
     from mtgrpo.recipes import recipe_path
 
     run = load_run_config(recipe_path(args.config), [])
     if run.tasks is None:
         raise ValueError(f"{args.config} has no tasks section; use --tasks or --data")
     if args.max_new_tokens is None:
-        args.max_new_tokens = run.training.max_completion_length
+        args.max_new_tokens = run.training.rollout.max_completion_length
     return run
 
 

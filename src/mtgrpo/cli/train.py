@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from mtgrpo.config import load_run_config
+    from mtgrpo.compat import load_run_config
     from mtgrpo.recipes import recipe_path
 
     overrides = list(getattr(args, "overrides", []))

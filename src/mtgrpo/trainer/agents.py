@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import TrainConfig
 from mtgrpo.rollout import GenerationBackend
 from mtgrpo.rollout.agent import AgentRollouts, Environments, ToolLoop, check_rollout_output
 from mtgrpo.rollout.agent.runner import EMPTY_PROMPT, ENVIRONMENT_COLUMN
@@ -98,16 +98,17 @@ class AgentSetup:
         return TrainingData(fill(data.train), evals, data.single_task and not by_environment,
                             data.iterable)
 
-    def rollouts(self, backend: GenerationBackend, tokenizer: Any, args: GRPOConfig,
+    def rollouts(self, backend: GenerationBackend, tokenizer: Any, args: TrainConfig,
                  max_context: int | None, task_column_added: bool) -> AgentRollouts:
         """The rollouts of the run (``task_column_added``: the ``task`` key is the trainer's,
         not the user's, so ``reset`` does not receive it)."""
-        loop = ToolLoop(backend, tokenizer, max_completion_length=args.max_completion_length,
-                        max_iterations=args.max_tool_calling_iterations,
-                        timeout=args.tool_call_timeout,
-                        malformed=args.malformed_tool_calls,
+        loop = ToolLoop(backend, tokenizer,
+                        max_completion_length=args.rollout.max_completion_length,
+                        max_iterations=args.rollout.max_tool_calling_iterations,
+                        timeout=args.rollout.tool_call_timeout,
+                        malformed=args.rollout.malformed_tool_calls,
                         max_context=max_context,
-                        chat_template_kwargs=args.chat_template_kwargs)
+                        chat_template_kwargs=args.rollout.chat_template_kwargs)
         return AgentRollouts(loop, self.tools, self.environments,
                              hidden_columns=("task",) if task_column_added else ())
 
@@ -123,7 +124,7 @@ def agent_setup(tools: Sequence[Callable[..., Any]] | None,
     return AgentSetup(tools, environments)
 
 
-def placeholder_rows(setup: AgentSetup | None, args: GRPOConfig) -> list[dict[str, Any]]:
+def placeholder_rows(setup: AgentSetup | None, args: TrainConfig) -> list[dict[str, Any]]:
     """Rows for a run whose environment owns the data (no ``train_dataset``)."""
     if setup is None or setup.environments is None:
         raise ValueError("`train_dataset` is required: a Dataset, a list of dicts or a path "
@@ -133,12 +134,12 @@ def placeholder_rows(setup: AgentSetup | None, args: GRPOConfig) -> list[dict[st
             "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` "
             "with an `environment` column to route each example to its environment. Provide a "
             "dataset, or pass a single environment factory.")
-    if args.max_steps <= 0:
+    if args.schedule.max_steps <= 0:
         raise ValueError(
             "When training without a `train_dataset` (the environment owns the data and returns "
             "the prompt from `reset()`), `max_steps` must be set to a positive value to define "
             "the training length. Set it via `GRPOConfig(max_steps=...)`.")
-    groups = max(1, args.per_device_train_batch_size // args.num_generations)
+    groups = max(1, args.batch.per_device_train_batch_size // args.batch.num_generations)
     return [{"prompt": [dict(m) for m in EMPTY_PROMPT]} for _ in range(groups)]
 
 

@@ -22,7 +22,7 @@ import torch
 from mtgrpo.algo.advantages import compute_advantages
 from mtgrpo.algo.sampling import make_sampler
 from mtgrpo.algo.weighting import ValidationSignal, make_weighting
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import RolloutConfig, TrainConfig
 from mtgrpo.models.precision import resolve_bf16
 from mtgrpo.policy import build_optimizer, build_scheduler
 from mtgrpo.reporting import MetricsWriter, Trackers
@@ -51,37 +51,24 @@ class TrainerBuilding:
     """Mixed into :class:`~mtgrpo.trainer.GRPOTrainer` (see the module docstring)."""
 
     def _check_iterable(self, data: TrainingData) -> None:
-        """TRL's rules for streaming datasets (they are read into memory here)."""
-        args = self.args
-        iterable_eval = self.eval_dataset is not None and any(
-            type(v).__name__ == "IterableDataset" for v in (
-                self.eval_dataset.values() if isinstance(self.eval_dataset, Mapping)
-                else [self.eval_dataset]))
-        if data.iterable or iterable_eval:
-            if args.accelerator_settings().dispatch_batches:
-                raise ValueError(
-                    "Iterable datasets require `dispatch_batches=False`, but it is set to "
-                    "`True` in `accelerator_config`; set it to False"
-                )
-            args.accelerator_settings().dispatch_batches = False
-        if data.iterable:
-            if args.max_steps < 1:
-                raise ValueError(
-                    "an iterable (streaming) train_dataset has no length, so max_steps=-1 "
-                    "(num_train_epochs) cannot size the run; set max_steps"
-                )
-            args.dataloader_num_workers = 0
+        """A streaming train dataset (read into memory here) has no length to size a run by."""
+        if data.iterable and self.config.schedule.max_steps < 1:
+            raise ValueError(
+                "an iterable (streaming) train_dataset has no length, so max_steps=-1 "
+                "(num_train_epochs) cannot size the run; set max_steps"
+            )
 
     def _build_rewards(self, reward_funcs: Any, processing_classes: Any,
                        data: TrainingData, reward_weights: Any) -> None:
-        args = self.args
+        args = self.config
         resolved, self.reward_processing_classes = reward_processing_list(
-            reward_funcs, processing_classes, args.trust_remote_code)
-        self.on_unscorable = args.on_unscorable
+            reward_funcs, processing_classes, args.compute.trust_remote_code)
+        self.on_unscorable = args.advantage.on_unscorable
         if self.on_unscorable == "auto":
             self.on_unscorable = "warn" if data.single_task else "raise"
-        weighted = copy.copy(args)  # the environments' channels add weights the config lacks
-        weighted.reward_weights = reward_weights
+        # the environments' channels add weights the config lacks
+        weighted = copy.copy(args)
+        weighted.advantage = dataclasses.replace(args.advantage, reward_weights=reward_weights)
         self.rewards = build_reward_suite(resolved, weighted, on_unscorable=self.on_unscorable)
         self.reward_funcs = self.rewards.functions
         self.reward_func_names = [str(rf.name) for rf in self.rewards.functions]
@@ -92,10 +79,11 @@ class TrainerBuilding:
         # update again only for a batch-level estimator (GRPOTrainer._batch_advantages).
         self.estimate = functools.partial(
             compute_advantages, reward_weights=self.rewards.reward_weights,
-            aggregation=args.multi_objective_aggregation, scale_rewards=args.scale_rewards,
-            gates=self.rewards.gates, none_handling=args.none_handling,
-            on_unscorable=self.on_unscorable, ddof=args.advantage_std_ddof,
-            eps=args.advantage_epsilon)
+            aggregation=args.advantage.multi_objective_aggregation,
+            scale_rewards=args.advantage.scale_rewards,
+            gates=self.rewards.gates, none_handling=args.advantage.none_handling,
+            on_unscorable=self.on_unscorable, ddof=args.advantage.advantage_std_ddof,
+            eps=args.advantage.advantage_epsilon)
         self.task_names = _task_names(data.train)
         self.rewards.validate_tasks(self.task_names)
         every_task = set(self.task_names)
@@ -106,17 +94,17 @@ class TrainerBuilding:
         environments = () if self._agent is None or self._agent.environments is None \
             else ("environments",)
         if self.rollout_func is None:  # rollout_func's fields are known once it has run
-            self.rewards.check_columns(_column_names(data.train, args.task_column),
+            self.rewards.check_columns(_column_names(data.train, args.multitask.task_column),
                                        extras=("trainer_state", "log_extra", "log_metric",
                                                *environments))
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
-                                                       args.accuracy_reward)
+                                                       args.advantage.accuracy_reward)
 
     def _build_accelerator(self) -> None:
         from accelerate import Accelerator
 
-        args = self.args
-        self._on_cpu = args.use_cpu or not torch.cuda.is_available()
+        args = self.config
+        self._on_cpu = args.compute.use_cpu or not torch.cuda.is_available()
         # bf16 on the CPU is our own autocast, decided once the model is loaded: accelerate
         # keeps one mixed-precision setting per process, which another trainer (a benchmark's
         # TRL) would change under us
@@ -124,12 +112,12 @@ class TrainerBuilding:
         self.bf16, self.bf16_reason = False, "decided once the model is loaded"
         gpu_bf16 = False
         if not self._on_cpu:
-            self.bf16, self.bf16_reason = resolve_bf16(args.bf16, "cuda")
+            self.bf16, self.bf16_reason = resolve_bf16(args.compute.bf16, "cuda")
             gpu_bf16 = self.bf16
-        precision = "bf16" if gpu_bf16 else "fp16" if args.fp16 else "no"
-        if args.tf32 is not None and torch.cuda.is_available():
-            torch.backends.cuda.matmul.allow_tf32 = args.tf32
-            torch.backends.cudnn.allow_tf32 = args.tf32
+        precision = "bf16" if gpu_bf16 else "fp16" if args.compute.fp16 else "no"
+        if args.compute.tf32 is not None and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = args.compute.tf32
+            torch.backends.cudnn.allow_tf32 = args.compute.tf32
         _refuse_deepspeed(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))
         _release_accelerator_state(precision)
         self.accelerator = Accelerator(
@@ -142,10 +130,10 @@ class TrainerBuilding:
         self.prompts_per_step = args.resolved_prompts_per_step(self.world)
 
     def _build_prompts(self, data: TrainingData) -> None:
-        args = self.args
-        options = {"max_prompt_length": args.max_prompt_length,
-                   "on_long_prompt": args.on_long_prompt,
-                   "chat_template_kwargs": args.chat_template_kwargs}
+        args = self.config
+        options = {"max_prompt_length": args.rollout.max_prompt_length,
+                   "on_long_prompt": args.rollout.on_long_prompt,
+                   "chat_template_kwargs": args.rollout.chat_template_kwargs}
         self.train_prompts = PromptSet(data.train, self.tokenizer, task_names=self.task_names,
                                        **options)
         self.train_prompts.tokenize_all()
@@ -165,36 +153,38 @@ class TrainerBuilding:
         self.validation_every = args.resolved_validation_steps(self.max_steps)
 
     def _build_weighting(self, validation_dataset: Any) -> None:
-        args = self.args
+        args = self.config
         self.weighting = make_weighting(
-            args.task_weighting, len(self.task_names), task_names=self.task_names,
-            **args.task_weighting_params,
+            args.multitask.task_weighting, len(self.task_names), task_names=self.task_names,
+            **args.multitask.task_weighting_params,
         )
         self.reads_improvement = "improvement" in getattr(self.weighting, "REQUIRES", ())
         # the held-out signal when the weights read it (None: the training batch's)
         self.validation: ValidationSignal | None = None
         self._validation_rows = None
-        if args.task_weighting_signal == "validation":
-            self._validation_rows = validation_rows(validation_dataset, args.task_column,
+        if args.multitask.task_weighting_signal == "validation":
+            self._validation_rows = validation_rows(validation_dataset, args.multitask.task_column,
                                                     self.task_names)
             self.validation = ValidationSignal(len(self.task_names))
         # I_k measured across the update: only when the weights read it from the batch
         self.needs_improvement = self.reads_improvement and self.validation is None
 
     def _build_algorithms(self) -> None:
-        args = self.args
+        args = self.config
         self.sampler = make_sampler(
-            args.batch_construction, self.train_prompts.prompt_tasks, len(self.task_names),
-            seed=args.seed if args.data_seed is None else args.data_seed,
-            zero_gradient_filter=args.zero_gradient_filter,
-            shuffle=args.shuffle_dataset and args.train_sampling_strategy == "random",
-            **args.batch_construction_params,
+            args.multitask.batch_construction, self.train_prompts.prompt_tasks,
+            len(self.task_names),
+            seed=args.schedule.seed if args.schedule.data_seed is None else args.schedule.data_seed,
+            zero_gradient_filter=args.multitask.zero_gradient_filter,
+            shuffle=args.schedule.shuffle_dataset
+            and args.schedule.train_sampling_strategy == "random",
+            **args.multitask.batch_construction_params,
         )
 
     def _build_optimisation(self, generation_backend: Any, optimizers: tuple[Any, Any]) -> None:
-        args = self.args
+        args = self.config
         self.ref_model = None
-        if args.beta > 0 and not self.is_peft:
+        if args.loss.beta > 0 and not self.is_peft:
             # the initial policy, frozen, as TRL's reference (LoRA: the adapter-disabled model)
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         optimizer, scheduler = optimizers if optimizers is not None else (None, None)
@@ -202,17 +192,19 @@ class TrainerBuilding:
         if self.sharded:
             self._check_sharding(optimizer)
             sharding.shard_model(self.model)  # before the optimizer: it holds the shards
+        optimization = args.optimization
         if optimizer is None:
             optimizer = build_optimizer(
-                self.model, args.learning_rate, weight_decay=args.weight_decay,
-                betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                optim=args.optim, optim_args=args.optim_args,
+                self.model, optimization.learning_rate, weight_decay=optimization.weight_decay,
+                betas=(optimization.adam_beta1, optimization.adam_beta2),
+                eps=optimization.adam_epsilon,
+                optim=optimization.optim, optim_args=optimization.optim_args,
             )
         self.scheduler = scheduler or build_scheduler(
-            optimizer, args.lr_scheduler_type,
+            optimizer, args.optimization.lr_scheduler_type,
             total_steps=self.max_optimizer_steps,
             warmup_steps=args.resolved_warmup_steps(self.max_steps),
-            scheduler_kwargs=args.lr_scheduler_kwargs,
+            scheduler_kwargs=args.optimization.lr_scheduler_kwargs,
         )
         self.lr_scheduler = self.scheduler
         if self.sharded:  # sharded already: accelerate would wrap it in DDP
@@ -231,11 +223,12 @@ class TrainerBuilding:
             self.backend = sharding.ShardedGeneration(self.backend, self.unwrapped)
         self._warned_no_engine_logprobs = False
         self.sampling_params = SamplingParams(
-            max_new_tokens=args.max_completion_length, temperature=args.temperature,
-            top_p=args.top_p, top_k=args.top_k, return_logprobs=self._wants_generation_logprobs(),
+            max_new_tokens=args.rollout.max_completion_length, temperature=args.rollout.temperature,
+            top_p=args.rollout.top_p, top_k=args.rollout.top_k,
+            return_logprobs=self._wants_generation_logprobs(),
         )
         reference = None
-        if args.beta > 0 and self.is_peft:
+        if args.loss.beta > 0 and self.is_peft:
             from mtgrpo.models import reference_mode
 
             def reference() -> contextlib.AbstractContextManager[Any]:
@@ -268,13 +261,13 @@ class TrainerBuilding:
         from transformers import TrainerControl
         from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
-        args = self.args
+        args = self.config
         intervals = {name: args.optimizer_interval(value, self.max_steps) for name, value in (
-            ("logging", args.logging_steps), ("eval", args.eval_steps),
-            ("save", args.save_steps))}
+            ("logging", args.output.logging_steps), ("eval", args.evaluation.eval_steps),
+            ("save", args.saving.save_steps))}
         self.state = hooks.new_state(
             self.max_optimizer_steps, self.steps_per_epoch * args.optimizer_steps_per_step(),
-            args.num_train_epochs, intervals, args.per_device_train_batch_size,
+            args.schedule.num_train_epochs, intervals, args.batch.per_device_train_batch_size,
             self.accelerator.is_main_process)
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
@@ -282,8 +275,8 @@ class TrainerBuilding:
             self.optimizer, self.scheduler)
         self.log_window = hooks.LogWindow()
         self.aux_loss_enabled = False
-        self.num_generations = args.num_generations
-        size = self.prompts_per_step * args.num_generations
+        self.num_generations = args.batch.num_generations
+        size = self.prompts_per_step * args.batch.num_generations
         self._logs: dict[str, Any] = {
             "prompt": deque(maxlen=size), "completion": deque(maxlen=size),
             "rewards": defaultdict(lambda: deque(maxlen=size)),
@@ -299,7 +292,8 @@ class TrainerBuilding:
         self._agent_runner = self._agent_rollouts()  # training and evaluation share it
         self.rollouts = RolloutWorker(
             self.train_prompts, self.backend, self.rewards, self.sampling_params,
-            args.num_generations, self.tokenizer, accuracy_threshold=args.accuracy_threshold,
+            args.batch.num_generations, self.tokenizer,
+            accuracy_threshold=args.advantage.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
             estimate=self.estimate, expected_version=lambda: self.step,
             task_params=self._task_sampling_params(), agent=self._agent_runner,
@@ -312,7 +306,7 @@ def _task_names(rows: Any) -> list[str]:
     return sorted({str(row["task"]) for row in rows})
 
 
-def _check_context_length(model: Any, args: GRPOConfig) -> None:
+def _check_context_length(model: Any, args: TrainConfig) -> None:
     """Prompt + completion must fit the model's positions.
 
     ``max_prompt_length`` left at its default (TRL 1.x scripts never set it) shrinks to what
@@ -324,16 +318,16 @@ def _check_context_length(model: Any, args: GRPOConfig) -> None:
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if limit is None:
         return
-    completion = args.max_completion_length
+    completion = args.rollout.max_completion_length
     if completion >= limit:
         raise ValueError(
             f"max_completion_length={completion} leaves no room for a prompt in the model's "
             f"max_position_embeddings={limit}; set max_completion_length below {limit} "
             f"(e.g. {limit // 2})")
-    budget, prompt = limit - completion, args.max_prompt_length
+    budget, prompt = limit - completion, args.rollout.max_prompt_length
     if prompt is None or prompt <= budget:
         return
-    default = next(f.default for f in dataclasses.fields(GRPOConfig)
+    default = next(f.default for f in dataclasses.fields(RolloutConfig)
                    if f.name == "max_prompt_length")
     if prompt != default:
         raise ValueError(
@@ -341,7 +335,7 @@ def _check_context_length(model: Any, args: GRPOConfig) -> None:
             f"{prompt + completion} tokens exceeds the model's max_position_embeddings="
             f"{limit}; set max_prompt_length to at most {budget} (or leave it unset to fit "
             "automatically), or lower max_completion_length")
-    args.max_prompt_length = budget
+    args.rollout.max_prompt_length = budget
     # a notice, not a warning: nothing to act on, and a prompt that is cut at the new limit
     # gets the prompt set's own truncation warning
     logger.info("the model has %d positions: max_prompt_length lowered from its default %d to "
@@ -378,9 +372,9 @@ def _refuse_unsupported(quantization_config: Any) -> None:
             raise ValueError(f"{name} is not supported by mtgrpo: {alternative}")
 
 
-def _configure_logging(args: GRPOConfig, is_main: bool) -> None:
+def _configure_logging(args: TrainConfig, is_main: bool) -> None:
     """TRL's log_level / log_level_replica for mtgrpo's and transformers' loggers."""
-    level = args.log_level if is_main else args.log_level_replica
+    level = args.output.log_level if is_main else args.output.log_level_replica
     if level == "passive":
         return
     import transformers
@@ -413,20 +407,21 @@ def _release_accelerator_state(precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
-def _ddp_kwargs(args: GRPOConfig) -> list[Any]:
+def _ddp_kwargs(args: TrainConfig) -> list[Any]:
     """accelerate kwargs handlers for TRL's ddp_* options (only those that are set)."""
     import datetime
 
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     handlers: list[Any] = []
-    ddp = {name: getattr(args, f"ddp_{name}") for name in (
+    ddp = {name: getattr(args.distributed, f"ddp_{name}") for name in (
         "find_unused_parameters", "bucket_cap_mb", "broadcast_buffers", "static_graph")}
     ddp = {k: v for k, v in ddp.items() if v is not None}
     if ddp:
         handlers.append(DistributedDataParallelKwargs(**ddp))
     # 1800 s is TrainingArguments' default ddp_timeout: only another value needs the handler
-    if args.ddp_backend is not None or args.ddp_timeout != 1800:
+    if args.distributed.ddp_backend is not None or args.distributed.ddp_timeout != 1800:
         handlers.append(InitProcessGroupKwargs(
-            backend=args.ddp_backend, timeout=datetime.timedelta(seconds=args.ddp_timeout)))
+            backend=args.distributed.ddp_backend,
+            timeout=datetime.timedelta(seconds=args.distributed.ddp_timeout)))
     return handlers

@@ -48,8 +48,8 @@ class Checkpointing:
         parameters = sum(p.numel() for p in self.unwrapped.parameters())
         model = f"{getattr(config, 'model_type', type(self.unwrapped).__name__)}, " \
                 f"{parameters} parameters"
-        return run_identity(self.args, tasks=self.task_names, channels=self.rewards.channel_names,
-                            model=model)  # fmt: skip
+        return run_identity(self.callback_args, tasks=self.task_names,
+                            channels=self.rewards.channel_names, model=model)
 
     def save_checkpoint(self) -> Path | None:
         """Write ``checkpoint-<step>`` atomically (main process) and rotate old ones.
@@ -62,11 +62,11 @@ class Checkpointing:
         # sharded: the whole state, gathered on the main process by every process
         weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
         optimizer_state = sharding.full_optimizer_state(self.unwrapped, self.optimizer) \
-            if self.sharded and not self.args.save_only_model else None
+            if self.sharded and not self.config.saving.save_only_model else None
         if self.is_main_process:
             def write(tmp: Path) -> None:
                 self._write_model(tmp / "model", weights)
-                if not self.args.save_only_model:
+                if not self.config.saving.save_only_model:
                     ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors", weights)
                     torch.save(self.optimizer.state_dict() if optimizer_state is None
                                else optimizer_state, tmp / "optimizer.pt")
@@ -83,14 +83,14 @@ class Checkpointing:
             except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
                 raise ckpt.save_failure(final, error, previous) from error
             best = self.state.best_model_checkpoint
-            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit,
+            ckpt.rotate_checkpoints(self.output_dir, self.config.saving.save_total_limit,
                                     keep=Path(best) if best else None)
             if self._hub is not None:
-                self._hub.on_save(self.args.hub_strategy, final / "model", final,
+                self._hub.on_save(self.config.saving.hub_strategy, final / "model", final,
                                   self.state.global_step)
         # no process runs ahead while the main process still writes the checkpoint
         self.accelerator.wait_for_everyone()
-        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_save(self.callback_args, self.state, self.control)
         return final if self.is_main_process else None
 
     def save_model(self, directory: str | Path | None = None) -> None:
@@ -100,8 +100,8 @@ class Checkpointing:
         weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
         if self.sharded and not self.is_main_process:
             return
-        self._write_model(Path(directory if directory is not None else self.args.output_dir),
-                          weights)
+        target = directory if directory is not None else self.config.output.output_dir
+        self._write_model(Path(target), weights)
 
     def _write_model(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
         """``save_pretrained`` of the model (``weights``: its gathered state when sharded) and
@@ -128,7 +128,7 @@ class Checkpointing:
             )
         self._accepted_changes = check_resumable(checkpoint, state.get("identity"),
                                                  self._identity(),
-                                                 self.args.resume_allow_changes)  # fmt: skip
+                                                 self.config.saving.resume_allow_changes)
         if bool(state.get("sharded", False)) != self.sharded:
             raise ValueError(
                 f"{checkpoint} was written by a {'sharded' if state.get('sharded') else 'plain'}"
@@ -185,7 +185,7 @@ class Checkpointing:
         import yaml
 
         config = self.run_config if self.run_config is not None \
-            else self.args.run_file_dict()
+            else self.config.run_file_dict()
         # atomically: another process (a grid planning its runs) may read it meanwhile
         write_text_atomically(self.output_dir / "config.yaml",
                               yaml.safe_dump(config, sort_keys=False))

@@ -44,7 +44,7 @@ class Evaluating:
             self.unwrapped.eval()
             try:
                 result = self._sample_held_out(self.validation_prompts,
-                                               self.args.resolved_num_generations_validation)
+                                               self.config.resolved_num_generations_validation)
             finally:
                 self.unwrapped.train()
             groups = result.groups
@@ -59,11 +59,12 @@ class Evaluating:
         return out
 
     def _eval_params(self) -> SamplingParams:
-        args = self.args
+        args = self.config
         return SamplingParams(
-            max_new_tokens=args.max_completion_length, temperature=args.eval_temperature,
-            top_p=args.top_p if args.eval_temperature > 0 else 1.0,
-            top_k=args.top_k if args.eval_temperature > 0 else 0,
+            max_new_tokens=args.rollout.max_completion_length,
+            temperature=args.evaluation.eval_temperature,
+            top_p=args.rollout.top_p if args.evaluation.eval_temperature > 0 else 1.0,
+            top_k=args.rollout.top_k if args.evaluation.eval_temperature > 0 else 0,
         )
 
     def _sample_held_out(self, prompts: PromptSet, num_samples: int) -> Any:
@@ -75,7 +76,7 @@ class Evaluating:
         with self._gathered():  # sharded: every process gathers, prompts or not
             return evaluate_prompts(
                 prompts, self.backend, self.rewards, self._eval_params(), num_samples,
-                self.tokenizer, accuracy_threshold=self.args.accuracy_threshold,
+                self.tokenizer, accuracy_threshold=self.config.advantage.accuracy_threshold,
                 accuracy_channel=self.accuracy_channel,
                 shard=Shard(self.rank, self.world, gather=self._gather_objects),
                 extra=self._reward_extras(), estimate=self.estimate,
@@ -87,7 +88,7 @@ class Evaluating:
         the GRPO loss of the evaluation completions at the current policy. ``time/eval``: the
         seconds of the whole evaluation, the loss included."""
         begin = time.perf_counter()
-        g = self.args.num_generations_eval
+        g = self.config.evaluation.num_generations_eval
         self.unwrapped.eval()
         try:
             result = self._sample_held_out(prompts, g)
@@ -119,13 +120,13 @@ class Evaluating:
     def _eval_prompt_sets(self, eval_dataset: Any) -> dict[str | None, PromptSet]:
         if eval_dataset is None:
             return self.eval_sets
-        data = training_rows(self.train_dataset, eval_dataset, self.args.task_column)
+        data = training_rows(self.train_dataset, eval_dataset, self.config.multitask.task_column)
         sets = {}
         for name, rows in data.evals.items():
             sets[name] = PromptSet(rows, self.tokenizer,
-                                   max_prompt_length=self.args.max_prompt_length,
-                                   on_long_prompt=self.args.on_long_prompt,
-                                   chat_template_kwargs=self.args.chat_template_kwargs)
+                                   max_prompt_length=self.config.rollout.max_prompt_length,
+                                   on_long_prompt=self.config.rollout.on_long_prompt,
+                                   chat_template_kwargs=self.config.rollout.chat_template_kwargs)
             self.rewards.validate_tasks(sets[name].task_names)
         return sets
 
@@ -144,6 +145,6 @@ class Evaluating:
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             out.update({f"{prefix}_{key}": value for key, value in metrics.items()})
         self._record(out)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control,
-                                                         metrics=out)
+        self.control = self.callback_handler.on_evaluate(self.callback_args, self.state,
+                                                         self.control, metrics=out)
         return out

@@ -49,7 +49,7 @@ class GenerationChecks:
         trainer's, ``generation/logprob_mismatch_*``): ``generation_logprobs`` when set, else
         whether the backend says they cost it nothing (``cheap_logprobs``: the static backend
         computes them while sampling; transformers ``generate`` would keep every step's scores)."""
-        wanted = self.args.generation_logprobs
+        wanted = self.config.rollout.generation_logprobs
         return bool(getattr(self.backend, "cheap_logprobs", False)) if wanted is None else wanted
 
     def _generation_mismatch(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
@@ -77,7 +77,7 @@ class GenerationChecks:
     def _warn_no_engine_logprobs(self) -> None:
         """Say once why ``generation/logprob_mismatch_*`` is missing when the user asked for it
         (``generation_logprobs: true``) and the backend returned no log-probabilities."""
-        if not self.args.generation_logprobs or self._warned_no_engine_logprobs:
+        if not self.config.rollout.generation_logprobs or self._warned_no_engine_logprobs:
             return
         self._warned_no_engine_logprobs = True
         if not self.is_main_process:
@@ -112,7 +112,7 @@ class GenerationChecks:
     def _engine_logps(self, payloads: list[GroupPayload]) -> list[list[float]] | None:
         """The engine's log-probs of the rows, for its importance correction (vLLM), or None
         when the correction is off. Every row must have them: the engine returns them."""
-        if engine_correction(self.args) is None:
+        if engine_correction(self.config) is None:
             return None
         rows = [row for p in payloads for row in (p.logprobs or [None] * len(p.completion_ids))]
         if any(row is None for row in rows):
@@ -125,7 +125,7 @@ class GenerationChecks:
     def _correction_metrics(self, batch: Any, at_start: torch.Tensor) -> dict[str, float]:
         """TRL's ``sampling/*`` figures of the engine's importance correction, pooled over the
         trained tokens (or completions) of every process."""
-        correction = engine_correction(self.args)
+        correction = engine_correction(self.config)
         if correction is None or batch.sampling_logps is None:
             return {}
         mask = batch.completion_mask

@@ -58,7 +58,7 @@ class RunRecords:
         metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
-        if self.args.include_num_input_tokens_seen == "all":  # the Trainer's name for it
+        if self.config.output.include_num_input_tokens_seen == "all":  # the Trainer's name for it
             metrics["num_input_tokens_seen"] = metrics["num_tokens"]
         metrics.update({
             "time/generate": self.rollouts.seconds["generate"],
@@ -106,7 +106,7 @@ class RunRecords:
         logs["advantages"].extend(advantages.tolist())
 
     def _save_rollouts(self, generated: list[ScoredGroup], advantages: np.ndarray) -> None:
-        g = self.args.num_generations
+        g = self.config.batch.num_generations
         records = []
         for i, group in enumerate(generated):
             rewards = [[None if math.isnan(v) else v for v in row]
@@ -120,9 +120,9 @@ class RunRecords:
 
     def _log_batch_rollouts(self, groups: list[ScoredGroup], advantages: torch.Tensor,
                             generated: int) -> None:
-        if not (self.args.log_completions and self.is_main_process):
+        if not (self.config.output.log_completions and self.is_main_process):
             return
-        g, records = self.args.num_generations, []
+        g, records = self.config.batch.num_generations, []
         for i, group in enumerate(groups):
             for j, completion in enumerate(group.payload.completions):
                 records.append({
@@ -141,8 +141,8 @@ class RunRecords:
 
     def _print_completions(self) -> None:
         """TRL's ``num_completions_to_print``: a table of the newest completions."""
-        count = self.args.num_completions_to_print
-        if not (self.args.log_completions and count and self.is_main_process):
+        count = self.config.output.num_completions_to_print
+        if not (self.config.output.log_completions and count and self.is_main_process):
             return
         from rich.console import Console
         from rich.table import Table
@@ -169,8 +169,8 @@ class RunRecords:
         record = {
             "step": self.step, "split": "run", **backend_description(self.backend),
             "policy/logprob_path": route.path,
-            "policy/padding_free": bool(self.args.padding_free and route.packed),
-            "weighting/signal": self.args.task_weighting_signal,
+            "policy/padding_free": bool(self.config.batch.padding_free and route.packed),
+            "weighting/signal": self.config.multitask.task_weighting_signal,
             "precision/bf16": self.bf16, "precision/bf16_reason": self.bf16_reason,
             "generation/dtype": str(getattr(self.backend, "dtype", None) or
                                     next(self.unwrapped.parameters()).dtype).removeprefix("torch."),
@@ -205,26 +205,25 @@ class RunRecords:
         print(f"run directory: {self.output_dir}  (metrics.jsonl, checkpoints, report/)")
 
     def _open_outputs(self) -> None:
-        args = self.args
+        args = self.config
         self._writer = self._trackers = None
         if not self.is_main_process:
             return
         self._write_config()
         config = self.run_config
         if config is None:  # a Python run: its counting, so the file loads back as it ran
-            counts = self.args.step_counts
-            config = {**({"step_counts": counts} if counts != "training" else {}),
-                      **self.args.to_dict()}
+            config = self.config.run_file_dict()
         record_history(self.output_dir, self.step, config, self._accepted_changes)
         self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
         self._writer.write(self.run_record())
-        if args.report_to:
-            self._trackers = Trackers(args.report_to, self.output_dir,
-                                      args.run_name or self.output_dir.name, args.to_dict())
-        if args.push_to_hub:
+        if args.output.report_to:
+            self._trackers = Trackers(args.output.report_to, self.output_dir,
+                                      args.output.run_name or self.output_dir.name, args.to_dict())
+        if args.saving.push_to_hub:
             self._hub = HubUploader(
-                default_repo_id(args.output_dir, args.hub_model_id), token=args.hub_token,
-                private=args.hub_private_repo, revision=args.hub_revision)
+                default_repo_id(args.output.output_dir, args.saving.hub_model_id),
+                token=args.saving.hub_token,
+                private=args.saving.hub_private_repo, revision=args.saving.hub_revision)
 
     def _close_outputs(self) -> None:
         for output in (self._writer, self._trackers):

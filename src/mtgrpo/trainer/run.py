@@ -106,7 +106,8 @@ def _environment_corpus(run: RunConfig, per_environment: int, chat_template: str
         if seen.get(name, 0) >= per_environment or spec.demonstration is None:
             continue
         seen[name] = seen.get(name, 0) + 1
-        example = demonstration_example(spec, row, tokenizer, run.training.chat_template_kwargs)
+        example = demonstration_example(spec, row, tokenizer,
+                                        run.training.rollout.chat_template_kwargs)
         texts.append(example["prompt"] + example["completion"])
     if not texts:
         raise ValueError("tiny_options.vocab_size learns a vocabulary from solved episodes, "
@@ -145,7 +146,7 @@ def prepare_model(run: RunConfig, suite: Any = None) -> str:
 
 
 def _model_kwargs(run: RunConfig) -> dict[str, Any]:
-    init = dict(run.training.model_init_kwargs)
+    init = dict(run.training.compute.model_init_kwargs)
     for key in ("dtype", "gguf_file", "trust_remote_code", "attn_implementation", "revision"):
         value = getattr(run.model, key)
         if value not in (None, "auto", False) and key not in init:
@@ -325,7 +326,7 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
 
     settings = warm_start_settings(run, model)
     key = warm_start_key(settings)
-    out = Path(run.training.output_dir) / "sft"
+    out = Path(run.training.output.output_dir) / "sft"
     marker = finished_warm_start(out, key) if run.sft.reuse else None
     if marker is not None:  # this run directory's own link, or a copy of a warm start
         _log_reuse(out, marker)
@@ -369,11 +370,11 @@ def _train_warm_start(run: RunConfig, model: str, suite: Any, entry: Path,
         pairs = solutions_from_rows(rows, warm.template, reasoning=warm.reasoning)
     logger.info("supervised warm start on %d solved problems -> %s", len(pairs), entry)
     marker = {**marker, "model": model,
-              "trained_for": str(Path(run.training.output_dir).resolve()),
+              "trained_for": str(Path(run.training.output.output_dir).resolve()),
               "trained_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def train(directory: Path) -> None:
-        config = warm.sft_config(str(directory), seed=run.training.seed)
+        config = warm.sft_config(str(directory), seed=run.training.schedule.seed)
         sft_train(model, None, pairs, config, peft_config=warm.lora)
         (directory / MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
 
@@ -392,7 +393,7 @@ def _demonstrations(run: RunConfig, model: str) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(model)
     rows = run.environments.warm_start_rows(run.sft.num_examples, run.sft.seed_offset)
     return [demonstration_example(run.environments.specs[row["environment"]], row, tokenizer,
-                                  run.training.chat_template_kwargs) for row in rows]
+                                  run.training.rollout.chat_template_kwargs) for row in rows]
 
 
 def run_inputs(run: RunConfig, suite: Any = None) -> tuple[Any, Any]:
@@ -418,7 +419,7 @@ def build_trainer(run: RunConfig, model: Any, rewards: Any, train: Any,
     from mtgrpo.trainer import GRPOTrainer
 
     args = run.training
-    args.model_init_kwargs = _model_kwargs(run)
+    args.compute.model_init_kwargs = _model_kwargs(run)
     return GRPOTrainer(
         model, rewards, args=args, train_dataset=train, eval_dataset=_eval_rows(run, suite),
         peft_config=run.peft, run_config=run.to_dict(),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtgrpo.config import GRPOConfig, RewardsConfig, check_model_init_kwargs
+from mtgrpo.config import RewardsConfig, TrainConfig, check_model_init_kwargs
 from mtgrpo.fast import enable_activation_checkpointing
 from mtgrpo.rewards import RewardSuite
 from mtgrpo.rewards.registry import resolve_reward, resolve_rewards
@@ -171,11 +171,11 @@ def _is_reward_model(obj: Any) -> bool:
     return isinstance(obj, RewardModel)
 
 
-def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
+def build_reward_suite(reward_funcs: Any, args: TrainConfig,
                        on_unscorable: str | None = None) -> RewardSuite:
     """The reward suite from functions, names, import paths, reward models or a routing table.
 
-    ``on_unscorable`` overrides ``args.on_unscorable`` (the trainer resolves ``auto``)."""
+    ``on_unscorable`` overrides ``args.advantage.on_unscorable`` (the trainer resolves ``auto``)."""
     if isinstance(reward_funcs, RewardSuite):
         return reward_funcs
     if isinstance(reward_funcs, RewardsConfig):
@@ -186,12 +186,12 @@ def build_reward_suite(reward_funcs: Any, args: GRPOConfig,
             "reward_funcs is empty; give at least one reward function, a routing table "
             "{task: [functions]}, or a reward model"
         )
-    policy = on_unscorable or args.on_unscorable
+    policy = on_unscorable or args.advantage.on_unscorable
     return RewardSuite.from_user(
-        resolve_rewards(reward_funcs, trust_remote_code=args.trust_remote_code),
-        reward_weights=args.reward_weights,
+        resolve_rewards(reward_funcs, trust_remote_code=args.compute.trust_remote_code),
+        reward_weights=args.advantage.reward_weights,
         on_unscorable="raise" if policy == "auto" else policy,
-        timeout=args.reward_timeout,
+        timeout=args.advantage.reward_timeout,
     )
 
 
@@ -202,14 +202,14 @@ def _model_spec(model: Any, init: Mapping[str, Any]) -> Any:
     return model
 
 
-def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOConfig):
+def load_policy(model: Any, processing_class: Any, peft_config: Any, args: TrainConfig):
     """``(model, tokenizer, is_peft)``: the policy ready for training (LoRA applied if asked)."""
     from mtgrpo.models import apply_lora, load_model, load_tokenizer
 
-    init = dict(args.model_init_kwargs)
+    init = dict(args.compute.model_init_kwargs)
     check_model_init_kwargs(init)  # again: the run file's model section is merged in after
     spec = _model_spec(model, init)
-    remote = bool(init.get("trust_remote_code", args.trust_remote_code))
+    remote = bool(init.get("trust_remote_code", args.compute.trust_remote_code))
     loaded = load_model(
         spec, dtype=init.get("dtype", init.get("torch_dtype")), for_training=True,
         trust_remote_code=remote, revision=init.get("revision"),
@@ -219,16 +219,16 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: GRPOC
         loaded if not isinstance(spec, str | Path | Mapping) else spec
     ), trust_remote_code=remote)
     is_peft = _is_peft(loaded)
-    if args.disable_dropout:
+    if args.compute.disable_dropout:
         disable_dropout(loaded)
-    if args.cast_lm_head_to_fp32:
+    if args.compute.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(loaded)
     if peft_config is not None:
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
-    if args.gradient_checkpointing:
+    if args.compute.gradient_checkpointing:
         enable_activation_checkpointing(
-            loaded, args.gradient_checkpointing_kwargs or {"use_reentrant": False})
+            loaded, args.compute.gradient_checkpointing_kwargs or {"use_reentrant": False})
         # as TRL's GRPOTrainer: PEFT under checkpointing needs input gradients (transformers#42489)
         if is_peft:
             loaded.enable_input_require_grads()
@@ -274,44 +274,46 @@ def _is_peft(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def build_backend(backend: Any, model: Any, tokenizer: Any, args: GRPOConfig,
+def build_backend(backend: Any, model: Any, tokenizer: Any, args: TrainConfig,
                   generation_dtype: Any = None) -> Any:
     """The generation backend (:func:`mtgrpo.rollout.build_backend`) with ``args``' options:
-    ``backend`` as given, else ``args.generation_backend``. ``generation_dtype``: the static
+    ``backend`` as given, else ``args.rollout.generation_backend``. ``generation_dtype``: the static
     backend generates in this dtype (from a copy of the weights) when it differs from the
     model's; other backends ignore it."""
     from mtgrpo.rollout import build_backend as select
 
-    if args.use_vllm and backend is None:
+    if args.vllm.use_vllm and backend is None:
         from mtgrpo.rollout.vllm import backend_from_config
 
         return backend_from_config(args, model, tokenizer)
     return select(
-        args.generation_backend if backend is None else backend, model, tokenizer,
-        max_batch_size=args.generation_batch_size, generation_options=generation_options(args),
+        args.rollout.generation_backend if backend is None else backend, model, tokenizer,
+        max_batch_size=args.rollout.generation_batch_size,
+        generation_options=generation_options(args),
         requires_generate=needs_generate(args), generation_dtype=generation_dtype,
     )
 
 
-def generation_options(args: GRPOConfig) -> dict[str, Any]:
+def generation_options(args: TrainConfig) -> dict[str, Any]:
     """TRL's generation options beyond temperature, top-p and top-k, for transformers
     ``generate``: ``min_p``, ``repetition_penalty``, ``cache_implementation``, then
     ``generation_kwargs`` (which override them, as in TRL)."""
     options: dict[str, Any] = {}
-    if args.min_p is not None:
-        options["min_p"] = args.min_p
-    if args.repetition_penalty != 1.0:
-        options["repetition_penalty"] = args.repetition_penalty
-    if args.cache_implementation is not None:
-        options["cache_implementation"] = args.cache_implementation
-    options.update(args.generation_kwargs or {})
+    if args.rollout.min_p is not None:
+        options["min_p"] = args.rollout.min_p
+    if args.rollout.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.rollout.repetition_penalty
+    if args.rollout.cache_implementation is not None:
+        options["cache_implementation"] = args.rollout.cache_implementation
+    options.update(args.rollout.generation_kwargs or {})
     return options
 
 
-def needs_generate(args: GRPOConfig) -> str | None:
+def needs_generate(args: TrainConfig) -> str | None:
     """Why generation must use transformers ``generate`` (options only it implements)."""
     options = [name for name, on in (
-        ("min_p", args.min_p is not None), ("repetition_penalty", args.repetition_penalty != 1.0),
-        ("generation_kwargs", bool(args.generation_kwargs)),
-        ("cache_implementation", args.cache_implementation is not None)) if on]
+        ("min_p", args.rollout.min_p is not None),
+        ("repetition_penalty", args.rollout.repetition_penalty != 1.0),
+        ("generation_kwargs", bool(args.rollout.generation_kwargs)),
+        ("cache_implementation", args.rollout.cache_implementation is not None)) if on]
     return ", ".join(options) or None

@@ -71,12 +71,12 @@ class TrainerSurface:
         weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
         if not self.is_main_process:
             return None
-        args = self.args
+        args = self.config
         uploader = HubUploader(
-            repo_id or default_repo_id(args.output_dir, args.hub_model_id),
-            token=token or args.hub_token,
-            private=args.hub_private_repo if private is None else private,
-            revision=revision or args.hub_revision,
+            repo_id or default_repo_id(args.output.output_dir, args.saving.hub_model_id),
+            token=token or args.saving.hub_token,
+            private=args.saving.hub_private_repo if private is None else private,
+            revision=revision or args.saving.hub_revision,
         )
         with tempfile.TemporaryDirectory(prefix="mtgrpo-hub-") as folder:
             self._write_model(Path(folder), weights)
@@ -87,7 +87,7 @@ class TrainerSurface:
         entry = {**logs, "step": self.state.global_step}
         entry.setdefault("epoch", self.state.epoch)
         self.state.log_history.append(entry)
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control,
+        self.control = self.callback_handler.on_log(self.callback_args, self.state, self.control,
                                                     logs=dict(logs))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -98,16 +98,16 @@ class TrainerSurface:
 
     def _after_step(self) -> None:
         """TRL's per-step extras: the reference-model sync and the CUDA cache."""
-        args = self.args
-        if args.sync_ref_model and self.ref_model is not None and \
-                self.step % args.ref_model_sync_steps == 0:
-            alpha = args.ref_model_mixup_alpha
+        args = self.config
+        if args.loss.sync_ref_model and self.ref_model is not None and \
+                self.step % args.loss.ref_model_sync_steps == 0:
+            alpha = args.loss.ref_model_mixup_alpha
             with torch.no_grad():
                 for ref, current in zip(self.ref_model.parameters(),
                                         self.unwrapped.parameters(), strict=True):
                     ref.mul_(1 - alpha).add_(current.detach(), alpha=alpha)
-        if args.torch_empty_cache_steps and self.step % args.torch_empty_cache_steps == 0 \
-                and torch.cuda.is_available():
+        every = args.compute.torch_empty_cache_steps
+        if every and self.step % every == 0 and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     def _log_save_evaluate(self, metrics: dict[str, Any]) -> None:
@@ -125,11 +125,11 @@ class TrainerSurface:
             control.should_evaluate = False
             if self.eval_sets:
                 self._track_best(self.evaluate())
-        if self.args.save_strategy == "best" and self._improved:
+        if self.config.saving.save_strategy == "best" and self._improved:
             control.should_save = True
-        if control.should_training_stop and self.args.save_strategy in ("steps", "epoch"):
+        if control.should_training_stop and self.config.saving.save_strategy in ("steps", "epoch"):
             control.should_save = True  # a run always ends with a checkpoint to resume from
-        if control.should_save and self.args.save_strategy != "no":
+        if control.should_save and self.config.saving.save_strategy != "no":
             self.save_checkpoint()
         self.control.should_save = False
         self._improved = False
@@ -137,7 +137,7 @@ class TrainerSurface:
     def _track_best(self, metrics: Mapping[str, Any]) -> None:
         """transformers' best-metric bookkeeping for save_strategy='best' and
         load_best_model_at_end."""
-        name = self.args.metric_for_best_model
+        name = self.config.saving.metric_for_best_model
         if name is None:
             return
         key = name if name.startswith("eval_") else f"eval_{name}"
@@ -145,7 +145,7 @@ class TrainerSurface:
             raise ValueError(f"metric_for_best_model={name!r} is not an eval metric; have: "
                              f"{', '.join(sorted(metrics))}")
         value = metrics[key]
-        if hooks.best_metric_improved(name, self.args.greater_is_better, value,
+        if hooks.best_metric_improved(name, self.config.saving.greater_is_better, value,
                                       self.state.best_metric):
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self._improved = True
@@ -161,5 +161,5 @@ class TrainerSurface:
             sharding.load_model_state(self.unwrapped, saved)
         else:
             ckpt.load_trainable(self.unwrapped, weights)
-        logger.info("loaded the best model (%s = %s) from %s", self.args.metric_for_best_model,
-                    self.state.best_metric, best)
+        logger.info("loaded the best model (%s = %s) from %s",
+                    self.config.saving.metric_for_best_model, self.state.best_metric, best)

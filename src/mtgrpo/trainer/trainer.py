@@ -46,7 +46,7 @@ from mtgrpo._progress import use_bar
 from mtgrpo.algo.advantages import normalises_over_the_batch
 from mtgrpo.algo.sampling import ScoredGroup
 from mtgrpo.algo.weighting import TaskStats, improvement_by_task
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import FlatOptions, TrainConfig, native_config
 from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.reporting import check_trackers_available
 from mtgrpo.rollout import (
@@ -117,13 +117,14 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             a loaded sequence-classification model), registered names
             (``"countdown_reward"``) or a run file's section
             (:class:`~mtgrpo.config.RewardsConfig`).
-        args: :class:`~mtgrpo.config.GRPOConfig`.
+        args: the native :class:`~mtgrpo.config.TrainConfig`, or an object that builds one
+            (``to_native()``: TRL's flat :class:`mtgrpo.compat.GRPOConfig`).
         train_dataset: a ``datasets.Dataset`` (or ``IterableDataset``), a list of dicts, or a
             path (JSONL, JSON, parquet, CSV) with a prompt column; its task column
-            (``args.task_column``) names each row's task, and without one every row is task
+            (``task_column``) names each row's task, and without one every row is task
             ``default`` (single-task training, as TRL).
         eval_dataset: same forms, or named sets (a dict of datasets, a ``DatasetDict``):
-            evaluated by ``args.eval_strategy``.
+            evaluated by ``args.evaluation.eval_strategy``.
         processing_class: the tokenizer (default: loaded from ``model``).
         reward_processing_classes: TRL's: one tokenizer per reward function (a reward model
             uses its own; functions ignore theirs).
@@ -133,7 +134,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         peft_config: a ``peft.LoraConfig`` or a dict of its fields; trains a LoRA adapter and
             uses the adapter-disabled model as the reference policy.
         generation_backend: a backend object implementing
-            :class:`mtgrpo.rollout.GenerationBackend` (overrides ``args.generation_backend``).
+            :class:`mtgrpo.rollout.GenerationBackend` (overrides ``generation_backend``).
         run_config: the resolved run configuration to write as ``config.yaml`` (the CLI passes
             the whole YAML tree; by default the training arguments are written).
         validation_dataset: held-out rows of every training task (a task suite's
@@ -152,7 +153,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self,
         model: Any,
         reward_funcs: Any = None,
-        args: GRPOConfig | None = None,
+        args: TrainConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
@@ -170,8 +171,12 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         environment_factory: Any = None,
     ) -> None:
         _refuse_unsupported(quantization_config)
-        self.args = args = args if args is not None else GRPOConfig()
-        ckpt.check_output_dir(args.output_dir)  # before any model loads
+        # ``args`` as given (TRL's flat GRPOConfig, or the native tree) is the transformers
+        # surface's; every decision below reads the native tree
+        self.args = args if args is not None else TrainConfig()
+        self.config = args = native_config(self.args)
+        self.callback_args = FlatOptions(args) if self.args is args else self.args
+        ckpt.check_output_dir(args.output.output_dir)  # before any model loads
         self._agent = agent_setup(tools, environment_factory)
         if rollout_func is not None and self._agent is not None:
             raise ValueError("rollout_func generates whole rollouts, tool calls included; pass "
@@ -179,11 +184,11 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self.tools = [] if self._agent is None else self._agent.all_tools  # TRL's
         self.rollout_func = rollout_func
         # TRL's, for rollout_func: the engine's weights are the trainer's at step 0
-        self.use_vllm, self._last_loaded_step = args.use_vllm, 0
+        self.use_vllm, self._last_loaded_step = args.vllm.use_vllm, 0
         self.vllm_generation = WeightSync(self._push_weights)
         if train_dataset is None:
             train_dataset = placeholder_rows(self._agent, args)  # the environment owns the data
-        reward_weights = args.reward_weights
+        reward_weights = args.advantage.reward_weights
         if self._agent is not None:  # environments' get_reward channels come last, weight 1
             reward_funcs, reward_weights, reward_processing_classes = self._agent.with_rewards(
                 reward_funcs, reward_weights, reward_processing_classes)
@@ -192,9 +197,9 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                 "No reward source provided: pass reward_funcs (a function, a list of them, "
                 "a routing table {task: [functions]}, a reward model or a registered name)"
             )
-        check_trackers_available(args.report_to)
+        check_trackers_available(args.output.report_to)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        data = training_rows(train_dataset, eval_dataset, args.task_column)
+        data = training_rows(train_dataset, eval_dataset, args.multitask.task_column)
         self._task_column_added = data.single_task  # then `task` is not passed to reset()
         if self._agent is not None:
             data = self._agent.training_data(data)  # each environment a task
@@ -205,19 +210,22 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self.run_config = dict(run_config) if run_config is not None else None
         self._build_accelerator()
         _configure_logging(args, self.accelerator.is_main_process)
-        _seed_everything(args.seed)  # same initialisation (e.g. LoRA) on every process
-        if args.full_determinism:
+        _seed_everything(args.schedule.seed)  # same initialisation (e.g. LoRA) on every process
+        if args.schedule.full_determinism:
             from transformers import enable_full_determinism
 
-            enable_full_determinism(args.seed)
+            enable_full_determinism(args.schedule.seed)
         self.model, self.tokenizer, self.is_peft = load_policy(
             model, processing_class, peft_config, args
         )
         self.processing_class = self.tokenizer
         if self._on_cpu:  # auto on a CPU also asks the model's width, so it is decided here
-            self.bf16, self.bf16_reason = resolve_bf16(args.bf16, "cpu", model_width(self.model))
+            self.bf16, self.bf16_reason = resolve_bf16(args.compute.bf16, "cpu",
+                                                       model_width(self.model))
             self._cpu_bf16 = self.bf16
         _check_context_length(self.model, args)
+        if self.args is not args:  # the length the run uses, also on the object given
+            self.args.max_prompt_length = args.rollout.max_prompt_length
         self._build_prompts(data)
         self._build_algorithms()
         self._build_optimisation(generation_backend, optimizers)
@@ -227,8 +235,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
         self._warned_idle = False  # the nothing-learned warning is given once per trainer
         self._bar_is_live = False  # set by the loop: a live bar shows each step, not a log line
-        self.output_dir = Path(args.output_dir)
-        _seed_everything(args.seed + self.rank)  # distinct sampling streams per process
+        self.output_dir = Path(args.output.output_dir)
+        _seed_everything(args.schedule.seed + self.rank)  # distinct sampling streams per process
 
     # ------------------------------------------------------------------ generation
     def _gathered(self) -> contextlib.AbstractContextManager[None]:
@@ -244,7 +252,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         if self._agent is None:
             return None
         limit = getattr(getattr(self.unwrapped, "config", None), "max_position_embeddings", None)
-        return self._agent.rollouts(self.backend, self.tokenizer, self.args, limit,
+        return self._agent.rollouts(self.backend, self.tokenizer, self.config, limit,
                                     self._task_column_added)
 
     def _generate(self, prompts: list[Any]) -> tuple[Any, ...]:
@@ -271,7 +279,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
     def _task_sampling_params(self) -> dict[int, SamplingParams]:
         """Each task's sampling parameters where ``task_generation`` overrides them (task ids
         of the training prompts; a task not named samples with the run's)."""
-        overrides = self.args.task_generation or {}
+        overrides = self.config.rollout.task_generation or {}
         unknown = sorted(set(overrides) - set(self.task_names))
         if unknown:
             raise ValueError(
@@ -340,8 +348,9 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         when it was scored), except that a batch-level estimator (``scale_rewards="batch"``,
         ``gdpo``) runs again because it normalises over the trained batch, which exists only
         once the sampler has chosen it."""
-        args = self.args
-        if normalises_over_the_batch(args.multi_objective_aggregation, args.scale_rewards):
+        args = self.config
+        if normalises_over_the_batch(args.advantage.multi_objective_aggregation,
+                                     args.advantage.scale_rewards):
             return self.estimate(np.concatenate([g.rewards for g in groups]),
                                  group_size).advantages
         return torch.from_numpy(np.concatenate([g.advantages for g in groups]))
@@ -357,11 +366,11 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
     def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
                             group_size: int | None = None):
         """This process's share of whole groups as a padded policy batch, and its task ids."""
-        g = group_size or self.args.num_generations
+        g = group_size or self.config.batch.num_generations
         local, has_rows = self._local_groups(groups)
         weight = [has_rows] * (len(local) * g)
         payloads: list[GroupPayload] = [groups[i].payload for i in local]
-        if self.args.mask_truncated_completions:
+        if self.config.rollout.mask_truncated_completions:
             finished = [f for p in payloads for f in p.finished]
             weight = [w and f for w, f in zip(weight, finished, strict=True)]
         rows = torch.cat([advantages[i * g:(i + 1) * g] for i in local])
@@ -385,7 +394,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         if not rows:
             return np.full(k, math.nan)
         t, b, a = (np.array(col) for col in zip(*rows, strict=True))
-        return improvement_by_task(t, b, a, k, self.args.improvement_reduction)
+        return improvement_by_task(t, b, a, k, self.config.multitask.improvement_reduction)
 
     def _update(self, groups: list[ScoredGroup], generated: int,
                 metrics: dict[str, Any]) -> np.ndarray | None:
@@ -397,7 +406,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             metrics["update_skipped"] = 1.0
             # nothing was trained, so no change was measured
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
-        advantages = self._batch_advantages(groups, self.args.num_generations)  # [B*G]
+        advantages = self._batch_advantages(groups, self.config.batch.num_generations)  # [B*G]
         batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
@@ -452,7 +461,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         metrics = self._step_metrics(built, weights, improvement, {**update, **validated},
                                      seconds)
         self._remember_completions(generated, advantages)
-        if self.args.save_rollouts and self.is_main_process:
+        if self.config.output.save_rollouts and self.is_main_process:
             self._save_rollouts(generated, advantages)
         return metrics
 
@@ -482,12 +491,12 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """Train for ``max_steps`` steps (or ``num_train_epochs`` epochs); returns the last
         step's metrics (with transformers' ``TrainOutput`` fields).
 
-        ``resume_from_checkpoint`` (TRL's argument, default ``args.resume_from_checkpoint``):
+        ``resume_from_checkpoint`` (TRL's argument, default ``args.saving.resume_from_checkpoint``):
         a checkpoint directory, or True for the newest in ``output_dir``.
         """
-        args = self.args
+        args = self.config
         target = resume_from_checkpoint if resume_from_checkpoint is not None \
-            else args.resume_from_checkpoint
+            else args.saving.resume_from_checkpoint
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main_process:  # what a save interrupted by a kill left behind
             ckpt.remove_stale_temporaries(self.output_dir)
@@ -501,23 +510,26 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._idle_steps = self._idle_streak = 0  # steps that trained nothing (all, in a row)
         last: dict[str, Any] = {}
         try:
-            self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+            self.control = self.callback_handler.on_train_begin(self.callback_args, self.state,
+                                                                self.control)
             last = self._loop()
         finally:
             self._close_outputs()
         summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
-                                      args.num_generations, self.log_window.run_losses)
+                                      args.batch.num_generations, self.log_window.run_losses)
         self._record({**hooks.with_trl_names(last), **summary})
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        if args.load_best_model_at_end and self.state.best_model_checkpoint:
+        self.control = self.callback_handler.on_train_end(self.callback_args, self.state,
+                                                          self.control)
+        if args.saving.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
-        if args.push_to_hub:  # every process: a sharded model is gathered first
+        if args.saving.push_to_hub:  # every process: a sharded model is gathered first
             self.push_to_hub(commit_message="End of training")
         steps = self.step - first_step
         if steps and self._idle_steps == steps and self.is_main_process:
             logger.warning("%s", nothing_learned_message(
-                f"all {steps} steps of this run", last, args.temperature, args.num_generations))
-        if args.report_at_end and self.is_main_process:
+                f"all {steps} steps of this run", last, args.rollout.temperature,
+                args.batch.num_generations))
+        if args.output.report_at_end and self.is_main_process:
             self._report_at_end()
         return hooks.TrainOutput(last, self.state.global_step, summary["train_loss"], summary)
 
@@ -525,30 +537,30 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """The training steps, with the callbacks' events between them."""
         from mtgrpo.trainer.progress import TrainingProgress
 
-        args, handler, last = self.args, self.callback_handler, {}
-        shown = self.is_main_process and not args.disable_tqdm
+        args, handler, view, last = self.config, self.callback_handler, self.callback_args, {}
+        shown = self.is_main_process and not args.output.disable_tqdm
         self._bar_is_live = shown and use_bar()
         with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
                 StopRequests() as stop:
-            if self.eval_sets and args.eval_on_start and self.step == 0 \
-                    and args.eval_strategy != "no":
+            if self.eval_sets and args.evaluation.eval_on_start and self.step == 0 \
+                    and args.evaluation.eval_strategy != "no":
                 self.evaluate()
             while self.step < self.max_steps and not self.control.should_training_stop:
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_begin(args, self.state, self.control)
-                self.control = handler.on_step_begin(args, self.state, self.control)
-                last = self._profiled_step() if args.profile and not last \
+                    self.control = handler.on_epoch_begin(view, self.state, self.control)
+                self.control = handler.on_step_begin(view, self.state, self.control)
+                last = self._profiled_step() if args.output.profile and not last \
                     else self.training_step()
                 self.state.epoch = self.step / self.steps_per_epoch
-                self.log_window.add_step(last, args.logging_nan_inf_filter)
+                self.log_window.add_step(last, args.output.logging_nan_inf_filter)
                 self._watch_learning(last)
                 self._after_step()
                 # the callbacks see each optimizer step of the batch, as in TRL's loop
                 while self.state.global_step < self._optimizer_steps_after(self.step):
                     self.state.global_step += 1
-                    self.control = handler.on_step_end(args, self.state, self.control)
+                    self.control = handler.on_step_end(view, self.state, self.control)
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_end(args, self.state, self.control)
+                    self.control = handler.on_epoch_end(view, self.state, self.control)
                 self._log_save_evaluate(last)
                 bar.advance(self.step, last)
                 # every process stops at the same step: one leaving alone would hang the collectives
@@ -558,7 +570,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
 
     def _optimizer_steps_after(self, step: int) -> int:
         """``state.global_step`` once ``step`` training steps are done (TRL's count)."""
-        return min(step * self.args.optimizer_steps_per_step(), self.max_optimizer_steps)
+        return min(step * self.config.optimizer_steps_per_step(), self.max_optimizer_steps)
 
     def _watch_learning(self, metrics: Mapping[str, Any]) -> None:
         """Warn once, on the main process, when :data:`NOTHING_LEARNED_STEPS` steps in a row
@@ -570,8 +582,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                 and self.is_main_process and not self._warned_idle:
             self._warned_idle = True
             logger.warning("%s", nothing_learned_message(
-                f"the last {NOTHING_LEARNED_STEPS} steps", metrics, self.args.temperature,
-                self.args.num_generations))
+                f"the last {NOTHING_LEARNED_STEPS} steps", metrics, self.config.rollout.temperature,
+                self.config.batch.num_generations))
 
     def _agreed(self, local: bool) -> bool:
         """True on every process when any process has it true (one small collective)."""

@@ -23,7 +23,7 @@ from mtgrpo._config_types import parse_bytes
 from mtgrpo.algo.engine_correction import EngineCorrection, importance_weights
 from mtgrpo.algo.losses import LossOptions, loss_value_needs_logps
 from mtgrpo.algo.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
-from mtgrpo.config import GRPOConfig
+from mtgrpo.config import TrainConfig
 from mtgrpo.policy import (
     LossNormalizer,
     LossOutput,
@@ -41,25 +41,26 @@ __all__ = ["PolicyUpdater", "UpdateOutput", "engine_correction", "loss_options",
            "pad_policy_batch"]
 
 
-def engine_correction(args: GRPOConfig) -> EngineCorrection | None:
+def engine_correction(args: TrainConfig) -> EngineCorrection | None:
     """The engine's importance correction the run asks for (TRL's ``use_vllm`` and
     ``vllm_importance_sampling_*``), or None."""
-    if not (args.use_vllm and args.vllm_importance_sampling_correction):
+    if not (args.vllm.use_vllm and args.vllm.vllm_importance_sampling_correction):
         return None
-    return EngineCorrection(args.vllm_importance_sampling_mode,
-                            args.vllm_importance_sampling_clip_min,
-                            args.vllm_importance_sampling_clip_max)
+    return EngineCorrection(args.vllm.vllm_importance_sampling_mode,
+                            args.vllm.vllm_importance_sampling_clip_min,
+                            args.vllm.vllm_importance_sampling_clip_max)
 
 
-def loss_options(args: GRPOConfig, entropy_coef: float = 0.0) -> LossOptions:
+def loss_options(args: TrainConfig, entropy_coef: float = 0.0) -> LossOptions:
     """TRL's loss options of ``args`` (the entropy coefficient is the controller's)."""
     return LossOptions(
-        importance_sampling_level=args.importance_sampling_level, delta=args.delta,
-        sapo_temperature_pos=args.sapo_temperature_pos,
-        sapo_temperature_neg=args.sapo_temperature_neg, vespo_k_pos=args.vespo_k_pos,
-        vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-        vespo_lambda_neg=args.vespo_lambda_neg, use_bias_correction_kl=args.use_bias_correction_kl,
-        off_policy_threshold=args.off_policy_mask_threshold, entropy_coef=entropy_coef,
+        importance_sampling_level=args.loss.importance_sampling_level, delta=args.loss.delta,
+        sapo_temperature_pos=args.loss.sapo_temperature_pos,
+        sapo_temperature_neg=args.loss.sapo_temperature_neg, vespo_k_pos=args.loss.vespo_k_pos,
+        vespo_lambda_pos=args.loss.vespo_lambda_pos, vespo_k_neg=args.loss.vespo_k_neg,
+        vespo_lambda_neg=args.loss.vespo_lambda_neg,
+        use_bias_correction_kl=args.loss.use_bias_correction_kl,
+        off_policy_threshold=args.loss.off_policy_mask_threshold, entropy_coef=entropy_coef,
     )
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class PolicyUpdater:
 
     def __init__(
         self,
-        args: GRPOConfig,
+        args: TrainConfig,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
@@ -160,7 +161,7 @@ class PolicyUpdater:
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         sharded: bool = False,
     ) -> None:
-        self.args = args
+        self.config = args
         # a sharded model gathers its shards in every forward and scatters gradients in every
         # backward: every process must run as many micro-batches as the others
         self.sharded = sharded and accelerator.num_processes > 1
@@ -173,28 +174,31 @@ class PolicyUpdater:
         self.reference = reference or contextlib.nullcontext
         self.chunk_size = logprob_chunk_size
         self.entropy = AdaptiveEntropy(
-            coef=args.entropy_coef, adaptive=args.use_adaptive_entropy,
-            target=args.entropy_target, delta=args.entropy_coef_delta,
-            minimum=args.entropy_coef_min, maximum=args.entropy_coef_max,
+            coef=args.loss.entropy_coef, adaptive=args.loss.use_adaptive_entropy,
+            target=args.loss.entropy_target, delta=args.loss.entropy_coef_delta,
+            minimum=args.loss.entropy_coef_min, maximum=args.loss.entropy_coef_max,
         )
         self.entropy_mask = entropy_mask or _local_entropy_mask
         # the planned tokens of a micro-batch: a row count when None (TRL's micro-batches)
-        self.token_budget = args.max_tokens_per_microbatch
-        if args.max_memory_per_microbatch is not None:
+        self.token_budget = args.batch.max_tokens_per_microbatch
+        if args.batch.max_memory_per_microbatch is not None:
             self.token_budget = self._tokens_within_memory()
 
     @property
     def _needs_entropy(self) -> bool:
-        args = self.args
-        return args.log_entropy or self.entropy.enabled or args.top_entropy_quantile < 1.0
+        args = self.config
+        return (args.output.log_entropy or self.entropy.enabled
+                or args.loss.top_entropy_quantile < 1.0)
 
     def _tokens_within_memory(self) -> int:
         """``max_memory_per_microbatch`` as a token budget: the policy's activation cost
         measured on two synthetic rows (half and all of the longest row a run allows), before
         the first step, so a budget too small for one row fails before any generation."""
-        args = self.args
+        args = self.config
         model = self.accelerator.unwrap_model(self.model)
-        width = (args.max_prompt_length or args.max_completion_length) + args.max_completion_length
+        rollout = args.rollout
+        width = (rollout.max_prompt_length or rollout.max_completion_length) \
+            + rollout.max_completion_length
         vocab = model.get_output_embeddings().weight.shape[0]
         device = next(model.parameters()).device
 
@@ -208,11 +212,12 @@ class PolicyUpdater:
 
         cost = activation_cost(model, forward, (max(2, width // 2), max(3, width)),
                                head_chunk=self.chunk_size, vocab=vocab)
-        budget = parse_bytes(args.max_memory_per_microbatch, "max_memory_per_microbatch")
+        budget = parse_bytes(args.batch.max_memory_per_microbatch, "max_memory_per_microbatch")
         tokens = cost.tokens_within(budget, width=width, name="max_memory_per_microbatch")
         logger.info("micro-batches of up to %d tokens: max_memory_per_microbatch=%s at %.1f KiB "
                     "per token saved for the backward pass and %.0f MiB fixed", tokens,
-                    args.max_memory_per_microbatch, cost.per_token / 2**10, cost.fixed / 2**20)
+                    args.batch.max_memory_per_microbatch, cost.per_token / 2**10,
+                    cost.fixed / 2**20)
         return tokens
 
     # ------------------------------------------------------------------ scoring
@@ -221,12 +226,12 @@ class PolicyUpdater:
         budget = self.token_budget
         # A padding-free forward computes no padding: length buckets would only split rows
         # (and their shared prompts) across more micro-batches.
-        packed = self.args.padding_free and resolve_logprob_path(self.model).packed
+        packed = self.config.batch.padding_free and resolve_logprob_path(self.model).packed
         plan = plan_micro_batches(
             lengths, budget or _UNBOUNDED_TOKENS,
             # no token budget: TRL's micro-batches, a fixed row count
-            max_rows=None if budget else self.args.per_device_train_batch_size,
-            max_padding=1.0 if packed else self.args.max_padding_fraction,
+            max_rows=None if budget else self.config.batch.per_device_train_batch_size,
+            max_padding=1.0 if packed else self.config.batch.max_padding_fraction,
         )
         plan = [[rows[i] for i in micro] for micro in plan]
         if self.sharded:  # filler passes (empty row lists) up to the longest plan of any process
@@ -245,8 +250,8 @@ class PolicyUpdater:
         with self.autocast():
             return sequence_logprobs(
                 model, part.input_ids, part.attention_mask, part.completion_length,
-                temperature=self.args.temperature, chunk_size=self.chunk_size,
-                compute_entropy=entropy, pack=self.args.padding_free,
+                temperature=self.config.rollout.temperature, chunk_size=self.chunk_size,
+                compute_entropy=entropy, pack=self.config.batch.padding_free,
                 # a graph through the entropy only for the entropy bonus of the loss
                 entropy_grad=self.entropy.enabled,
             )
@@ -268,7 +273,7 @@ class PolicyUpdater:
 
     def _with_logps(self, batch: PolicyBatch, need_old: bool) -> PolicyBatch:
         ref = None
-        if self.args.beta > 0:
+        if self.config.loss.beta > 0:
             with self.reference():
                 ref = self.score(batch, self.reference_model or self.model)
         old = self.score(batch) if need_old else None
@@ -285,7 +290,7 @@ class PolicyUpdater:
             # divided by the process count: DDP averages the gradients over processes
             num_sequences=max(float(total[0]) / world, 1e-12),
             num_tokens=float(total[1]) / world,
-            max_completion_length=self.args.max_completion_length,
+            max_completion_length=self.config.rollout.max_completion_length,
             num_micro_batches=micro_batches,
         )
 
@@ -293,7 +298,7 @@ class PolicyUpdater:
                         logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
         plan = self._plan(batch, rows)
         normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
-        options = loss_options(self.args, self.entropy.applied)
+        options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
@@ -315,7 +320,7 @@ class PolicyUpdater:
                 entropies.append(scored.entropy.detach()[mask].float())
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
-        max_norm = self.args.max_grad_norm or None
+        max_norm = self.config.optimization.max_grad_norm or None
         # FSDP's gradient norm must be reduced over the shards (clip_gradients' docstring)
         if self.accelerator.distributed_type.value == "FSDP":
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -330,15 +335,16 @@ class PolicyUpdater:
 
     def _loss(self, scored: Any, part: PolicyBatch, normalizer: LossNormalizer,
               options: LossOptions) -> LossOutput:
-        args, mask = self.args, part.loss_mask
+        args, mask = self.config, part.loss_mask
         entropy = scored.entropy
         token_mask = None
-        if args.top_entropy_quantile < 1.0:
-            token_mask = self.entropy_mask(entropy.detach(), mask, 1 - args.top_entropy_quantile)
+        if args.loss.top_entropy_quantile < 1.0:
+            token_mask = self.entropy_mask(entropy.detach(), mask,
+                                           1 - args.loss.top_entropy_quantile)
         return policy_loss(
             scored.logps, part.advantages, mask, old_logps=part.old_logps,
-            ref_logps=part.ref_logps, loss_type=args.loss_type, epsilon_low=args.epsilon,
-            epsilon_high=args.resolved_epsilon_high, beta=args.beta, normalizer=normalizer,
+            ref_logps=part.ref_logps, loss_type=args.loss.loss_type, epsilon_low=args.loss.epsilon,
+            epsilon_high=args.resolved_epsilon_high, beta=args.loss.beta, normalizer=normalizer,
             options=options, entropy=entropy if self.entropy.enabled else None,
             token_mask=token_mask, token_weight=self._engine_weights(scored, part),
         )
@@ -347,7 +353,7 @@ class PolicyUpdater:
         """The engine's importance-correction weights of a micro-batch (vLLM's
         ``vllm_importance_sampling_correction``): from the log-probs at θ_t (the old ones, or
         this forward's, which are θ_t's with one optimizer step per batch) and the engine's."""
-        correction = engine_correction(self.args)
+        correction = engine_correction(self.config)
         if correction is None or part.sampling_logps is None:
             return None
         at_start = part.old_logps if part.old_logps is not None else scored.logps.detach()
@@ -362,7 +368,7 @@ class PolicyUpdater:
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
-        parts = np.array_split(np.arange(num_rows), self.args.updates_per_generation())
+        parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
         for part in parts:
             if len(part):
                 yield part.tolist()
@@ -375,7 +381,7 @@ class PolicyUpdater:
         extra cost). ``max_steps``: take at most this many optimizer steps (the run's last
         batch, when TRL's ``max_steps`` ends inside it)."""
         # as TRL: one optimizer step per batch needs no old log-probs (the ratio starts at 1)
-        multi = self.args.num_iterations > 1 or self.args.updates_per_generation() > 1
+        multi = self.config.batch.num_iterations > 1 or self.config.updates_per_generation() > 1
         batch = self._with_logps(batch, need_old=multi)
         capture = None
         if (measure_after or keep_old_logps) and not multi:
@@ -385,7 +391,7 @@ class PolicyUpdater:
         entropies: list[Tensor] = []
         grad_norms = []
         self.model.train()
-        steps = [rows for _ in range(self.args.num_iterations)
+        steps = [rows for _ in range(self.config.batch.num_iterations)
                  for rows in self._mini_batches(batch.num_rows)]
         for rows in steps[:max_steps]:
             # Without old log-probs there is exactly one optimizer step, whose forward
@@ -411,7 +417,7 @@ class PolicyUpdater:
         self.model.train()
         objective = per_sequence_objective(
             after, batch.advantages, batch.loss_mask, old_logps=logps_at_start,
-            epsilon_low=self.args.epsilon, epsilon_high=self.args.resolved_epsilon_high,
+            epsilon_low=self.config.loss.epsilon, epsilon_high=self.config.resolved_epsilon_high,
         )
         return objective.cpu().numpy().astype(np.float64)
 
@@ -452,7 +458,7 @@ class PolicyUpdater:
         the same :func:`policy_loss` is evaluated on zero log-probabilities, the same number
         as after a forward (ratio exactly 1 either way) for none of its cost (on a CPU about
         half of an evaluation's time, the other half being generation)."""
-        forward = loss_value_needs_logps(self.args.loss_type, self.args.beta)
+        forward = loss_value_needs_logps(self.config.loss.loss_type, self.config.loss.beta)
         if forward:
             batch = self._with_logps(batch, need_old=False)
         plan = self._plan(batch, list(range(batch.num_rows)))
@@ -470,9 +476,9 @@ class PolicyUpdater:
                                       device=part.completion_mask.device))
             total += float(policy_loss(
                 logps, part.advantages, part.loss_mask, ref_logps=part.ref_logps,
-                loss_type=self.args.loss_type, epsilon_low=self.args.epsilon,
-                epsilon_high=self.args.resolved_epsilon_high, beta=self.args.beta,
-                normalizer=normalizer, options=loss_options(self.args),
+                loss_type=self.config.loss.loss_type, epsilon_low=self.config.loss.epsilon,
+                epsilon_high=self.config.resolved_epsilon_high, beta=self.config.loss.beta,
+                normalizer=normalizer, options=loss_options(self.config),
             ).loss)
         return total
 

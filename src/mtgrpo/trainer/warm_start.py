@@ -90,7 +90,7 @@ def warm_start_settings(run: RunConfig, model: str) -> dict[str, Any]:
     warm, tasks = run.sft, run.tasks
     # the caller checked the sections: sft, and tasks or environments
     assert warm is not None
-    training = warm.sft_config("<output_dir>/sft", seed=run.training.seed).to_dict()
+    training = warm.sft_config("<output_dir>/sft", seed=run.training.schedule.seed).to_dict()
     section = {key: value for key, value in warm.to_dict().items() if key != "reuse"}
     settings = {
         "version": WARM_START_VERSION,
@@ -102,7 +102,7 @@ def warm_start_settings(run: RunConfig, model: str) -> dict[str, Any]:
     if tasks is None:  # the episodes (and the splits they are kept out of) and the template
         assert run.environments is not None
         return {**settings, "environments": run.environments.to_dict(),
-                "chat_template_kwargs": run.training.chat_template_kwargs}
+                "chat_template_kwargs": run.training.rollout.chat_template_kwargs}
     return {**settings, "tasks": {"tasks": tasks.task_list,
                                   **{name: getattr(tasks, name) for name in _PROBLEM_SETTINGS}}}
 

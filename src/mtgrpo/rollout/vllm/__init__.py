@@ -22,34 +22,36 @@ def backend_from_config(args: Any, model: Any, tokenizer: Any) -> Any:
     """The vLLM backend ``args`` (a :class:`~mtgrpo.config.GRPOConfig` with ``use_vllm``)
     asks for, with the policy's weights pushed as version 0."""
     options: dict[str, Any] = {}  # TRL's generation options, as TRL hands them to vLLM
-    if args.min_p is not None:
-        options["min_p"] = args.min_p
-    if args.repetition_penalty != 1.0:
-        options["repetition_penalty"] = args.repetition_penalty
-    options.update(args.generation_kwargs or {})
-    common = {"structured_outputs_regex": args.vllm_structured_outputs_regex,
+    if args.rollout.min_p is not None:
+        options["min_p"] = args.rollout.min_p
+    if args.rollout.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.rollout.repetition_penalty
+    options.update(args.rollout.generation_kwargs or {})
+    common = {"structured_outputs_regex": args.vllm.vllm_structured_outputs_regex,
               "sampling_options": options}
-    if args.vllm_mode == "server":
+    if args.vllm.vllm_mode == "server":
         from mtgrpo.rollout.vllm.client import VLLMServerBackend, server_url
 
-        url = server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port)
-        return VLLMServerBackend(model, tokenizer, url=url, timeout=args.vllm_server_timeout,
+        url = server_url(args.vllm.vllm_server_base_url, args.vllm.vllm_server_host,
+                         args.vllm.vllm_server_port)
+        return VLLMServerBackend(model, tokenizer, url=url, timeout=args.vllm.vllm_server_timeout,
                                  **common)
     from mtgrpo.rollout.vllm.colocate import VLLMColocateBackend, model_directory
     from mtgrpo.rollout.vllm.engine import EngineOptions
 
-    if args.vllm_tensor_parallel_size > 1 and not _on_gpu():
+    if args.vllm.vllm_tensor_parallel_size > 1 and not _on_gpu():
         raise ValueError(
-            f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size} splits the model "
+            f"vllm_tensor_parallel_size={args.vllm.vllm_tensor_parallel_size} splits the model "
             "over GPUs; on a CPU leave it at 1"
         )
     options = EngineOptions(
         model=model_directory(model), dtype=_dtype_name(model),
-        max_model_len=args.vllm_max_model_length or _context(args),
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        tensor_parallel_size=args.vllm_tensor_parallel_size,
-        enable_sleep_mode=args.vllm_enable_sleep_mode, model_impl=args.vllm_model_impl,
-        seed=args.seed, enforce_eager=not _on_gpu(), trust_remote_code=args.trust_remote_code,
+        max_model_len=args.vllm.vllm_max_model_length or _context(args),
+        gpu_memory_utilization=args.vllm.vllm_gpu_memory_utilization,
+        tensor_parallel_size=args.vllm.vllm_tensor_parallel_size,
+        enable_sleep_mode=args.vllm.vllm_enable_sleep_mode, model_impl=args.vllm.vllm_model_impl,
+        seed=args.schedule.seed, enforce_eager=not _on_gpu(),
+        trust_remote_code=args.compute.trust_remote_code,
     )
     return VLLMColocateBackend(model, tokenizer, engine_options=options, **common)
 
@@ -71,6 +73,6 @@ def _dtype_name(model: Any) -> str:
 
 
 def _context(args: Any) -> int | None:
-    if args.max_prompt_length is None:
+    if args.rollout.max_prompt_length is None:
         return None
-    return int(args.max_prompt_length + args.max_completion_length)
+    return int(args.rollout.max_prompt_length + args.rollout.max_completion_length)

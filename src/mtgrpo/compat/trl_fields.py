@@ -2,22 +2,20 @@
 
 TRL's ``GRPOConfig`` extends transformers' ``TrainingArguments`` (191 fields in TRL 1.16 with
 transformers 5). A config written for TRL must construct unchanged, so every one of those
-fields exists on :class:`~mtgrpo.config.GRPOConfig`. The fields mtgrpo implements are
-declared there, with their help text. The rest are declared here, in two kinds:
+fields exists on :class:`~mtgrpo.compat.GRPOConfig`. The fields mtgrpo implements are the
+native :class:`~mtgrpo.config.TrainConfig`'s, declared there with their help text. The rest
+are declared here, in three kinds:
 
 * **no effect** (:func:`_inert`): the option steers a part of the HF ``Trainer`` that mtgrpo
-  does not have (its ``DataLoader``, its prediction loop, vLLM while ``use_vllm`` is off).
-  Any value is accepted; a value other than the default is named once in a warning, so it
-  is never silently believed to act.
+  does not have (its ``DataLoader``, its prediction loop). Any value is accepted; a value
+  other than the default is named once in a warning, so it is never silently believed to act.
 * **refused** (:func:`_refused`): the option asks for something mtgrpo cannot do
-  (``use_liger_kernel=True``, DeepSpeed given as a training argument).
+  (``use_liger_kernel=True``, DeepSpeed given as a training argument). The default is
+  accepted; anything else is a ``ValueError`` that names what to use instead.
+* **alias** (:func:`_alias`): another name TRL users know for a native option; it sets that
+  option.
 
-The vLLM fields (``use_vllm`` and ``vllm_*``) act as in TRL (:func:`_vllm`): they choose and
-set up the vLLM generation engine (:mod:`mtgrpo.rollout.vllm`, docs/engines.md) and are
-checked by :func:`check_vllm_fields`.
-  The default is accepted; anything else is a ``ValueError`` that names what to use instead.
-
-:class:`TRLCompatibleFields` is the base class of :class:`~mtgrpo.config.GRPOConfig`;
+:class:`TRLCompatibleFields` is the base class of :class:`~mtgrpo.compat.GRPOConfig`;
 :func:`check_compatibility_fields` is called from its ``__post_init__``.
 """
 
@@ -30,8 +28,7 @@ from typing import Any
 
 logger = logging.getLogger("mtgrpo.config")
 
-__all__ = ["TRLCompatibleFields", "check_compatibility_fields", "check_vllm_fields",
-           "compatibility_rows"]
+__all__ = ["TRLCompatibleFields", "check_compatibility_fields", "compatibility_rows"]
 
 _NO_DATALOADER = "no effect: prompts are drawn by mtgrpo's task-balanced sampler, not a DataLoader"
 _NO_PREDICTION_LOOP = ("no effect: evaluation generates, scores and reports per-task accuracy "
@@ -52,8 +49,8 @@ def _refused(alternative: str, default: Any = None) -> Any:
     return field(default=default, metadata={"help": alternative, "effect": "refused"})
 
 
-def _vllm(what: str, default: Any = None) -> Any:
-    return field(default=default, metadata={"help": what, "effect": "vllm"})
+def _alias(what: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"help": what, "effect": "alias"})
 
 
 @dataclass
@@ -161,57 +158,21 @@ class TRLCompatibleFields:
     pad_to_multiple_of: int | str | None = _inert(
         "no effect: the update is padding-free (or length-bucketed), so padding never enters "
         "the loss", "auto")
+    hub_always_push: bool = _inert(
+        "no effect: uploads here are synchronous, so every save uploads either way", False)
     log_multimodal: bool = _inert("no effect: mtgrpo trains text models", True)
     log_unique_prompts: bool = _inert(
         "no effect: completions.jsonl keeps every completion", False)
 
-    # ---------------------------------------------------------------- vLLM (act as in TRL)
-    use_vllm: bool = _vllm(
-        "Generate with vLLM (vllm_mode: colocate, an in-process engine; server, a `mtgrpo "
-        "vllm-serve` server); the policy's weights are pushed into it after every optimizer "
-        "step and after a resume (docs/engines.md).", False)
-    vllm_mode: str = _vllm(
-        "colocate (an in-process vllm.LLM beside the trainer) or server (a `mtgrpo "
-        "vllm-serve MODEL` server, on this machine or another).", "colocate")
-    vllm_model_impl: str = _vllm(
-        "Colocate: vLLM's model implementation (auto, vllm or transformers).", "vllm")
-    vllm_enable_sleep_mode: bool = _vllm(
-        "Colocate, GPU only: free the engine's weights and KV cache between generations "
-        "(refused on a CPU).", False)
-    vllm_structured_outputs_regex: str | None = _vllm(
-        "A regular expression every completion must match (vLLM's structured outputs).")
-    vllm_server_base_url: str | None = _vllm(
-        "Server: its URL (e.g. http://10.0.0.2:8000); overrides host and port.")
-    vllm_server_host: str = _vllm(
-        "Server: its host when no base URL is given (0.0.0.0: this machine).", "0.0.0.0")
-    vllm_server_port: int = _vllm("Server: its port when no base URL is given.", 8000)
-    vllm_server_timeout: float = _vllm(
-        "Server: seconds to wait for it to come up, and for any one request, before the run "
-        "stops with an error naming the server.", 240.0)
     vllm_group_port: int = _inert(
         "no effect: weights reach the server as a shared-memory file or over HTTP, not "
         "through an NCCL group", 51216)
-    vllm_gpu_memory_utilization: float = _vllm(
-        "Colocate: vLLM's fraction of GPU memory; on a CPU, the fraction of host memory "
-        "given to its KV cache.", 0.3)
-    vllm_max_model_length: int | None = _vllm(
-        "Colocate: the engine's context (None: max_prompt_length + max_completion_length).")
-    vllm_tensor_parallel_size: int = _vllm(
-        "Colocate: GPUs the engine splits the model over (1 on a CPU).", 1)
-    vllm_importance_sampling_correction: bool = _vllm(
-        "Weight each token's policy loss by the ratio of the trainer's and the engine's "
-        "log-probs of the sampled tokens, bounded by the mode (TRL's; logged as "
-        "sampling/importance_sampling_ratio/* and sampling/sampling_logp_difference/*).", True)
-    vllm_importance_sampling_mode: str = _vllm(
-        "token_truncate, token_mask, sequence_truncate or sequence_mask: a ratio per token "
-        "or per completion, clamped to or masked outside [clip_min, clip_max].",
-        "sequence_mask")
-    vllm_importance_sampling_clip_max: float | None = _vllm(
-        "Upper bound of the correction's ratio (None: none).", 3.0)
-    vllm_importance_sampling_clip_min: float | None = _vllm(
-        "Lower bound of the correction's ratio (None: none).")
-    vllm_importance_sampling_cap: float | None = _vllm(
-        "Deprecated in TRL: sets vllm_importance_sampling_clip_max (with a warning).")
+
+    # ---------------------------------------------------------------- other names, acting
+    reward_aggregation_method: str | None = _alias(
+        "the name TRL's tutorials use for multi_objective_aggregation; sets it")
+    vllm_importance_sampling_cap: float | None = _alias(
+        "deprecated in TRL: sets vllm_importance_sampling_clip_max (with a warning)")
 
 
 def _compat_fields() -> list[dataclasses.Field]:
@@ -234,10 +195,8 @@ def _is_default(value: Any, default: Any) -> bool:
 
 
 def check_compatibility_fields(config: Any) -> None:
-    """Refuse the refused fields when set, warn once about the no-effect fields that are set.
-
-    The vLLM fields act (:func:`check_vllm_fields` checks them).
-    """
+    """Refuse the refused fields when set, warn once about the no-effect fields that are set
+    (the aliases are applied by :class:`~mtgrpo.compat.GRPOConfig`)."""
     inert = []
     for f in _compat_fields():
         value = getattr(config, f.name)
@@ -250,50 +209,10 @@ def check_compatibility_fields(config: Any) -> None:
             )
         if f.metadata["effect"] == "none":
             inert.append(f.name)
-    check_vllm_fields(config)
     if inert:
         logger.warning(
             "these options are accepted for TRL compatibility but have no effect in mtgrpo: "
             "%s (see docs/coming-from-trl.md)", ", ".join(inert),
-        )
-
-
-def check_vllm_fields(config: Any) -> None:
-    """TRL's vLLM switches, checked when the config is built (before any model or engine)."""
-    if config.vllm_importance_sampling_cap is not None:
-        logger.warning("vllm_importance_sampling_cap is deprecated (as in TRL); it sets "
-                       "vllm_importance_sampling_clip_max=%s", config.vllm_importance_sampling_cap)
-        config.vllm_importance_sampling_clip_max = config.vllm_importance_sampling_cap
-        config.vllm_importance_sampling_cap = None
-    if not config.use_vllm:
-        return
-    if config.vllm_mode not in ("colocate", "server"):
-        raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {config.vllm_mode!r}")
-    if config.generation_backend != "auto":
-        raise ValueError(
-            f"use_vllm=True generates with vLLM, but generation_backend="
-            f"{config.generation_backend!r} asks for another engine; set only one of them"
-        )
-    if config.vllm_importance_sampling_correction:
-        from mtgrpo.algo.registry import check_is_correction
-
-        check_is_correction(config.vllm_importance_sampling_mode,
-                            config.vllm_importance_sampling_clip_min,
-                            config.vllm_importance_sampling_clip_max)
-        if config.generation_logprobs is False:
-            raise ValueError(
-                "vllm_importance_sampling_correction needs the engine's log-probs, and "
-                "generation_logprobs=False turns them off; remove one of the two settings"
-            )
-        if config.loss_type == "vespo":
-            raise ValueError(
-                "loss_type='vespo' with vllm_importance_sampling_correction is not supported "
-                "(TRL folds the ratio into VESPO's weights); set "
-                "vllm_importance_sampling_correction=False or another loss_type"
-            )
-    if config.vllm_server_timeout is None or not config.vllm_server_timeout > 0:
-        raise ValueError(
-            f"vllm_server_timeout={config.vllm_server_timeout!r} must be a number of seconds > 0"
         )
 
 
