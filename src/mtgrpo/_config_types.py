@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import numbers
 import re
 import types
@@ -23,7 +24,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["build_section", "check_option_types", "coerce_numbers", "option", "parse_bytes",
+__all__ = ["build_section", "check_option_types", "checked_keywords", "coerce_numbers", "option",
+           "parse_bytes",
            "refuse_unknown"]
 
 
@@ -45,6 +47,24 @@ def refuse_unknown(keys: Sequence[str], valid: Sequence[str], where: str, *,
         listing = f"; valid: {', '.join(sorted(valid))}" if len(valid) <= 40 else ""
         raise error(f"unknown {where} option(s): {', '.join(hints)}{listing}"
                     + (f"; {fix}" if fix else ""))
+
+
+def checked_keywords(cls: type, fix: str | None = None) -> type:
+    """Wrap the dataclass ``__init__`` of ``cls``: a misspelled keyword is a ``TypeError`` that
+    names the closest options (the run file's check, :func:`refuse_unknown`), where Python
+    says only "unexpected keyword argument"; ``fix`` says where the options are listed."""
+    generated = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    fix = fix or f"correct the name ({cls.__name__}'s options are listed in docs/configuration.md)"
+
+    @functools.wraps(generated)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        refuse_unknown([key for key in kwargs if key not in names], names, cls.__name__,
+                       error=TypeError, fix=fix)
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = checked_init  # type: ignore[assignment]
+    return cls
 
 
 def coerce_numbers(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

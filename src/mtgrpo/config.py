@@ -36,7 +36,6 @@ Batch sizes (the part TRL users most often ask about):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +46,7 @@ from typing import Any
 from mtgrpo._config_types import (
     build_section,
     check_option_types,
+    checked_keywords,
     coerce_numbers,
     parse_bytes,
     refuse_unknown,
@@ -159,26 +159,7 @@ def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
         )
 
 
-def _checked_init(cls: type) -> type:
-    """Wrap the dataclass ``__init__`` of ``cls``: a misspelled keyword is a ``TypeError`` that
-    names the closest options (the run file's check, :func:`refuse_unknown`), where Python
-    says only "unexpected keyword argument"."""
-    generated = cls.__init__
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-
-    @functools.wraps(generated)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        refuse_unknown(
-            [key for key in kwargs if key not in names], names, cls.__name__, error=TypeError,
-            fix=f"correct the name ({cls.__name__}'s options are listed in "
-                "docs/configuration.md)")
-        generated(self, *args, **kwargs)
-
-    cls.__init__ = checked_init  # type: ignore[assignment]
-    return cls
-
-
-@_checked_init
+@checked_keywords
 @dataclass
 class OutputConfig:
     """Where the run writes and what it logs: the run directory, metrics, trackers, completions."""
@@ -223,7 +204,7 @@ class OutputConfig:
                               default=True)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class SavingConfig:
     """Checkpoints, resuming, the best model and uploads to the Hugging Face Hub."""
@@ -273,7 +254,7 @@ class SavingConfig:
     hub_revision: str | None = _help("Branch of the repository to upload to.", default=None)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class EvaluationConfig:
     """When the held-out prompts are evaluated, and how they are sampled."""
@@ -294,7 +275,7 @@ class EvaluationConfig:
     eval_temperature: float = _help("Sampling temperature for eval (0: greedy).", default=1.0)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class ComputeConfig:
     """How the policy is loaded and computed: precision, device, gradient checkpointing, dropout."""
@@ -330,7 +311,7 @@ class ComputeConfig:
         "Empty the CUDA cache every N training steps (None: never).", default=None)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class DistributedConfig:
     """Several processes: DDP's options, fully sharded training (FSDP2), the process group."""
@@ -348,7 +329,7 @@ class DistributedConfig:
     ddp_timeout: int = _help("Process-group timeout in seconds.", default=1800)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class OptimizationConfig:
     """The optimizer and its learning-rate schedule."""
@@ -379,7 +360,7 @@ class OptimizationConfig:
                                 default=0.0)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class ScheduleConfig:
     """How long the run trains, in what unit it counts, and the seeds and order of its prompts."""
@@ -409,7 +390,7 @@ class ScheduleConfig:
         "says); transformers' name.", default="random")
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class BatchConfig:
     """Batch shape: completions per prompt, prompts per step, micro-batches and packing."""
@@ -447,7 +428,7 @@ class BatchConfig:
         default=True)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class RolloutConfig:
     """Generation: prompt and completion lengths, sampling, the generation backend, the tool
@@ -509,7 +490,7 @@ class RolloutConfig:
         "and which counts as a failed call (reply).", default="end")
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class VLLMConfig:
     """The vLLM generation engine (TRL's use_vllm and vllm_* options; docs/engines.md)."""
@@ -561,7 +542,7 @@ class VLLMConfig:
         "Lower bound of the correction's ratio (None: none).", default=None)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class LossConfig:
     """The GRPO loss family: clipping, KL, entropy, the reference model."""
@@ -623,7 +604,7 @@ class LossConfig:
                                       default=512)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class AdvantageConfig:
     """From rewards to advantages: channel weights, aggregation, scaling, unscorable
@@ -657,7 +638,7 @@ class AdvantageConfig:
         default=None)
 
 
-@_checked_init
+@checked_keywords
 @dataclass
 class MultiTaskConfig:
     """The multi-task method: task weighting, its signal, and batch construction."""

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import logging
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mtgrpo._config_types import coerce_numbers, refuse_unknown
+from mtgrpo._config_types import checked_keywords, coerce_numbers, refuse_unknown
 from mtgrpo.algo.registry import resolve_aggregation
 from mtgrpo.compat.trl_fields import TRLCompatibleFields, check_compatibility_fields
 from mtgrpo.config import FIELD_SECTION, SECTIONS, RunConfig, TrainConfig
@@ -192,25 +191,10 @@ def _native_fields() -> list[tuple[str, Any, Any]]:
     return fields
 
 
-def _checked_init(cls: type) -> type:
-    """A misspelled keyword is a ``TypeError`` naming the closest options."""
-    generated = cls.__init__
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-
-    @functools.wraps(generated)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        refuse_unknown(
-            [key for key in kwargs if key not in names], names, cls.__name__, error=TypeError,
-            fix="correct the name (GRPOConfig takes TRL 1.16's GRPOConfig options and "
-                "mtgrpo's, listed in docs/configuration.md)")
-        generated(self, *args, **kwargs)
-
-    cls.__init__ = checked_init  # type: ignore[assignment]
-    return cls
-
-
-GRPOConfig = _checked_init(dataclasses.make_dataclass(
-    "GRPOConfig", _native_fields(), bases=(_TRLConfig,)))
+GRPOConfig = checked_keywords(
+    dataclasses.make_dataclass("GRPOConfig", _native_fields(), bases=(_TRLConfig,)),
+    fix="correct the name (GRPOConfig takes TRL 1.16's GRPOConfig options and mtgrpo's, listed "
+        "in docs/configuration.md)")
 GRPOConfig.__module__ = __name__  # for pickle and for the reference
 GRPOConfig.__doc__ = """TRL 1.16's ``GRPOConfig``: every TRL field by its flat name, counted as
 TRL counts (``steps_per_generation`` in micro-batches; ``max_steps`` and the intervals in
