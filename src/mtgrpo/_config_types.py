@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["build_section", "check_option_types", "checked_keywords", "coerce_numbers", "option",
-           "parse_bytes",
-           "refuse_unknown"]
+           "parse_bytes", "refuse_unknown"]
 
 
 def option(text: str, **kwargs: Any) -> Any:
