@@ -398,3 +398,15 @@ def test_run_files_may_hold_trls_fields(tmp_path, caplog):
     path.write_text("dataloader_num_workers: 4\n")
     with pytest.raises(ValueError, match=r"unknown config option\(s\): 'dataloader_num_workers'"):
         native_only(path)  # the native reader knows only the options that act
+
+
+def test_trls_flat_config_survives_copies_and_pickling():
+    import copy
+    import pickle
+
+    args = GRPOConfig(beta=0.04, task_weighting="mt_grpo", report_to="none")
+    for again in (copy.deepcopy(args), pickle.loads(pickle.dumps(args))):
+        assert again == args
+        assert again.to_native() == args.to_native()
+        again.beta = 0.5  # a copy's native tree follows the copy, not the original
+        assert (again.to_native().loss.beta, args.to_native().loss.beta) == (0.5, 0.04)
