@@ -410,3 +410,10 @@ def test_trls_flat_config_survives_copies_and_pickling():
         assert again.to_native() == args.to_native()
         again.beta = 0.5  # a copy's native tree follows the copy, not the original
         assert (again.to_native().loss.beta, args.to_native().loss.beta) == (0.5, 0.04)
+
+
+def test_warmup_ratio_none_is_trls_unset_default_on_older_transformers():
+    # TRL 1.16 on transformers 5.4 defaults warmup_ratio to None: a config built from TRL's
+    # defaults there must construct, with no warm-up
+    assert GRPOConfig(warmup_ratio=None).to_native().optimization.warmup_ratio == 0.0
+    assert GRPOConfig(warmup_ratio=None, max_steps=10).resolved_warmup_steps(10) == 0

@@ -356,8 +356,9 @@ class OptimizationConfig:
     warmup_steps: int | float = _help(
         "Linear warm-up optimizer steps (a value below 1: that fraction of all steps).",
         default=0)
-    warmup_ratio: float = _help("Warm-up as a fraction of all optimizer steps (if > 0).",
-                                default=0.0)
+    warmup_ratio: float | None = _help(
+        "Warm-up as a fraction of all optimizer steps (if > 0; None, TRL's default on older "
+        "transformers: 0).", default=0.0)
 
 
 @checked_keywords
@@ -833,6 +834,8 @@ class TrainConfig:
                 setattr(multitask, name, as_mapping(typed(choice, value)))  # kept as run files
         if self.batch.steps_per_generation is None:
             self.batch.steps_per_generation = 1
+        if self.optimization.warmup_ratio is None:  # transformers before 5.x: unset
+            self.optimization.warmup_ratio = 0.0
         if self.output.output_dir is None:
             self.output.output_dir = "trainer_output"  # TRL's (transformers') default
         if self.compute.bf16 is None and self.compute.fp16:

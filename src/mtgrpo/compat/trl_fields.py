@@ -28,7 +28,12 @@ from typing import Any
 
 logger = logging.getLogger("mtgrpo.config")
 
-__all__ = ["TRLCompatibleFields", "check_compatibility_fields", "compatibility_rows"]
+__all__ = ["OLDER_TRANSFORMERS_FIELDS", "TRLCompatibleFields", "check_compatibility_fields",
+           "compatibility_rows"]
+
+OLDER_TRANSFORMERS_FIELDS = ("logging_dir",)
+"""Fields of TRL 1.16's GRPOConfig on the transformers releases mtgrpo admits that are older
+than the locked one (5.4 has ``logging_dir``; 5.24 dropped it); accepted the same way."""
 
 _NO_DATALOADER = "no effect: prompts are drawn by mtgrpo's task-balanced sampler, not a DataLoader"
 _NO_PREDICTION_LOOP = ("no effect: evaluation generates, scores and reports per-task accuracy "
@@ -160,6 +165,8 @@ class TRLCompatibleFields:
         "the loss", "auto")
     hub_always_push: bool = _inert(
         "no effect: uploads here are synchronous, so every save uploads either way", False)
+    logging_dir: str | None = _inert(
+        "no effect: trackers write under output_dir (a field of transformers before 5.x)")
     log_multimodal: bool = _inert("no effect: mtgrpo trains text models", True)
     log_unique_prompts: bool = _inert(
         "no effect: completions.jsonl keeps every completion", False)
