@@ -716,8 +716,8 @@ class TrainConfig:
     ``config.batch.num_generations``, ``config.multitask.task_weighting``.
 
     Build it nested (``TrainConfig(loss=LossConfig(beta=0.04))``) or from flat names, as a run
-    file writes them (:meth:`from_flat`: ``TrainConfig.from_flat({"beta": 0.04})``). Checks
-    that span sections run when it is built and again when :meth:`check` is called.
+    file writes them (:meth:`from_flat`: ``TrainConfig.from_flat({"beta": 0.04})``). Every
+    check, those that span sections included, runs when it is built, before any model loads.
 
     A **step** is one generation batch and its update; ``schedule.step_unit`` says whether
     ``max_steps`` and the logging, evaluation and saving intervals count those steps
