@@ -577,6 +577,15 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         gate = mlp.act_fn(self._project(mlp.gate_proj, hidden))
         return self._project(mlp.down_proj, gate * self._project(mlp.up_proj, hidden))
 
+    def cache_window(self, device: torch.device) -> bool:
+        """Whether eager decoding should keep the cache's tensors only as wide as the columns
+        written so far, rounded up (:func:`~mtgrpo.fast.static.widen_cache`), so that attention
+        reads contiguous tensors over those columns only. Worth it for the two-product
+        attention (half precision on the CPU), whose products copy a sliced cache: at 64 rows
+        and 4 key/value heads of 32 dims (AMD EPYC, one thread), the products over 112 of 176
+        columns take 0.24 ms contiguous, 0.70 ms as a slice and 0.34 ms over all 176."""
+        return _matmul_attention(device, self._dtype)
+
     def decode(
         self, cache: Any, tokens: Tensor, positions: Tensor, mask: Tensor, column: Tensor,
         visible: int | None = None,
@@ -587,11 +596,16 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         With the two-product attention (half precision on the CPU) the columns are read as a
         slice only while it holds at most half of the cache: a slice of the cache is not
         contiguous, and the products copy it, which costs more than attending to the masked
-        columns, whose weights are exactly 0.
+        columns, whose weights are exactly 0. The cache's tensors may hold fewer columns than
+        the mask (a window, :meth:`cache_window`): attention then reads all of theirs, the
+        mask cut to them.
         """
         matmul = _matmul_attention(tokens.device, self._dtype)
-        if visible is not None and matmul and 2 * visible > mask.shape[-1]:
+        columns = _cache_columns(cache, mask.shape[-1])
+        if visible is not None and matmul and visible < columns and 2 * visible > columns:
             visible = None
+        if visible is None and columns < mask.shape[-1]:
+            visible = columns
         if visible is not None:
             mask = mask[..., :visible]
         backbone = self.lm.model
@@ -699,6 +713,13 @@ class LlamaModulesDecoder(ModelForwardDecoder):
             )
             output = output.reshape(*hidden.shape[:-1], -1).contiguous()
         return self._project(attn.o_proj, output)
+
+
+def _cache_columns(cache: Any, default: int) -> int:
+    """Columns of the cache's key tensors (``default`` before the first layer is written)."""
+    layers = getattr(cache, "layers", None)
+    keys = getattr(layers[0], "keys", None) if layers else None
+    return default if keys is None else keys.shape[2]
 
 
 def _cache_rows(states: Tensor, columns: Tensor) -> Tensor:
