@@ -98,7 +98,7 @@ from mtgrpo.fast.static_sampling import SamplingRule
 from mtgrpo.fast.unwrap import unwrap_causal_lm
 from mtgrpo.models.positions import position_ids_from_attention_mask
 
-__all__ = ["Completions", "StaticGenerator", "length_buckets"]
+__all__ = ["WINDOW_COLUMNS", "Completions", "StaticGenerator", "length_buckets", "widen_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,10 @@ class _Slot:
 
     def start(self, attention_mask: Tensor, real_rows: int) -> None:
         """Reset for a new sub-batch whose prompts fill columns ``0..P-1`` (``attention_mask:
-        [n, P]``); rows from ``real_rows`` on are bucket padding, done from the start."""
+        [n, P]``); rows from ``real_rows`` on are bucket padding, done from the start. A
+        cache left narrower by eager decoding's window (:func:`widen_cache`) gets back tensors
+        of its full width."""
+        _full_width(self.cache)
         self.cache.reset()
         buffers, width = self.buffers, attention_mask.shape[1]
         # finfo.min rather than -inf: the additive-mask value transformers' own masks use
@@ -583,10 +586,22 @@ class StaticGenerator:
         the active rows' cache and state are gathered into a smaller batch. Outputs are written
         back to the slot's buffers (in the slot's row order) at the end. Returns the tokens
         emitted and whether any compaction happened. Each step attends only to the ``width``
-        prompt columns and the tokens fed so far (the cache's later columns are empty)."""
+        prompt columns and the tokens fed so far (the cache's later columns are empty).
+
+        Where the decoder asks for it (``cache_window``: the two-product attention of half
+        precision on the CPU), the cache's tensors hold only the columns written so far,
+        rounded up to :data:`WINDOW_COLUMNS` and widened by that many when the next token
+        needs it (:func:`widen_cache`), so that each step's attention reads contiguous tensors
+        over those columns; the columns past the written ones are zero and masked out (their
+        weights are exactly 0), as the full cache's are; the slot's next :meth:`_Slot.start`
+        gives it full-width tensors again."""
         sync_every = self._sync_every(slot.buffers.done.device)
         live, rows = slot, None  # rows: the slot row of each live row, once compacted
         emitted = 1
+        window_of = getattr(self._decoder, "cache_window", None)
+        windowed = window_of is not None and window_of(slot.buffers.done.device)
+        if windowed:  # the prompt and the first token's columns, rounded up
+            widen_cache(slot.cache, width + 1)
         while emitted < max_new_tokens:
             decoded = live.buffers.done.shape[0]
             active = decoded - int(live.buffers.done.sum())
@@ -597,8 +612,10 @@ class StaticGenerator:
                 live, rows = _compacted(slot, live, rows)
             burst = min(sync_every, max_new_tokens - emitted)
             for offset in range(burst):
-                _decode_step(self._decoder, live, program, self.pad_token_id,
-                             visible=width + emitted + offset)
+                visible = width + emitted + offset
+                if windowed:  # attend to the window's columns: contiguous tensors
+                    visible = widen_cache(live.cache, visible)
+                _decode_step(self._decoder, live, program, self.pad_token_id, visible=visible)
             emitted += burst
         if rows is not None:
             slot.buffers.write_rows(rows, live.buffers)
@@ -682,6 +699,44 @@ def _compacted(full: _Slot, live: _Slot, rows: Tensor | None) -> tuple[_Slot, Te
         full.buffers.write_rows(rows, live.buffers)
     live.cache.reorder_cache(keep)
     return _Slot(live.cache, live.buffers.select(keep)), rows[keep]
+
+
+# Cache-window granularity of eager decoding (StaticGenerator._decode_compacting): each widening
+# copies the cache once; attention reads at most this many masked columns more than needed.
+WINDOW_COLUMNS = 16
+
+
+def widen_cache(cache: Any, columns: int) -> int:
+    """Make every layer's keys and values ``[n, kv_heads, c, d]`` hold at least ``columns``
+    columns: unchanged when they do, else new tensors of ``columns`` rounded up to
+    :data:`WINDOW_COLUMNS` (at most the cache's ``max_cache_len``), the written columns
+    copied and the others zero; a cache still as wide as its ``max_cache_len`` (just
+    prefilled) is first cut to that width. Returns the tensors' width. The layers' column
+    counters are left as they are."""
+    first = cache.layers[0]
+    current = first.keys.shape[2]
+    target = min(_round_up(columns, WINDOW_COLUMNS), first.max_cache_len)
+    if current == target or (columns <= current < first.max_cache_len):
+        return current
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            kept = min(old.shape[2], target)
+            new = old.new_zeros(old.shape[0], old.shape[1], target, old.shape[3])
+            new[:, :, :kept] = old[:, :, :kept]
+            setattr(layer, name, new)
+    return target
+
+
+def _full_width(cache: Any) -> None:
+    """Give every layer whose keys and values :func:`widen_cache` narrowed new zero tensors of
+    its ``max_cache_len`` columns (the caller resets the cache anyway)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            old = getattr(layer, name, None)
+            if old is not None and old.shape[2] != layer.max_cache_len:
+                setattr(layer, name, old.new_zeros(*old.shape[:2], layer.max_cache_len,
+                                                   old.shape[3]))
 
 
 def length_buckets(
