@@ -4,7 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from mtgrpo.models import apply_lora
 from mtgrpo.policy import sequence_logprobs
+
+
+def active_lora(model, seed: int = 0, init_seed: int | None = None):
+    """``model`` with a LoRA adapter that changes its output: the zero-initialised B matrices
+    drawn from N(0, 0.5²) with ``seed``. ``init_seed`` seeds torch before the adapter is made
+    (its A matrices); None leaves torch's generator as it is."""
+    if init_seed is not None:
+        torch.manual_seed(init_seed)
+    policy = apply_lora(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:  # zero-initialised: make the adapter do something
+                param.normal_(std=0.5, generator=generator)
+    return policy
 
 
 def scores_and_grads(model, input_ids, mask, completion_length: int, **options):

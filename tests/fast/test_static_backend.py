@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 import logprob_helpers
 import mtgrpo.fast.static as static_module
 from mtgrpo.fast.static import length_buckets
-from mtgrpo.models import apply_lora, load_model, load_model_and_tokenizer
+from mtgrpo.models import load_model, load_model_and_tokenizer
 from mtgrpo.rollout import (
     BACKENDS,
     GenerationBackend,
@@ -45,16 +45,6 @@ def _model(path: Path, **options: object) -> torch.nn.Module:
 
 def _greedy(max_new_tokens: int, **options: object) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, greedy=True, **options)
-
-
-def _random_lora(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    policy = apply_lora(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:  # zero-initialised: make the adapter do something
-                param.normal_(std=0.5, generator=generator)
-    return policy
 
 
 def _chi_square_pvalue(samples: list[int], probs: torch.Tensor) -> float:
@@ -94,7 +84,7 @@ def test_greedy_equals_hf_batched_and_alone(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_hf_with_lora(arch: str, request: pytest.FixtureRequest) -> None:
-    policy = _random_lora(_model(request.getfixturevalue(arch)))
+    policy = logprob_helpers.active_lora(_model(request.getfixturevalue(arch)))
     params = _greedy(16)
     backend = make_backend("static", policy, None)
     assert backend.decoder_name == "llama_modules"  # LoRA layers sit inside the modules
@@ -240,7 +230,7 @@ def test_packed_prefill_equals_the_model_forward(
 
     paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
-    lm = _random_lora(model).get_base_model() if family.endswith("lora") else model
+    lm = logprob_helpers.active_lora(model).get_base_model() if family.endswith("lora") else model
     forward, modules = ModelForwardDecoder(lm), LlamaModulesDecoder(lm)
     embedded: list[int] = []
     hook = lm.model.embed_tokens.register_forward_pre_hook(
@@ -301,7 +291,7 @@ def test_decode_with_transposed_weights_equals_the_module_calls(
 
     paths = {"llama": tiny_model_dir, "llama+lora": tiny_model_dir, "qwen2": tiny_qwen2_model_dir}
     model = _model(paths[family]) if family in paths else _in_memory_model(family)
-    lm = _random_lora(model).get_base_model() if family.endswith("lora") else model
+    lm = logprob_helpers.active_lora(model).get_base_model() if family.endswith("lora") else model
     decoder = LlamaModulesDecoder(lm)
     plain = _one_decode_step(lm, decoder)
     # the last layer's MLP output feeds only the logits, not the prefilled keys and values

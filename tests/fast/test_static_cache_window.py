@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import logprob_helpers
 import mtgrpo.fast.static as static_module
 from mtgrpo.fast.static import WINDOW_COLUMNS, widen_cache
 from mtgrpo.fast.static_decoders import LlamaModulesDecoder
-from mtgrpo.models import apply_lora, load_model
+from mtgrpo.models import load_model
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend
 
 EOS = 258
@@ -29,16 +30,6 @@ BF16_EPS = torch.finfo(torch.bfloat16).eps
 def _no_window(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LlamaModulesDecoder, "cache_window", lambda self, device: False)
 
-
-def _lora(model: torch.nn.Module) -> torch.nn.Module:
-    torch.manual_seed(0)  # the adapters' A matrices
-    policy = apply_lora(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.5, generator=generator)
-    return policy
 
 
 def _widths(backend: StaticCacheBackend, seen: list[int]) -> None:
@@ -77,7 +68,7 @@ def test_windowed_decoding_equals_full_width_decoding(
 ) -> None:
     model = load_model(tiny_model_dir, for_training=False)
     if lora:
-        model = _lora(model)
+        model = logprob_helpers.active_lora(model, init_seed=0)
     # 40 new tokens after prompts of up to 12: several windows of 16 columns
     params = SamplingParams(max_new_tokens=40, greedy=True, return_logprobs=True)
     windowed, widths = _generate(model, params, num_samples, dtype="bfloat16")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import logprob_helpers
 import mtgrpo.fast.static_decoders as static_decoders
 from mtgrpo.fast.static_decoders import LlamaModulesDecoder
-from mtgrpo.models import apply_lora, load_model
+from mtgrpo.models import load_model
 from mtgrpo.rollout import SamplingParams, StaticCacheBackend
 
 PROMPTS = [[71, 100, 107, 107, 110], [257, 116, 114, 100, 113, 11, 1, 3, 9, 11, 80, 12], [42],
@@ -23,21 +24,11 @@ PROMPTS = [[71, 100, 107, 107, 110], [257, 116, 114, 100, 113, 11, 1, 3, 9, 11, 
 BF16_EPS = torch.finfo(torch.bfloat16).eps
 
 
-def _lora(model: torch.nn.Module) -> torch.nn.Module:
-    torch.manual_seed(0)  # the adapters' A matrices
-    policy = apply_lora(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.5, generator=generator)
-    return policy
-
 
 def _bf16_lm(path: Path, lora: bool) -> torch.nn.Module:
     model = load_model(path, for_training=False)
     if lora:
-        model = _lora(model)
+        model = logprob_helpers.active_lora(model, init_seed=0)
         model = model.merge_and_unload()  # a plain model: the decoder serves its modules
     return model.to(torch.bfloat16)
 
@@ -131,7 +122,8 @@ def test_a_torch_without_onednn_linear_decodes_with_plain_products(
 def test_generation_from_a_bfloat16_replica_follows_the_plain_products(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, num_samples: int
 ) -> None:
-    policy = _lora(load_model(tiny_model_dir, for_training=False))
+    policy = logprob_helpers.active_lora(load_model(tiny_model_dir, for_training=False),
+                                         init_seed=0)
     greedy = SamplingParams(max_new_tokens=24, greedy=True, return_logprobs=True)
     sampled = SamplingParams(max_new_tokens=24, seed=5, return_logprobs=True, temperature=0.9)
     packed = [StaticCacheBackend(policy, dtype="bfloat16").generate(PROMPTS, params,
