@@ -364,6 +364,10 @@ def test_trls_flat_config_builds_the_native_tree():
     args.beta = 0.1
     assert args.to_native().loss.beta == 0.1  # a changed field is read again
     assert args.loss.beta == 0.1  # the sections read through the native tree
+    with pytest.raises(AttributeError, match=r"read-only views; set the flat field instead "
+                                             r"\(args.beta = 0.5\)"):
+        args.loss.beta = 0.5  # the tree is rebuilt from the flat fields, so it cannot be written
+    assert not hasattr(args, "set")
 
 
 def test_a_flat_view_serves_code_written_for_training_arguments():

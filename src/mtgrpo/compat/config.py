@@ -48,6 +48,28 @@ _OWN = [name for name in FIELD_SECTION if name not in _NATIVE_ONLY]
 _DEFAULT_AGGREGATION = "sum_then_normalize"
 
 
+_WRITES = ("set",)  # the native tree's setters: GRPOConfig is written by its flat fields
+
+
+class _ReadOnlySection:
+    """A section of :meth:`GRPOConfig.to_native`'s tree, read through ``GRPOConfig``: writing
+    it would change a tree the next change of a flat field rebuilds, so it is refused."""
+
+    def __init__(self, section: Any) -> None:
+        object.__setattr__(self, "_section", section)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_section"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"GRPOConfig's sections are read-only views; set the flat field instead "
+            f"(args.{name} = {value!r})")
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_section"))
+
+
 class _TRLConfig(TRLCompatibleFields):
     """What :class:`GRPOConfig` adds to its fields (the module docstring says what)."""
 
@@ -113,10 +135,13 @@ class _TRLConfig(TRLCompatibleFields):
 
     def __getattr__(self, name: str) -> Any:
         # Only for names that are not fields: the native tree's sections, methods and
-        # properties (``config.loss``, ``training_steps()``), read through it.
-        if name.startswith("_") or (not hasattr(TrainConfig, name) and name not in SECTIONS):
+        # properties (``config.loss``, ``training_steps()``), read through it. The flat fields
+        # are what this object holds, so a section reads as a view that cannot be written.
+        if name.startswith("_") or name in _WRITES or (
+                not hasattr(TrainConfig, name) and name not in SECTIONS):
             raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-        return getattr(self.to_native(), name)
+        value = getattr(self.to_native(), name)
+        return _ReadOnlySection(value) if name in SECTIONS else value
 
     # ------------------------------------------------------------------ TRL's surface
     def updates_per_generation(self) -> int:
