@@ -832,6 +832,7 @@ class TrainConfig:
                 choice = multitask.task_weighting if name == "task_weighting_params" \
                     else multitask.batch_construction
                 setattr(multitask, name, as_mapping(typed(choice, value)))  # kept as run files
+        # TRL's default, gradient_accumulation_steps micro-batches, is one optimizer step
         if self.batch.steps_per_generation is None:
             self.batch.steps_per_generation = 1
         if self.optimization.warmup_ratio is None:  # transformers before 5.x: unset
@@ -844,8 +845,10 @@ class TrainConfig:
             self.evaluation.num_generations_eval = self.batch.num_generations  # TRL's None
         compute = self.compute
         if compute.trust_remote_code:
+            # as TRL's setdefault: a trust_remote_code in model_init_kwargs wins
             compute.model_init_kwargs = {"trust_remote_code": True, **compute.model_init_kwargs}
         seen = self.output.include_num_input_tokens_seen
+        # transformers maps a bool onto its words: True to 'all', False to 'no'
         if isinstance(seen, bool):
             self.output.include_num_input_tokens_seen = "all" if seen else "no"
 
@@ -912,6 +915,7 @@ class TrainConfig:
             self.output.report_to = []
         if isinstance(self.output.report_to, str):
             self.output.report_to = [self.output.report_to]
+        # transformers' words: 'none' for no tracker, 'all' for every one
         self.output.report_to = [t for t in self.output.report_to if t != "none"]
         if self.output.report_to == ["all"]:
             self.output.report_to = list(TRACKERS)
@@ -1142,6 +1146,7 @@ class TrainConfig:
                 "micro-batches of %d", completions, batch.num_generations, batch.num_generations,
                 batch.per_device_train_batch_size)
             return
+        # TRL refuses it too: a generation batch must hold whole groups
         if completions % self.batch.num_generations:
             raise ValueError(
                 f"per_device_train_batch_size × gradient_accumulation_steps × "
@@ -1254,6 +1259,7 @@ class TrainConfig:
         max_steps = self.schedule.max_steps
         if max_steps > 0:
             if self.schedule.step_unit == "optimizer":
+                # enough batches; the last one stops at max_steps (total_optimizer_steps)
                 return math.ceil(max_steps / self.optimizer_steps_per_step())
             return max_steps
         if num_prompts is None:
@@ -1262,6 +1268,7 @@ class TrainConfig:
                 "size; this dataset has none (an iterable dataset): set max_steps"
             )
         epochs = self.schedule.num_train_epochs
+        # a fractional epoch rounds up, as transformers' max_steps
         return math.ceil(epochs * self.steps_per_epoch(num_prompts, world_size))
 
     def total_optimizer_steps(self, training_steps: int | None = None) -> int:
@@ -1274,7 +1281,9 @@ class TrainConfig:
     def resolved_warmup_steps(self, training_steps: int | None = None) -> int:
         total = self.total_optimizer_steps(training_steps)
         if self.optimization.warmup_ratio > 0:
+            # rounded up, as transformers' get_warmup_steps
             return math.ceil(self.optimization.warmup_ratio * total)
+        # transformers 5: warmup_steps below 1 is a fraction of the run
         if 0 < self.optimization.warmup_steps < 1:
             return math.ceil(self.optimization.warmup_steps * total)
         return int(self.optimization.warmup_steps)
@@ -1535,6 +1544,7 @@ def run_config_from_dict(
 def _parse_scalar(text: str) -> Any:
     import yaml
 
+    # safe_load: a value on the command line cannot build Python objects
     return yaml.safe_load(text)
 
 
@@ -1543,6 +1553,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
 
     Values are parsed as YAML scalars (``--beta 0.04``, ``--report_to '[tensorboard]'``).
     """
+    # sections copied: the caller's mapping stays as it was
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     items = list(overrides)
     i = 0
@@ -1557,7 +1568,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             value = items[i + 1]
             i += 1
         i += 1
-        key = key.replace("-", "_")
+        key = key.replace("-", "_")  # --learning-rate too, as HfArgumentParser
         target = out
         *parents, leaf = key.split(".")
         for parent in parents:
@@ -1584,6 +1595,7 @@ def load_run_config(
         if not file.is_file():
             raise FileNotFoundError(f"config file {str(file)!r} does not exist")
         try:
+            # safe_load: a run file cannot construct Python objects
             loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as error:
             raise ValueError(f"{file} is not UTF-8 text (byte {error.start}): save the run "

@@ -83,7 +83,7 @@ class _TRLConfig(TRLCompatibleFields):
         self._native: tuple[dict[str, Any], TrainConfig] | None = None
         native = self.to_native()
         for name in _OWN:  # the values as the native checks normalised them
-            if name != "steps_per_generation":
+            if name != "steps_per_generation":  # kept in TRL's unit, micro-batches
                 setattr(self, name, native.get(name))
         self._native = (self._snapshot(), native)
         self._convert_accelerator_config()
@@ -195,6 +195,7 @@ class _TRLConfig(TRLCompatibleFields):
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def __getstate__(self) -> dict[str, Any]:
+        # a pickle holds the fields only: the tree is rebuilt from them when first read
         return {k: v for k, v in self.__dict__.items() if k != "_native"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

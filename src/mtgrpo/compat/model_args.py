@@ -23,7 +23,7 @@ class ModelConfig:
 
     model_name_or_path: str | None = None
     model_revision: str = "main"
-    dtype: str | None = "float32"
+    dtype: str | None = "float32"  # TRL's default
     torch_dtype: str | None = None  # the older name of dtype
     trust_remote_code: bool = False
     attn_implementation: str | None = None
@@ -59,6 +59,7 @@ def get_peft_config(model_args: ModelConfig) -> Any:
     from peft import LoraConfig
 
     extra: dict[str, Any] = {}
+    # as TRL: peft gained target_parameters in 0.17, so it is passed only when asked for
     if model_args.lora_target_parameters is not None:
         extra["target_parameters"] = model_args.lora_target_parameters
     return LoraConfig(

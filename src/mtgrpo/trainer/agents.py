@@ -160,10 +160,12 @@ def generate_with_rollout_func(trainer: Any, prompts: list[Any]) -> tuple[Any, .
     checked, and its completions decoded. Returns TRL's tuple ``(prompt_ids, completion_ids,
     tool_mask, completions, logprobs, extra_fields, images, tool_images)``; ``tool_mask`` is
     the function's ``env_mask``."""
+    # as TRL's _generate: the engine loads new weights once per optimizer step, not per call
     if trainer.use_vllm and trainer.state.global_step != trainer._last_loaded_step:
         trainer.vllm_generation.sync_weights()
         trainer._last_loaded_step = trainer.state.global_step
     result = check_rollout_output(trainer.rollout_func(prompts, trainer))
+    # decoded without special tokens, as TRL hands completions to the reward functions
     texts = trainer.processing_class.batch_decode(result.completion_ids,
                                                   skip_special_tokens=True)
     completions = [[{"role": "assistant", "content": text}] if is_conversational(prompt)

@@ -65,6 +65,7 @@ class TrainerBuilding:
             reward_funcs, processing_classes, args.compute.trust_remote_code)
         self.on_unscorable = args.advantage.on_unscorable
         if self.on_unscorable == "auto":
+            # single-task data without a task column: TRL's behaviour (advantage 0, a warning)
             self.on_unscorable = "warn" if data.single_task else "raise"
         # the environments' channels add weights the config lacks
         weighted = copy.copy(args)
@@ -174,6 +175,7 @@ class TrainerBuilding:
         self.sampler = make_sampler(
             args.multitask.batch_construction, self.train_prompts.prompt_tasks,
             len(self.task_names),
+            # transformers' rule: data_seed seeds the data order, falling back to seed
             seed=args.schedule.seed if args.schedule.data_seed is None else args.schedule.data_seed,
             zero_gradient_filter=args.multitask.zero_gradient_filter,
             shuffle=args.schedule.shuffle_dataset
@@ -262,6 +264,7 @@ class TrainerBuilding:
         from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
         args = self.config
+        # in optimizer steps: DefaultFlowCallback compares them with state.global_step
         intervals = {name: args.optimizer_interval(value, self.max_steps) for name, value in (
             ("logging", args.output.logging_steps), ("eval", args.evaluation.eval_steps),
             ("save", args.saving.save_steps))}
@@ -271,11 +274,13 @@ class TrainerBuilding:
             self.accelerator.is_main_process)
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
+            # DefaultFlowCallback first, as transformers' Trainer: it sets should_log/evaluate/save
             [DefaultFlowCallback, *(callbacks or [])], self.unwrapped, self.tokenizer,
             self.optimizer, self.scheduler)
         self.log_window = hooks.LogWindow()
-        self.aux_loss_enabled = False
+        self.aux_loss_enabled = False  # TRL's; no MoE router loss is added
         self.num_generations = args.batch.num_generations
+        # TRL's completion logs hold one generation batch (deques of generation_batch_size)
         size = self.prompts_per_step * args.batch.num_generations
         self._logs: dict[str, Any] = {
             "prompt": deque(maxlen=size), "completion": deque(maxlen=size),
@@ -295,6 +300,7 @@ class TrainerBuilding:
             args.batch.num_generations, self.tokenizer,
             accuracy_threshold=args.advantage.accuracy_threshold,
             accuracy_channel=self.accuracy_channel, shard=shard, extra=self._reward_extras(),
+            # an engine reporting another weights version than the step is stale: the worker stops
             estimate=self.estimate, expected_version=lambda: self.step,
             task_params=self._task_sampling_params(), agent=self._agent_runner,
         )
@@ -303,6 +309,7 @@ class TrainerBuilding:
 def _task_names(rows: Any) -> list[str]:
     if is_lazy_split(rows):
         return sorted(rows.task_ids)
+    # sorted: the same task ids (weight indices) on every process and after a resume
     return sorted({str(row["task"]) for row in rows})
 
 

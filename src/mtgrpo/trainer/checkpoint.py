@@ -64,7 +64,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
         match = _NAME.match(child.name)
         if match and (child / "trainer_state.json").is_file():
             found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    return [path for _, path in sorted(found)]  # by step: checkpoint-10 after checkpoint-9
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

@@ -75,6 +75,7 @@ class Checkpointing:
                         torch.save(state, tmp / f"rng_state_{rank}.pt")
                 (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state()))
 
+            # named before the rotation below, which never deletes the best checkpoint
             if self.state.best_global_step == self.state.global_step:
                 self.state.best_model_checkpoint = str(final)
             previous = ckpt.latest_checkpoint(self.output_dir)
@@ -177,7 +178,7 @@ class Checkpointing:
         """The checkpoint's TrainerState (log history, best metric), kept in this object so
         reward functions holding ``trainer_state`` see the same one."""
         for name, value in saved.items():
-            if hasattr(self.state, name):
+            if hasattr(self.state, name):  # skips what this transformers lacks
                 setattr(self.state, name, value)
         self.state.max_steps = self.max_optimizer_steps
 

@@ -132,6 +132,7 @@ class GenerationChecks:
         weights = importance_weights(at_start.float(), batch.sampling_logps, mask, correction)
         local = correction_figures(at_start.float(), batch.sampling_logps, mask, weights,
                                    correction)
+        # a collective: every process joins, with trained tokens or without
         pairs = self._gather_objects([local]) if self.world > 1 else [local]
         return correction_metrics(np.concatenate([p[0] for p in pairs]),
                                   np.concatenate([p[1] for p in pairs]))

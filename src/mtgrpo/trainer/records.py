@@ -55,6 +55,7 @@ class RunRecords:
         metrics.update(self.rewards.pop_timeouts())
         metrics.update(self._rollout_metrics(generated, report))
         metrics.update(self.rollouts.tool_metrics())
+        # TRL's name; here the estimator's zero-gradient verdict over every generated group
         metrics["frac_reward_zero_std"] = float(np.mean([g.zero_gradient for g in generated]))
         metrics.update(self.log_window.step_custom())
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
@@ -109,6 +110,7 @@ class RunRecords:
         g = self.config.batch.num_generations
         records = []
         for i, group in enumerate(generated):
+            # null for not applicable: strict JSON has no NaN
             rewards = [[None if math.isnan(v) else v for v in row]
                        for row in group.rewards.tolist()]
             records.append({
@@ -126,6 +128,7 @@ class RunRecords:
         for i, group in enumerate(groups):
             for j, completion in enumerate(group.payload.completions):
                 records.append({
+                    # logged inside the step, before self.step counts it
                     "step": self.step + 1, "prompt_id": group.prompt_id,
                     "task": self.task_names[group.task],
                     "completion": completion if isinstance(completion, str)

@@ -334,6 +334,7 @@ def _warm_start(run: RunConfig, model: str, suite: Any) -> str:
     entry = warm_start_entry(run, key)
     entry.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(entry.with_name(f"{key}.lock"))):
+        # checked again under the lock: the run that held it may have trained it meanwhile
         marker = finished_warm_start(entry, key) if run.sft.reuse else None
         if marker is None:
             _train_warm_start(run, model, suite, entry, {"key": key, "settings": settings})

@@ -228,6 +228,7 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: Train
         is_peft = True
     if args.compute.gradient_checkpointing:
         enable_activation_checkpointing(
+            # by default non-reentrant, as PyTorch recommends and TRL sets
             loaded, args.compute.gradient_checkpointing_kwargs or {"use_reentrant": False})
         # as TRL's GRPOTrainer: PEFT under checkpointing needs input gradients (transformers#42489)
         if is_peft:

@@ -105,6 +105,7 @@ class TrainerSurface:
             with torch.no_grad():
                 for ref, current in zip(self.ref_model.parameters(),
                                         self.unwrapped.parameters(), strict=True):
+                    # TR-DPO's soft update, as TRL's SyncRefModelCallback
                     ref.mul_(1 - alpha).add_(current.detach(), alpha=alpha)
         every = args.compute.torch_empty_cache_steps
         if every and self.step % every == 0 and torch.cuda.is_available():
@@ -140,7 +141,7 @@ class TrainerSurface:
         name = self.config.saving.metric_for_best_model
         if name is None:
             return
-        key = name if name.startswith("eval_") else f"eval_{name}"
+        key = name if name.startswith("eval_") else f"eval_{name}"  # transformers' rule
         if key not in metrics:
             raise ValueError(f"metric_for_best_model={name!r} is not an eval metric; have: "
                              f"{', '.join(sorted(metrics))}")

@@ -337,6 +337,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
 
         local = entropies[mask.bool()].float()
         sentinel = -1e9  # entropies are >= 0, so the padding value cannot collide
+        # gather needs the same length on every process: pad, gather, then drop the padding
         padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=sentinel)
         gathered = self.accelerator.gather(padded)
         gathered = gathered[gathered != sentinel]

@@ -93,6 +93,7 @@ def pad_policy_batch(
     completion = torch.full((n, length), pad_token_id, dtype=torch.long)
     completion_mask = torch.zeros((n, length), dtype=torch.long)
     for i, (pr, co) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        # left-padded, as TRL: every prompt ends where its completion starts
         prompt[i, p - len(pr):] = torch.tensor(pr, dtype=torch.long)
         prompt_mask[i, p - len(pr):] = 1
         if co:
@@ -328,7 +329,7 @@ class PolicyUpdater:
             grad_norm = clip_gradients(self.model, max_norm)
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory
         if self.entropy.enabled:
             self.entropy.update(self._trained_entropy(outputs[first:]))
         return float(grad_norm)
@@ -399,6 +400,7 @@ class PolicyUpdater:
             grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
         result = UpdateOutput(
             metrics=self._metrics(outputs, entropies, grad_norms),
+            # at θ_t the ratio is 1, so each row's objective is its advantage
             objective_before=batch.advantages.detach().cpu().numpy().astype(np.float64),
             optimizer_steps=len(grad_norms),
             losses=outputs,

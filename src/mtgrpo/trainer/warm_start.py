@@ -61,7 +61,7 @@ def _files_digest(directory: Path) -> str:
     """sha256 over every file's relative path and bytes (hidden files, such as a hub
     download's ``.cache``, left out: they change without the model changing)."""
     digest = hashlib.sha256()
-    for path in sorted(directory.rglob("*")):
+    for path in sorted(directory.rglob("*")):  # sorted: independent of listing order
         relative = path.relative_to(directory)
         if any(part.startswith(".") for part in relative.parts) or not path.is_file():
             continue
@@ -91,6 +91,7 @@ def warm_start_settings(run: RunConfig, model: str) -> dict[str, Any]:
     # the caller checked the sections: sft, and tasks or environments
     assert warm is not None
     training = warm.sft_config("<output_dir>/sft", seed=run.training.schedule.seed).to_dict()
+    # reuse says whether to look for a warm start, not what one learns
     section = {key: value for key, value in warm.to_dict().items() if key != "reuse"}
     settings = {
         "version": WARM_START_VERSION,
