@@ -52,7 +52,13 @@ from mtgrpo._config_types import (
     refuse_unknown,
 )
 from mtgrpo._config_types import option as _help
-from mtgrpo.algo.params import as_mapping, sampler_params, weighting_params
+from mtgrpo.algo.params import (
+    SAMPLER_PARAMS,
+    WEIGHTING_PARAMS,
+    as_mapping,
+    sampler_params,
+    weighting_params,
+)
 from mtgrpo.algo.registry import (
     BACKENDS,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -1657,11 +1663,31 @@ def _table(lines: list[str], title: str, cls: type, note: str = "") -> None:
     lines.append("")
 
 
+def _params_table(lines: list[str]) -> None:
+    """The typed parameters of each built-in task weighting and batch construction."""
+    lines += ["#### `task_weighting_params` and `batch_construction_params` (`mtgrpo.algo.params`)",
+              "", "A mapping in a run file; from Python also the strategy's typed parameters. "
+              "Either is checked by the strategy's own rules, and a bad value's error names the "
+              "allowed range (docs/concepts.md says what each strategy does).", "",
+              "| option | strategy | typed parameters | parameters (default) |",
+              "|---|---|---|---|"]
+    for option, classes in (("task_weighting_params", WEIGHTING_PARAMS),
+                            ("batch_construction_params", SAMPLER_PARAMS)):
+        for name, kind in classes.items():
+            fields = ", ".join(
+                f"`{f.name}` " + ("(required)" if f.default is dataclasses.MISSING
+                                  else f"({f.default!r})")
+                for f in dataclasses.fields(kind)) or "none"
+            lines.append(f"| `{option}` | `{name}` | `{kind.__name__}` | {fields} |")
+    lines.append("")
+
+
 def reference_markdown() -> str:
     """docs/configuration.md: one table per section, from the field metadata."""
     lines: list[str] = []
     for section, kind in SECTIONS.items():
         _table(lines, f"Training: `{section}` (`{kind.__name__}`)", kind, _first_paragraph(kind))
+    _params_table(lines)
     sections = [
         ("`model:`", ModelConfig, ""), ("`data:`", DataConfig, ""),
         ("`tasks:` (`mtgrpo.tasks.TasksConfig`)", TasksConfig, ""),

@@ -94,3 +94,14 @@ def test_the_configuration_takes_the_typed_form_and_keeps_the_run_files():
     with pytest.raises(TypeError, match="takes MTGRPOParams, got SECParams"):
         TrainConfig(multitask=MultiTaskConfig(task_weighting="mt_grpo",
                                               task_weighting_params=SECParams()))
+
+
+def test_the_configuration_reference_lists_every_typed_parameters_class():
+    from mtgrpo.config import reference_markdown
+
+    reference = reference_markdown()
+    for classes in (WEIGHTING_PARAMS, SAMPLER_PARAMS):
+        for name, kind in classes.items():
+            assert f"| `{name}` | `{kind.__name__}` |" in reference
+    assert "`weights` (required)" in reference
+    assert "`lam` (0.25)" in reference
