@@ -1315,15 +1315,6 @@ class TrainConfig:
         :meth:`from_flat` reads back."""
         return self.to_flat()
 
-    def run_file_dict(self) -> dict[str, Any]:
-        """A run file holding these options (:meth:`to_dict`), which loads back as this tree."""
-        return self.to_dict()
-
-    def to_nested_dict(self) -> dict[str, dict[str, Any]]:
-        """The options by section (``{"loss": {"beta": ...}, ...}``), as :meth:`from_flat`
-        also reads them."""
-        return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
-
     # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
     def to_sanitized_dict(self) -> dict[str, Any]:
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v)

@@ -31,7 +31,7 @@ import logging
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from mtgrpo._config_types import checked_keywords, coerce_numbers, refuse_unknown
 from mtgrpo.algo.registry import resolve_aggregation
@@ -73,8 +73,6 @@ class _ReadOnlySection:
 class _TRLConfig(TRLCompatibleFields):
     """What :class:`GRPOConfig` adds to its fields (the module docstring says what)."""
 
-    step_counts: ClassVar[str] = "trl"
-
     def __post_init__(self) -> None:
         if self.steps_per_generation is None:
             self.steps_per_generation = self.gradient_accumulation_steps  # TRL's default
@@ -89,20 +87,11 @@ class _TRLConfig(TRLCompatibleFields):
         self._convert_accelerator_config()
 
     def _apply_aliases(self) -> None:
-        if self.vllm_importance_sampling_cap is not None:
-            logger.warning("vllm_importance_sampling_cap is deprecated (as in TRL); it sets "
-                           "vllm_importance_sampling_clip_max=%s",
-                           self.vllm_importance_sampling_cap)
-            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
-            self.vllm_importance_sampling_cap = None
-        alias = self.reward_aggregation_method
-        if alias is not None:
-            if self.multi_objective_aggregation == _DEFAULT_AGGREGATION:
-                self.multi_objective_aggregation = alias  # given alone: it replaces the default
-            self.multi_objective_aggregation = resolve_aggregation(
-                multi_objective_aggregation=self.multi_objective_aggregation,
-                reward_aggregation_method=alias)
-            self.reward_aggregation_method = None
+        values = {"multi_objective_aggregation": self.multi_objective_aggregation}
+        _apply_aliases(values, self)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.reward_aggregation_method = self.vllm_importance_sampling_cap = None
 
     # ------------------------------------------------------------------ the native tree
     def _snapshot(self) -> dict[str, Any]:
@@ -170,11 +159,6 @@ class _TRLConfig(TRLCompatibleFields):
             self.accelerator_config = AcceleratorConfig()
         return self.accelerator_config
 
-    def run_file_dict(self) -> dict[str, Any]:
-        """A run file holding these options: ``step_counts: trl`` and every field, so the file
-        loads back as this class (:func:`load_run_config`)."""
-        return {"step_counts": self.step_counts, **self.to_dict()}
-
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if self.accelerator_config is not None:
@@ -184,15 +168,9 @@ class _TRLConfig(TRLCompatibleFields):
                 else dataclasses.asdict(self.accelerator_config)
         return out
 
-    # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
-    def to_sanitized_dict(self) -> dict[str, Any]:
-        return {k: v if isinstance(v, (bool, int, float, str)) else str(v)
-                for k, v in self.to_dict().items()}
-
-    def to_json_string(self) -> str:
-        import json
-
-        return json.dumps(self.to_dict(), indent=2, default=str)
+    # transformers' callbacks read the arguments through these (from this class's to_dict)
+    to_sanitized_dict = TrainConfig.to_sanitized_dict
+    to_json_string = TrainConfig.to_json_string
 
     def __getstate__(self) -> dict[str, Any]:
         # a pickle holds the fields only: the tree is rebuilt from them when first read
@@ -258,17 +236,24 @@ def training_from_flat(values: Mapping[str, Any]) -> TrainConfig:
     if trl:
         fields = TRLCompatibleFields(**coerce_numbers(TRLCompatibleFields, trl))
         check_compatibility_fields(fields)
-        if fields.reward_aggregation_method is not None:
-            given = values.get("multi_objective_aggregation", _DEFAULT_AGGREGATION)
-            values["multi_objective_aggregation"] = resolve_aggregation(
-                multi_objective_aggregation=None if given == _DEFAULT_AGGREGATION else given,
-                reward_aggregation_method=fields.reward_aggregation_method)
-        if fields.vllm_importance_sampling_cap is not None:
-            logger.warning("vllm_importance_sampling_cap is deprecated (as in TRL); it sets "
-                           "vllm_importance_sampling_clip_max=%s",
-                           fields.vllm_importance_sampling_cap)
-            values["vllm_importance_sampling_clip_max"] = fields.vllm_importance_sampling_cap
+        _apply_aliases(values, fields)
     return TrainConfig.from_flat(values)
+
+
+def _apply_aliases(values: dict[str, Any], trl: TRLCompatibleFields) -> None:
+    """TRL's other names for two native options, written into ``values`` (flat names): the
+    tutorials' ``reward_aggregation_method`` (given alone it replaces the default; beside a
+    different ``multi_objective_aggregation`` it is an error) and the deprecated
+    ``vllm_importance_sampling_cap``."""
+    if trl.vllm_importance_sampling_cap is not None:
+        logger.warning("vllm_importance_sampling_cap is deprecated (as in TRL); it sets "
+                       "vllm_importance_sampling_clip_max=%s", trl.vllm_importance_sampling_cap)
+        values["vllm_importance_sampling_clip_max"] = trl.vllm_importance_sampling_cap
+    if trl.reward_aggregation_method is not None:
+        given = values.get("multi_objective_aggregation", _DEFAULT_AGGREGATION)
+        values["multi_objective_aggregation"] = resolve_aggregation(
+            multi_objective_aggregation=None if given == _DEFAULT_AGGREGATION else given,
+            reward_aggregation_method=trl.reward_aggregation_method)
 
 
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:

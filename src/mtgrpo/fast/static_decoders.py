@@ -568,17 +568,17 @@ class LlamaModulesDecoder(ModelForwardDecoder):
         if copied is None:
             return module(hidden)
         weight, bias = copied
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        packed = self._packed.get(module)
-        if packed is not None:
-            output = _packed_product(flat, packed, bias)
-        else:
-            output = torch.mm(flat, weight) if bias is None else torch.addmm(bias, flat, weight)
+        output = self._product(module, hidden.reshape(-1, hidden.shape[-1]), weight, bias)
         return output.view(*hidden.shape[:-1], weight.shape[1])
 
     def _fused_product(self, owner: nn.Module, hidden: Tensor) -> Tensor:
         """``hidden [n, in]`` times the fused copy of ``owner`` (an attention block or MLP)."""
-        weight, bias = self._fused[owner]
+        return self._product(owner, hidden, *self._fused[owner])
+
+    def _product(self, owner: nn.Module, hidden: Tensor, weight: Tensor,
+                 bias: Tensor | None) -> Tensor:
+        """``hidden [n, in] @ weight [in, out] (+ bias)``: from the packed copy of ``owner``'s
+        weight when there is one (:func:`_packed_copies`)."""
         packed = self._packed.get(owner)
         if packed is not None:
             return _packed_product(hidden, packed, bias)

@@ -186,7 +186,7 @@ class Checkpointing:
         import yaml
 
         config = self.run_config if self.run_config is not None \
-            else self.config.run_file_dict()
+            else self.config.to_dict()
         # atomically: another process (a grid planning its runs) may read it meanwhile
         write_text_atomically(self.output_dir / "config.yaml",
                               yaml.safe_dump(config, sort_keys=False))

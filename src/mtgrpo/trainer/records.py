@@ -215,7 +215,7 @@ class RunRecords:
         self._write_config()
         config = self.run_config
         if config is None:  # a Python run: its counting, so the file loads back as it ran
-            config = self.config.run_file_dict()
+            config = self.config.to_dict()
         record_history(self.output_dir, self.step, config, self._accepted_changes)
         self._writer = MetricsWriter(self.output_dir / "metrics.jsonl")
         self._writer.write(self.run_record())
