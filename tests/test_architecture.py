@@ -169,7 +169,7 @@ def test_the_speed_layer_is_used_through_its_package_interface():
 # configuration without torch); the first group also imports numpy only. (mtgrpo.algo.registry
 # asks transformers about a name that is not ours; the subprocess test below holds it torch-free
 # on import.)
-_NUMPY_ONLY = ("algo.metrics", "algo.weighting", "algo.sampling")
+_NUMPY_ONLY = ("algo.metrics", "algo.weighting", "algo.sampling", "algo.advantages")
 _MODEL_FREE = ("algo.advantages", "algo.losses", "algo.token_weights", "algo.engine_correction",
                "analysis", "sandbox", *_NUMPY_ONLY)
 _MODEL_LIBRARIES = ("transformers", "peft", "accelerate")

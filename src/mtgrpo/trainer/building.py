@@ -77,7 +77,7 @@ class TrainerBuilding:
                                               dtype=torch.float32)
         # The advantage estimator with the run's settings bound: a pure function of
         # (rewards [N, R], G) the rollout worker calls once per round of scored groups, and the
-        # update again only for a batch-level estimator (GRPOTrainer._batch_advantages).
+        # update again only for a batch-level estimator (trainer.update.batch_advantages).
         self.estimate = functools.partial(
             compute_advantages, reward_weights=self.rewards.reward_weights,
             aggregation=args.advantage.multi_objective_aggregation,

@@ -95,8 +95,7 @@ class Evaluating:
             metrics = result.metrics()
             self._warn_answers(result)
             if result.groups:
-                advantages = self._batch_advantages(result.groups, g)  # [N]
-                batch, _, _ = self._local_policy_batch(result.groups, advantages, g)
+                _, batch, _, _ = self._policy_batch(result.groups)
                 metrics["loss"] = self.updater.evaluation_loss(batch)
                 values = np.concatenate([group.rewards for group in result.groups])  # [N, R]
                 scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))

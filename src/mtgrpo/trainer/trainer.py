@@ -15,7 +15,8 @@ included) and every update reads :meth:`mtgrpo.algo.weighting.ValidationSignal.t
 A reward's path to the loss: reward function -> ``RewardSuite.score`` (``[N, R]``, NaN = not
 applicable) -> the rollout worker's ``estimate`` (``GRPOTrainer.estimate``, once per
 scored group: advantages and the zero-gradient verdict) -> ``ScoredGroup.advantages`` ->
-:func:`~mtgrpo.trainer.update.pad_policy_batch` -> ``policy_loss``.
+:func:`~mtgrpo.trainer.update.group_policy_batch` (numpy until here, float32 torch after) ->
+``policy_loss``.
 
 Everything algorithmic lives in :mod:`mtgrpo.algo`; this file wires it to a model, an
 optimizer and ``accelerate``: the step, the batch it trains on and the loop. The rest of the
@@ -50,7 +51,6 @@ from mtgrpo.config import FlatOptions, TrainConfig, native_config
 from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.reporting import check_trackers_available
 from mtgrpo.rollout import (
-    GroupPayload,
     SamplingParams,
     Shard,
 )
@@ -86,7 +86,7 @@ from mtgrpo.trainer.setup import (
 )
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
 from mtgrpo.trainer.surface import TrainerSurface
-from mtgrpo.trainer.update import pad_policy_batch
+from mtgrpo.trainer.update import batch_advantages, group_policy_batch
 
 logger = logging.getLogger(__name__)
 
@@ -344,18 +344,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         return high_entropy_mask(entropies, mask, entropy_threshold(gathered, threshold))
 
     # ------------------------------------------------------------------ one step
-    def _batch_advantages(self, groups: list[ScoredGroup], group_size: int) -> torch.Tensor:
-        """``[len(groups) * G]``: the advantages the update trains on, each group's own (computed
-        when it was scored), except that a batch-level estimator (``scale_rewards="batch"``,
-        ``gdpo``) runs again because it normalises over the trained batch, which exists only
-        once the sampler has chosen it."""
-        args = self.config
-        if normalises_over_the_batch(args.advantage.multi_objective_aggregation,
-                                     args.advantage.scale_rewards):
-            return self.estimate(np.concatenate([g.rewards for g in groups]),
-                                 group_size).advantages
-        return torch.from_numpy(np.concatenate([g.advantages for g in groups]))
-
     def _local_groups(self, groups: list[ScoredGroup]) -> tuple[list[int], bool]:
         """This process's share of whole groups (indices), and whether it has any; a process
         without one takes group 0 as a fully masked padding group, so that collective
@@ -364,26 +352,21 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         local = list(range(start, stop))
         return (local, True) if local else ([0], False)
 
-    def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
-                            group_size: int | None = None):
-        """This process's share of whole groups as a padded policy batch, and its task ids."""
-        g = group_size or self.config.batch.num_generations
+    def _policy_batch(self, groups: list[ScoredGroup]) -> tuple[np.ndarray, Any, np.ndarray,
+                                                                bool]:
+        """The advantages of ``groups`` ``[B*G]`` (:func:`batch_advantages`), this process's
+        share of the groups as a policy batch, its rows' task ids, and whether it has rows."""
+        args = self.config
+        again = normalises_over_the_batch(args.advantage.multi_objective_aggregation,
+                                          args.advantage.scale_rewards)
+        advantages = batch_advantages(groups, self.estimate if again else None)
         local, has_rows = self._local_groups(groups)
-        weight = [has_rows] * (len(local) * g)
-        payloads: list[GroupPayload] = [groups[i].payload for i in local]
-        if self.config.rollout.mask_truncated_completions:
-            finished = [f for p in payloads for f in p.finished]
-            weight = [w and f for w, f in zip(weight, finished, strict=True)]
-        rows = torch.cat([advantages[i * g:(i + 1) * g] for i in local])
-        batch = pad_policy_batch(
-            [ids for p in payloads for ids in p.row_prompt_ids],
-            [c for p in payloads for c in p.completion_ids], rows,
-            self.tokenizer.pad_token_id, completion_weight=weight,
-            device=self.accelerator.device, sampling_logps=self._engine_logps(payloads),
-            tool_masks=[m for p in payloads for m in (p.tool_mask or [None] * g)],
-        )
-        tasks = np.repeat([groups[i].task for i in local], g)
-        return batch, tasks, has_rows
+        batch = group_policy_batch(
+            groups, advantages, local, self.tokenizer.pad_token_id, has_rows=has_rows,
+            mask_truncated=args.rollout.mask_truncated_completions,
+            device=self.accelerator.device, sampling_logps=self._engine_logps)
+        tasks = np.repeat([groups[i].task for i in local], groups[0].group_size)
+        return advantages, batch, tasks, has_rows
 
     def _improvement(self, tasks: np.ndarray, before: np.ndarray, after: np.ndarray,
                      has_rows: bool) -> np.ndarray:
@@ -407,8 +390,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             metrics["update_skipped"] = 1.0
             # nothing was trained, so no change was measured
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
-        advantages = self._batch_advantages(groups, self.config.batch.num_generations)  # [B*G]
-        batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
+        advantages, batch, tasks, has_rows = self._policy_batch(groups)  # advantages [B*G]
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
                                   # fewer when TRL's max_steps ends inside this batch
@@ -431,12 +413,13 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """Build a batch, update the policy, then the task weights; return the step's metrics.
 
         The calls (every advantage is computed once, by the rollout worker as its group is
-        scored; :meth:`_batch_advantages` says when the trained batch needs another pass)::
+        scored; :func:`~mtgrpo.trainer.update.batch_advantages` says when the trained batch
+        needs another pass)::
 
             weights = self.weighting.weights                                   # z [K]
             built = self.sampler.build(weights, B, self.rollouts)              # SampledBatch
-            advantages = self._batch_advantages(built.groups, G)               # [B*G]
-            out = self.updater.update(pad_policy_batch(..., advantages), ...)  # (in _update)
+            advantages = batch_advantages(built.groups)                        # [B*G]
+            out = self.updater.update(group_policy_batch(..., advantages), ...)  # (_update)
             self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
