@@ -277,6 +277,7 @@ class GuessTheNumberEnv:
             self.secret = int(row["secret"])
         else:
             seed = f"{row.get('seed', '')}|{row.get('prompt', '')}"
+            # A str seed is hashed with SHA-512: the same secret whatever PYTHONHASHSEED.
             self.secret = random.Random(seed).randint(self.low, self.high)
         self.guesses = 0
         self.found = False
