@@ -76,6 +76,7 @@ class Shard:
 
     def bounds(self, total: int) -> tuple[int, int]:
         """Contiguous share ``[start, stop)`` of ``total`` items for this process."""
+        # contiguous shares in rank order: the gather gives the groups back in the prompts' order
         per, extra = divmod(total, self.world)
         start = self.rank * per + min(self.rank, extra)
         return start, start + per + (1 if self.rank < extra else 0)
@@ -226,9 +227,11 @@ class RolloutWorker:
 
     def _plain_generate(self, ids: list[int]) -> _Generated:
         out = self._generate(ids)
+        # as TRL's GRPOTrainer: special tokens (the stop token) are not part of the text scored
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         prompts = [self.prompts.prompt(i) for i in ids for _ in range(self.group_size)]
         completions = [
+            # TRL's form for a chat prompt: the completion as one assistant message
             [{"role": "assistant", "content": t}] if is_conversational(p) else t
             for p, t in zip(prompts, texts, strict=True)
         ]
