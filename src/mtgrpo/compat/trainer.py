@@ -36,6 +36,8 @@ class GRPOTrainer(_Trainer):
                 self.eval_dataset.values() if isinstance(self.eval_dataset, Mapping)
                 else [self.eval_dataset]))
         if (data.iterable or iterable_eval) and hasattr(args, "accelerator_settings"):
+            # TRL's rule: dispatching collates on the main process, which cannot concatenate
+            # the prompt column (huggingface/trl#3213); off, each process reads its own slice
             if args.accelerator_settings().dispatch_batches:
                 raise ValueError(
                     "Iterable datasets require `dispatch_batches=False`, but it is set to "
@@ -43,5 +45,6 @@ class GRPOTrainer(_Trainer):
                 )
             args.accelerator_settings().dispatch_batches = False
             if data.iterable:
+                # TRL's rule: several workers would interleave the stream and split the groups
                 args.dataloader_num_workers = 0
         super()._check_iterable(data)
