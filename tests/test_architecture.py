@@ -134,6 +134,24 @@ def test_trl_compatibility_is_imported_only_by_the_facade_and_the_command_line()
     assert importers == sorted([FACADE, "cli"])
 
 
+_CALLBACK_MACHINERY = {"CallbackHandler", "DefaultFlowCallback", "TrainerCallback",
+                       "TrainerControl"}
+
+
+def test_transformers_callbacks_are_imported_only_by_the_trl_surface():
+    """The native trainer decides when to log, evaluate and save itself
+    (``mtgrpo.trainer.flow``); transformers' callback machinery belongs to TRL's surface,
+    ``mtgrpo.compat``."""
+    importers = sorted({
+        path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers")
+        and (node.module == "transformers.trainer_callback"
+             or {alias.name for alias in node.names} & _CALLBACK_MACHINERY)
+    })
+    assert importers == ["compat/trainer.py"]
+
+
 def test_no_cycle_lazy_or_not():
     graph = code_imports()
     state: dict[str, int] = {}  # 1: on the current path, 2: done

@@ -91,7 +91,7 @@ class Checkpointing:
                                   self.state.global_step)
         # no process runs ahead while the main process still writes the checkpoint
         self.accelerator.wait_for_everyone()
-        self.control = self.callback_handler.on_save(self.callback_args, self.state, self.control)
+        self.flow.save(self.state)
         return final if self.is_main_process else None
 
     def save_model(self, directory: str | Path | None = None) -> None:

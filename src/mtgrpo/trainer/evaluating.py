@@ -144,6 +144,5 @@ class Evaluating:
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             out.update({f"{prefix}_{key}": value for key, value in metrics.items()})
         self._record(out)
-        self.control = self.callback_handler.on_evaluate(self.callback_args, self.state,
-                                                         self.control, metrics=out)
+        self.flow.evaluate(self.state, out)
         return out

@@ -24,8 +24,10 @@ trainer is mixed in from one module per concern: construction
 (:mod:`~mtgrpo.trainer.building`), evaluation (:mod:`~mtgrpo.trainer.evaluating`), checkpoints
 and resume (:mod:`~mtgrpo.trainer.checkpointing`), the engine's samples checked against the
 trainer (:mod:`~mtgrpo.trainer.generation_checks`), metrics records and rollout logs
-(:mod:`~mtgrpo.trainer.records`) and the transformers ``Trainer`` / TRL surface (``state``,
-callbacks, ``log``, best model, hub: :mod:`~mtgrpo.trainer.surface`).
+(:mod:`~mtgrpo.trainer.records`), and what the loop does when its flow
+(:mod:`~mtgrpo.trainer.flow`: when to log, evaluate, save and stop) says so: log records, best
+model, hub (:mod:`~mtgrpo.trainer.outputs`). TRL's surface (callbacks, ``log``, TRL's
+attribute names) is :class:`mtgrpo.compat.GRPOTrainer`'s.
 """
 
 from __future__ import annotations
@@ -79,13 +81,13 @@ from mtgrpo.trainer.metrics import (
     nothing_learned_message,
     trained_nothing,
 )
+from mtgrpo.trainer.outputs import RunOutputs
 from mtgrpo.trainer.records import RunRecords
 from mtgrpo.trainer.setup import (
     load_policy,
     training_rows,
 )
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
-from mtgrpo.trainer.surface import TrainerSurface
 from mtgrpo.trainer.update import batch_advantages, group_policy_batch
 
 logger = logging.getLogger(__name__)
@@ -106,8 +108,10 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, RunRecords,
-                  TrainerSurface):
-    """Multi-task GRPO with TRL's ``GRPOTrainer`` interface.
+                  RunOutputs):
+    """Multi-task GRPO on the native configuration, with TRL's arguments by name. TRL's own
+    surface (callbacks, TRL's positional order and attribute names, ``log``) is
+    :class:`mtgrpo.compat.GRPOTrainer`'s, what ``from mtgrpo import GRPOTrainer`` gives.
 
     Args:
         model: a hub name, a local path (directory or ``.gguf`` file), a mapping
@@ -128,7 +132,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         processing_class: the tokenizer (default: loaded from ``model``).
         reward_processing_classes: TRL's: one tokenizer per reward function (a reward model
             uses its own; functions ignore theirs).
-        callbacks: transformers ``TrainerCallback`` objects or classes.
         optimizers: ``(optimizer, scheduler)`` to use instead of building them (either may
             be None).
         peft_config: a ``peft.LoraConfig`` or a dict of its fields; trains a LoRA adapter and
@@ -158,10 +161,9 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         eval_dataset: Any = None,
         processing_class: Any = None,
         reward_processing_classes: Any = None,
-        callbacks: list[Any] | None = None,
+        *,
         optimizers: tuple[Any, Any] = (None, None),
         peft_config: Any = None,
-        *,
         generation_backend: Any = None,
         run_config: Mapping[str, Any] | None = None,
         validation_dataset: Any = None,
@@ -175,6 +177,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         # surface's; every decision below reads the native tree
         self.args = args if args is not None else TrainConfig()
         self.config = args = native_config(self.args)
+        # transformers' flat names over the native tree: TRL's callbacks and the run's
+        # identity (what resume compares) read them
         self.callback_args = FlatOptions(args) if self.args is args else self.args
         ckpt.check_output_dir(args.output.output_dir)  # before any model loads
         self._agent = agent_setup(tools, environment_factory)
@@ -229,7 +233,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._build_prompts(data)
         self._build_algorithms()
         self._build_optimisation(generation_backend, optimizers)
-        self._build_trainer_surface(callbacks)
+        self._build_loop_state()
         self.step = 0
         self._accepted_changes: dict[str, Any] = {}  # settings a resume was allowed to change
         self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
@@ -315,19 +319,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
     @property
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
-
-    # ------------------------------------------------------------------ TRL's hooks
-    @staticmethod
-    def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
-                            sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
-                            off_policy_threshold: float) -> torch.Tensor:
-        """TRL's off-policy sequence mask, ``[B, 1]`` (1.0 keep, 0.0 drop): see
-        :func:`mtgrpo.algo.token_weights.off_policy_mask`."""
-        from mtgrpo.algo.token_weights import off_policy_mask
-
-        keep = off_policy_mask(advantages.reshape(-1), per_token_logps, sampling_per_token_logps,
-                               mask, off_policy_threshold)
-        return keep.unsqueeze(-1).to(mask.dtype)
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor,
                               threshold: float) -> torch.Tensor:
@@ -494,16 +485,14 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._idle_steps = self._idle_streak = 0  # steps that trained nothing (all, in a row)
         last: dict[str, Any] = {}
         try:
-            self.control = self.callback_handler.on_train_begin(self.callback_args, self.state,
-                                                                self.control)
+            self.flow.train_begin(self.state)
             last = self._loop()
         finally:
             self._close_outputs()
         summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
                                       args.batch.num_generations, self.log_window.run_losses)
         self._record({**hooks.with_trl_names(last), **summary})
-        self.control = self.callback_handler.on_train_end(self.callback_args, self.state,
-                                                          self.control)
+        self.flow.train_end(self.state)
         if args.saving.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
         if args.saving.push_to_hub:  # every process: a sharded model is gathered first
@@ -518,10 +507,10 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         return hooks.TrainOutput(last, self.state.global_step, summary["train_loss"], summary)
 
     def _loop(self) -> dict[str, Any]:
-        """The training steps, with the callbacks' events between them."""
+        """The training steps, with the flow's events between them."""
         from mtgrpo.trainer.progress import TrainingProgress
 
-        args, handler, view, last = self.config, self.callback_handler, self.callback_args, {}
+        args, flow, last = self.config, self.flow, {}
         shown = self.is_main_process and not args.output.disable_tqdm
         self._bar_is_live = shown and use_bar()
         with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
@@ -531,20 +520,21 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                 self.evaluate()
             while self.step < self.max_steps and not self.control.should_training_stop:
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_begin(view, self.state, self.control)
-                self.control = handler.on_step_begin(view, self.state, self.control)
+                    flow.epoch_begin(self.state)
+                flow.step_begin(self.state)
                 last = self._profiled_step() if args.output.profile and not last \
                     else self.training_step()
                 self.state.epoch = self.step / self.steps_per_epoch
                 self.log_window.add_step(last, args.output.logging_nan_inf_filter)
                 self._watch_learning(last)
                 self._after_step()
-                # the callbacks see each optimizer step of the batch, as in TRL's loop
+                # the flow (and TRL's callbacks) see each optimizer step of the batch, as in
+                # TRL's loop
                 while self.state.global_step < self._optimizer_steps_after(self.step):
                     self.state.global_step += 1
-                    self.control = handler.on_step_end(view, self.state, self.control)
+                    flow.step_end(self.state)
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_end(view, self.state, self.control)
+                    flow.epoch_end(self.state)
                 self._log_save_evaluate(last)
                 bar.advance(self.step, last)
                 # every process stops at the same step: one leaving alone would hang the collectives
