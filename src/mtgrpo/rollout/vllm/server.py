@@ -61,6 +61,7 @@ class GenerationServer:
         self.engine = start_engine(options)
         config = self.engine.llm_engine.model_config
         self.max_model_len = int(config.max_model_len)
+        # prompts are checked against it: an id past the vocabulary would fail inside the engine
         self.vocab_size = int(config.get_vocab_size())
         # one request in the engine at a time: the HTTP server answers on several threads
         self.lock = threading.Lock()
@@ -173,6 +174,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
         def _update(self, url: Any) -> dict[str, Any]:
             if self.headers.get("Content-Type", "").startswith("application/json"):
                 body = self._json()
+                # the client removes the file once this request is answered
                 named = unpack_weights(Path(body["path"]).read_bytes())
                 return server.update_weights(named, body.get("version"))
             query = parse_qs(url.query)
