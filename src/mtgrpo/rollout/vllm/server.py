@@ -61,7 +61,6 @@ class GenerationServer:
         self.engine = start_engine(options)
         config = self.engine.llm_engine.model_config
         self.max_model_len = int(config.max_model_len)
-        # prompts are checked against it: an id past the vocabulary would fail inside the engine
         self.vocab_size = int(config.get_vocab_size())
         # one request in the engine at a time: the HTTP server answers on several threads
         self.lock = threading.Lock()
