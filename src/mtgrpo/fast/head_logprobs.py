@@ -186,7 +186,6 @@ class _GradIntoParameter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, parameter: Tensor) -> Tensor:
         ctx.parameter = parameter  # type: ignore[attr-defined]
-        # a view, not the parameter itself: autograd needs a new tensor as a Function's output
         return parameter.view_as(parameter)
 
     @staticmethod
