@@ -174,6 +174,7 @@ class _DecodeBuffers:
     def select(self, rows: Tensor) -> _DecodeBuffers:
         """A copy holding only ``rows`` (``[m]`` indices); ``column`` and ``step`` are shared."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
+        # one column and one step counter for all rows: every row feeds one token per step
         shared = {"column", "step"}
         return _DecodeBuffers(**{
             name: value if name in shared else value.index_select(0, rows)
@@ -210,6 +211,7 @@ class _Slot:
     programs: dict[tuple[SamplingRule, tuple[int, ...]], _StepProgram] = field(default_factory=dict)
 
     def program(self, rule: SamplingRule, stop_ids: tuple[int, ...]) -> _StepProgram:
+        # a graph records the rule's branches and the stop-id tensor: one program per pair
         key = (rule, stop_ids)
         if key not in self.programs:
             device = self.buffers.tokens.device
@@ -716,6 +718,8 @@ def _compacted(full: _Slot, live: _Slot, rows: Tensor | None) -> tuple[_Slot, Te
         rows = torch.arange(live.buffers.done.shape[0], device=keep.device)
     else:
         full.buffers.write_rows(rows, live.buffers)
+    # transformers' reorder_cache index_selects new, smaller tensors: the slot no longer has its
+    # shape, and the caller drops it after the call
     live.cache.reorder_cache(keep)
     return _Slot(live.cache, live.buffers.select(keep)), rows[keep]
 

@@ -149,6 +149,7 @@ class VLLMServerBackend:
                         "restart it and resume from the last checkpoint (vllm_server_timeout "
                         "sets how long to wait)"
                     ) from None
+                # about one retry a second, never sleeping past the deadline
                 time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
 
     def _wait_until_up(self) -> dict[str, Any]:
