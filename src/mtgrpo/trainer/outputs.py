@@ -20,7 +20,7 @@ from mtgrpo.trainer import hooks, sharding
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import step_line
 
-logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger, as before
+logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger
 
 
 class RunOutputs:

@@ -215,6 +215,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._build_accelerator()
         _configure_logging(args, self.accelerator.is_main_process)
         _seed_everything(args.schedule.seed)  # same initialisation (e.g. LoRA) on every process
+        # transformers' full_determinism: seeded again, deterministic torch and cuDNN kernels
         if args.schedule.full_determinism:
             from transformers import enable_full_determinism
 
@@ -532,6 +533,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                 # an epoch is steps_per_epoch training steps; a resume inside one starts no epoch
                 if self.step % self.steps_per_epoch == 0:
                     flow.epoch_begin(self.state)
+                # once per training step: it resets the switches, which the step_end of any
+                # optimizer step of the batch may then set for _log_save_evaluate
                 flow.step_begin(self.state)
                 # `profile` traces only the first step of each train() call
                 last = self._profiled_step() if args.output.profile and not last \

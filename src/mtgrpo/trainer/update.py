@@ -259,6 +259,8 @@ class PolicyUpdater:
             with torch.enable_grad():
                 return self._logps(model, row, entropy=self._needs_entropy)
 
+        # two lengths 0 < short < long for the two-point fit, each of at least one prompt and
+        # one completion token
         cost = activation_cost(model, forward, (max(2, width // 2), max(3, width)),
                                head_chunk=self.chunk_size, vocab=vocab)
         budget = parse_bytes(args.batch.max_memory_per_microbatch, "max_memory_per_microbatch")
@@ -349,6 +351,7 @@ class PolicyUpdater:
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
                         logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
         plan = self._plan(batch, rows)
+        # filler passes are not micro-batches: bnpo divides by the real ones' count
         normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
@@ -379,8 +382,7 @@ class PolicyUpdater:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = clip_gradients(self.model, max_norm)
-        # transformers' order: optimizer, then scheduler, once per optimizer step (the learning
-        # rate logged is the one the next step will use)
+        # transformers' order: the optimizer, then the scheduler, once per optimizer step
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory
@@ -482,6 +484,7 @@ class PolicyUpdater:
 
     def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
                  grad_norms: list[float]) -> dict[str, float]:
+        # the micro-batches' fractions weighted by their tokens: the step's token-level figure
         tokens = torch.stack([o.num_tokens.float() for o in outputs])
         weights = tokens / tokens.sum().clamp(min=1)
 
@@ -490,13 +493,16 @@ class PolicyUpdater:
 
         steps = max(len(grad_norms), 1)
         metrics = {
-            # one device read for all micro-batches' losses (summed in float64, as before)
+            # each micro-batch's loss is its share of its optimizer step's (whole-batch
+            # normalisers): summed, then the mean over the optimizer steps; one device read
             "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
             # several optimizer steps in one training step: their mean
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            # read after the scheduler's step: the next step's rate (transformers 5.24 logs the
+            # rate the step used, read before lr_scheduler.step())
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
         if outputs[0].mean_kl is not None:
