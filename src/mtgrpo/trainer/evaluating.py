@@ -65,6 +65,7 @@ class Evaluating:
         return SamplingParams(
             max_new_tokens=args.rollout.max_completion_length,
             temperature=args.evaluation.eval_temperature,
+            # greedy at temperature 0: top_p 1.0 and top_k 0 are transformers' "no warper" values
             top_p=args.rollout.top_p if args.evaluation.eval_temperature > 0 else 1.0,
             top_k=args.rollout.top_k if args.evaluation.eval_temperature > 0 else 0,
         )

@@ -103,8 +103,8 @@ class Flow:
     def _after_optimizer_step(self, state: Any) -> None:
         control, step = self.control, state.global_step
         output, evaluation = self.config.output, self.config.evaluation
-        # state.logging_steps / eval_steps / save_steps, not the config's: transformers
-        # resolves a ratio (< 1) to absolute steps on the state before the loop starts
+        # state.logging_steps / eval_steps / save_steps, as DefaultFlowCallback: absolute
+        # optimizer-step counts (a ratio below 1 resolved), not the config's values
         if step == 1 and output.logging_first_step:
             control.should_log = True
         if output.logging_strategy == "steps" and step % state.logging_steps == 0:

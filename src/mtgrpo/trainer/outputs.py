@@ -122,7 +122,6 @@ class RunOutputs:
             control.should_save = True  # a run always ends with a checkpoint to resume from
         if control.should_save and self.config.saving.save_strategy != "no":
             self.save_checkpoint()
-        # also when nothing was saved (save_strategy 'no'): the next step starts with it off
         self.control.should_save = False
         self._improved = False
 

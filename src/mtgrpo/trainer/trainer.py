@@ -340,7 +340,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """This process's share of whole groups (indices), and whether it has any; a process
         without one takes group 0 as a fully masked padding group, so that collective
         operations stay in step."""
-        # the rollout worker's contiguous shares: a process trains the rows it generated
+        # contiguous shares in rank order, as the rollout worker splits its prompts
         start, stop = Shard(self.rank, self.world).bounds(len(groups))
         local = list(range(start, stop))
         return (local, True) if local else ([0], False)
@@ -419,7 +419,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
         seconds = {"begin": time.perf_counter()}
-        # before the weights are read: the validation signal's z comes from this evaluation
+        # at the step's start, on the policy before this update; the weighting update reads it
         validated = self._validate_if_due()  # {} unless the weights read the validation split
         weights = self.weighting.weights  # [K]
         self.rollouts.reset()

@@ -499,7 +499,6 @@ class PolicyUpdater:
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
-            # several optimizer steps in one training step: their mean
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             # read after the scheduler's step: the next step's rate (transformers 5.24 logs the
             # rate the step used, read before lr_scheduler.step())
