@@ -79,6 +79,8 @@ def rotate_checkpoints(output_dir: str | Path, limit: int | None,
     if limit is None:
         return
     checkpoints = list_checkpoints(output_dir)
+    # oldest first; the newest `limit` stay, the best one on top of them (transformers'
+    # rotate_checkpoints counts the best one within the limit)
     for old in checkpoints[: max(len(checkpoints) - limit, 0)]:
         if keep is not None and old.resolve() == keep.resolve():
             continue
@@ -103,6 +105,7 @@ def save_trainable(model: torch.nn.Module, path: Path,
     model's, gathered by :func:`mtgrpo.trainer.sharding.full_model_state`)."""
     from safetensors.torch import save_file
 
+    # frozen parameters are left out: the resuming run loads the same model (run identity)
     tensors = {
         # safetensors refuses non-contiguous tensors
         name: (p if state is None else state[name]).detach().to("cpu").contiguous()
@@ -141,6 +144,7 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
     """Copy saved trainable parameters into ``model``; every trainable one must be present."""
     saved = read_checked_trainable(model, path)
     params = dict(model.named_parameters())
+    # in place, under no_grad: the optimizer holds these very Parameter objects
     with torch.no_grad():
         for name, tensor in saved.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
@@ -153,6 +157,7 @@ def rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
+        # every visible device's generator (transformers' get_rng_state_all in a distributed run)
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

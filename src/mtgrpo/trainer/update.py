@@ -67,6 +67,7 @@ def loss_options(args: TrainConfig, entropy_coef: float = 0.0) -> LossOptions:
 
 logger = logging.getLogger(__name__)
 
+# a token budget no micro-batch reaches: without max_tokens_per_microbatch only max_rows cuts
 _UNBOUNDED_TOKENS = 1 << 62
 
 
@@ -94,8 +95,10 @@ def group_policy_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray, lo
     engine's log-probs of the rows, for its importance correction."""
     g = groups[0].group_size
     payloads = [groups[i].payload for i in local]
+    # a padding group's rows all weigh 0: it runs the forwards and collectives, trains nothing
     weight = [has_rows] * (len(local) * g)
     if mask_truncated:
+        # TRL 1.16 zeroes a truncated row's completion_mask (loss and attention alike)
         finished = [f for p in payloads for f in p.finished]
         weight = [w and f for w, f in zip(weight, finished, strict=True)]
     return pad_policy_batch(
@@ -128,6 +131,7 @@ def pad_policy_batch(
     """
     n = len(prompt_ids)
     p = max(len(ids) for ids in prompt_ids)
+    # sequence_logprobs scores at least one completion column, even when every row is empty
     length = max(max((len(ids) for ids in completion_ids), default=1), 1)
     prompt = torch.full((n, p), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, p), dtype=torch.long)
@@ -141,6 +145,7 @@ def pad_policy_batch(
             completion[i, : len(co)] = torch.tensor(co, dtype=torch.long)
             completion_mask[i, : len(co)] = 1
     if completion_weight is not None:
+        # [n, 1]: broadcast over the columns, so a dropped row has no token left at all
         keep = torch.tensor(completion_weight, dtype=torch.long).unsqueeze(1)
         completion_mask = completion_mask * keep
     engine = None
@@ -151,6 +156,7 @@ def pad_policy_batch(
         engine = engine.to(device)
     tools = None
     if tool_masks is not None and any(m is not None for m in tool_masks):
+        # 1 by default: a row without a tool mask is every token the model's own
         tools = torch.ones((n, length), dtype=torch.long)
         for i, row in enumerate(tool_masks):
             if row is not None:
@@ -253,6 +259,8 @@ class PolicyUpdater:
             with torch.enable_grad():
                 return self._logps(model, row, entropy=self._needs_entropy)
 
+        # two lengths 0 < short < long for the two-point fit, each of at least one prompt and
+        # one completion token
         cost = activation_cost(model, forward, (max(2, width // 2), max(3, width)),
                                head_chunk=self.chunk_size, vocab=vocab)
         budget = parse_bytes(args.batch.max_memory_per_microbatch, "max_memory_per_microbatch")
@@ -311,11 +319,14 @@ class PolicyUpdater:
                 continue
             part = batch.select(rows)
             logps = self._logps(model, part).logps
+            # select() dropped the micro-batch's trailing padding columns: write back only those
+            # it kept; the rest stay 0, the log-prob of a padded position
             out[rows, : part.completion_length] = logps.float()
         return out
 
     def _with_logps(self, batch: PolicyBatch, need_old: bool) -> PolicyBatch:
         ref = None
+        # TRL 1.16: no reference forward at beta = 0, where the KL term is not computed
         if self.config.loss.beta > 0:
             with self.reference():
                 ref = self.score(batch, self.reference_model or self.model)
@@ -340,6 +351,7 @@ class PolicyUpdater:
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
                         logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
         plan = self._plan(batch, rows)
+        # filler passes are not micro-batches: bnpo divides by the real ones' count
         normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
@@ -363,12 +375,14 @@ class PolicyUpdater:
                 entropies.append(scored.entropy.detach()[mask].float())
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
+        # max_grad_norm 0 measures without clipping, as transformers' `max_grad_norm > 0` test
         max_norm = self.config.optimization.max_grad_norm or None
         # FSDP's gradient norm must be reduced over the shards (clip_gradients' docstring)
         if self.accelerator.distributed_type.value == "FSDP":
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = clip_gradients(self.model, max_norm)
+        # transformers' order: the optimizer, then the scheduler, once per optimizer step
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory
@@ -411,6 +425,8 @@ class PolicyUpdater:
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
+        # contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
+        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped
         parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
         for part in parts:
             if len(part):
@@ -434,6 +450,7 @@ class PolicyUpdater:
         entropies: list[Tensor] = []
         grad_norms = []
         self.model.train()
+        # TRL's order: every mini-batch of the batch, then the whole pass again (num_iterations)
         steps = [rows for _ in range(self.config.batch.num_iterations)
                  for rows in self._mini_batches(batch.num_rows)]
         for rows in steps[:max_steps]:
@@ -467,6 +484,7 @@ class PolicyUpdater:
 
     def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
                  grad_norms: list[float]) -> dict[str, float]:
+        # the micro-batches' fractions weighted by their tokens: the step's token-level figure
         tokens = torch.stack([o.num_tokens.float() for o in outputs])
         weights = tokens / tokens.sum().clamp(min=1)
 
@@ -475,12 +493,15 @@ class PolicyUpdater:
 
         steps = max(len(grad_norms), 1)
         metrics = {
-            # one device read for all micro-batches' losses (summed in float64, as before)
+            # each micro-batch's loss is its share of its optimizer step's (whole-batch
+            # normalisers): summed, then the mean over the optimizer steps; one device read
             "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            # read after the scheduler's step: the next step's rate (transformers 5.24 logs the
+            # rate the step used, read before lr_scheduler.step())
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
         if outputs[0].mean_kl is not None:
