@@ -147,3 +147,39 @@ def test_stale_checkpoint_temporaries_are_removed_and_nothing_else(tmp_path):
     assert written.name == "checkpoint-5"
     assert remove_stale_temporaries(tmp_path) == []  # a finished write leaves nothing
     assert remove_stale_temporaries(tmp_path / "missing") == []
+
+
+def test_a_replaced_checkpoint_survives_a_crash_between_the_renames(tmp_path, monkeypatch):
+    import pytest
+
+    from mtgrpo import _files
+    from mtgrpo.trainer.checkpoint import remove_stale_temporaries
+
+    final = tmp_path / "checkpoint-4"
+    _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("old"))
+    _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("new"))  # a replacement
+    assert (final / "f").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # nothing aside left
+    renames = []
+    real_replace = os.replace
+
+    def crash_on_second(source, target):  # the process dies after moving the old copy aside
+        renames.append(Path(target).name)
+        if len(renames) == 2:
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(_files.os, "replace", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("newer"))
+    monkeypatch.undo()
+    assert not final.exists()
+    assert renames == [f".checkpoint-4.old-{os.getpid()}", "checkpoint-4"]
+    removed = remove_stale_temporaries(tmp_path)  # the next start: the old copy comes back
+    assert [p.name for p in removed] == [f".checkpoint-4.tmp-{os.getpid()}"]
+    assert (final / "f").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+    # a copy left aside after the new one took the name is removed, the new one kept
+    (tmp_path / ".checkpoint-4.old-77").mkdir()
+    assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".checkpoint-4.old-77"]
+    assert (final / "f").read_text() == "new"

@@ -52,6 +52,7 @@ __all__ = [
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _TEMPORARY = re.compile(r"^\.checkpoint-\d+\.tmp-\d+$")
+_REPLACED = re.compile(r"^\.(checkpoint-\d+)\.old-\d+$")  # _files.old_path
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -89,13 +90,24 @@ def rotate_checkpoints(output_dir: str | Path, limit: int | None,
 
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     """Remove the ``.checkpoint-<step>.tmp-<pid>`` directories an interrupted save left in
-    ``output_dir`` (call it before a run writes checkpoints); the removed paths."""
+    ``output_dir`` (call it before a run writes checkpoints); the removed paths. A checkpoint
+    that save was replacing (``.checkpoint-<step>.old-<pid>``) is put back under its name when
+    the save stopped before the new one took it, and removed otherwise."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
     stale = [child for child in root.iterdir() if _TEMPORARY.match(child.name) and child.is_dir()]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
+    for child in list(root.iterdir()):
+        replaced = _REPLACED.match(child.name)
+        if replaced is None or not child.is_dir():
+            continue
+        if (root / replaced.group(1)).exists():
+            shutil.rmtree(child, ignore_errors=True)
+            stale.append(child)
+        else:
+            child.rename(root / replaced.group(1))
     return stale
 
 
