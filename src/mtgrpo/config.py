@@ -223,7 +223,7 @@ class SavingConfig:
         # transformers' default is 500; 50 keeps a short run resumable (docs/coming-from-trl.md)
         "Checkpoint every N training steps (0: only at the end; below 1: that fraction of all "
         "steps).", default=50)
-    save_total_limit: int | None = _help("Keep only the newest N checkpoints (None: all).",
+    save_total_limit: int | None = _help("Keep only the newest N checkpoints (None or <= 0: all).",
                                          default=2)
     save_only_model: bool = _help(
         "Checkpoints hold the model only (no optimizer, scheduler, sampler or RNG state): "

@@ -183,3 +183,21 @@ def test_a_replaced_checkpoint_survives_a_crash_between_the_renames(tmp_path, mo
     (tmp_path / ".checkpoint-4.old-77").mkdir()
     assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".checkpoint-4.old-77"]
     assert (final / "f").read_text() == "new"
+
+
+def test_a_checkpoint_limit_of_zero_or_less_keeps_every_checkpoint(tmp_path):
+    from mtgrpo.trainer.checkpoint import rotate_checkpoints
+
+    def checkpoints() -> list[str]:
+        return sorted((p.name for p in tmp_path.iterdir()), key=lambda n: int(n.split("-")[1]))
+
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    for limit in (None, 0, -1):  # transformers' rule: no deletion
+        rotate_checkpoints(tmp_path, limit)
+        assert checkpoints() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    rotate_checkpoints(tmp_path, 2, keep=tmp_path / "checkpoint-2")  # the best one stays
+    assert checkpoints() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    rotate_checkpoints(tmp_path, 1)
+    assert checkpoints() == ["checkpoint-6"]

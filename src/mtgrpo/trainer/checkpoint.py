@@ -75,9 +75,10 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def rotate_checkpoints(output_dir: str | Path, limit: int | None,
                        keep: Path | None = None) -> None:
-    """Delete all but the newest ``limit`` checkpoints (``None`` keeps all); ``keep`` (the
-    best checkpoint) is never deleted."""
-    if limit is None:
+    """Delete all but the newest ``limit`` checkpoints (``None`` or ``limit <= 0`` keeps all,
+    as transformers' ``rotate_checkpoints``); ``keep`` (the best checkpoint) is never
+    deleted."""
+    if limit is None or limit <= 0:
         return
     checkpoints = list_checkpoints(output_dir)
     # oldest first; the newest `limit` stay, the best one on top of them (transformers'
