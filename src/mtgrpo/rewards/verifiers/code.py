@@ -252,6 +252,7 @@ def _score(text: str, job: tuple[str, Any], limits: SandboxLimits, all_or_nothin
     code = extract_code(text)
     if mode == "syntax":
         return syntax_reward(code)
+    # no program to run is a wrong answer (0.0), never "not applicable"
     if code is None:
         return 0.0
     result: SandboxResult
