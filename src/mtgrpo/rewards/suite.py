@@ -411,6 +411,7 @@ class RewardSuite:
         else:
             raise ValueError(f"unknown reward channel {channel!r}; channels: {self._channel_names}")
         # the function whose column block holds the index
+        # side="right": an index equal to a block's start belongs to that block
         owner = int(np.searchsorted(self._offsets, index, side="right")) - 1
         return None if self._routes is None else self._routes[owner]
 
@@ -527,6 +528,7 @@ class RewardSuite:
                 kwargs = batch.kwargs(rows)
                 try:
                     with collect_scoring_errors() as failed:
+                        # called at once: the loop variables the lambda reads are this iteration's
                         ended, out = call_with_deadline(lambda: rf.fn(**kwargs),  # noqa: B023
                                                         self._timeouts[owner])  # fmt: skip
                 except Exception as exc:
@@ -534,6 +536,7 @@ class RewardSuite:
                     raise function_failure(rf, batch, rows, exc) from exc
                 start, stop = self._offsets[owner], self._offsets[owner + 1]
                 if failed:
+                    # failed holds rows of the call (as the function saw them): mapped back here
                     errors[[rows[i] for i in failed], start:stop] = True
                 if not ended:
                     self._note_timeout(owner, batch, rows, timeouts)

@@ -144,7 +144,7 @@ def reasoning_gym_reward(
                 return None
             answer = extract_answer(text, order)
             if answer is not None and len(answer) > MAX_SCORED_ANSWER_CHARS:
-                answer = None
+                answer = None  # scored as missing: the scorer never sees it
             return _checked_score(scorer, answer, entry)
 
         # a bad entry is the dataset's fault: it stops scoring instead of scoring 0
