@@ -266,6 +266,7 @@ class GenerationPool:
             # -1 sorts ahead of every job: each supervisor stops at once.
             self._queue.put((-1, next(self._sequence), None))
         for thread in self._threads:
+            # bounded: a supervisor stuck on a worker must not hang close()
             thread.join(timeout=10)
         self._drain()
 
@@ -303,7 +304,7 @@ class GenerationPool:
                 thread = threading.Thread(
                     target=self._supervise,
                     name=f"mtgrpo-gen-{number}",
-                    daemon=True,
+                    daemon=True,  # a supervisor never holds up the interpreter's exit
                 )
                 self._threads.append(thread)
         for thread in self._threads:
