@@ -162,6 +162,7 @@ class _EventLoopThread:
             # one failing function must not cancel the others; each error is reported by name
             return await asyncio.gather(*awaitables, return_exceptions=True)
 
+        # the time limit is the awaitables' own: RewardSuite.score wraps each in with_deadline
         return asyncio.run_coroutine_threadsafe(gather(), loop).result()
 
 
