@@ -81,6 +81,7 @@ class RewardScores:
         assert self.applied.shape == self.values.shape
         for name in ("errors", "timeouts"):
             if getattr(self, name) is None:
+                # frozen dataclass: the default is stored past its __setattr__
                 object.__setattr__(self, name, np.zeros(self.values.shape, dtype=bool))
             assert getattr(self, name).shape == self.values.shape
 
@@ -96,7 +97,9 @@ class RewardScores:
         if rows is not None:
             values, applied = values[rows], applied[rows]
         count = applied.sum(axis=0)  # [R]
+        # zeros where not applied: one NaN would make the whole sum NaN
         total = np.where(applied, values, 0.0).sum(axis=0, dtype=np.float64)  # [R]
+        # max(count, 1): no 0/0 warning; those columns are NaN by the where
         means = np.where(count > 0, total / np.maximum(count, 1), math.nan)
         return dict(zip(self.channel_names, means.tolist(), strict=True))
 
