@@ -313,7 +313,7 @@ class GenerationPool:
     def _supervise(self) -> None:
         worker: _Worker | None = None
         while True:
-            _, _, job = self._queue.get()
+            _, _, job = self._queue.get()  # until a job, or close()'s sentinel
             if job is None:
                 break
             if not self._claim(job):

@@ -287,7 +287,7 @@ class TaskData:
         # On demand: overtakes queued background work (priority 1)
         future = self.future(position, priority=0)
         self._promote(position)  # an attempt already queued in the background moves ahead too
-        return future.result()
+        return future.result()  # each attempt ends within item_timeout_s (workers=0: no limit)
 
     def all_items(self) -> list[dict[str, Any]]:
         for chunk in range(self.num_chunks):
