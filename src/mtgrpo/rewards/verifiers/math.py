@@ -220,7 +220,7 @@ def _warm_up() -> None:
 def _parse_gold(gold: str) -> tuple[Any, ...]:
     from math_verify import parse
 
-    # None: math-verify's signal.alarm shares ITIMER_REAL with _with_deadline's timer
+    # None: math-verify's own signal.alarm would share ITIMER_REAL with _with_deadline's timer
     return tuple(parse(_latex(gold), parsing_timeout=None))
 
 
@@ -232,7 +232,7 @@ def _verify(gold: str, answer: str) -> bool:
     gold_parsed = _parse_gold(gold)
     if not gold_parsed:  # math-verify cannot read the gold: fall back to exact text
         return answer.strip() == gold.strip()
-    # math-verify catches Exception and returns [] / False; only _Deadline gets through
+    # math-verify turns any Exception into [] / False; _Deadline, a BaseException, gets through
     answer_parsed = parse(_latex(answer), parsing_timeout=None)
     return bool(verify(list(gold_parsed), answer_parsed, timeout_seconds=None))
 
