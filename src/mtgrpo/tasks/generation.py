@@ -117,7 +117,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mtgrpo.tasks._worker"],
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # stderr inherited: a generator's prints reach ours
         )
         self.replies: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="mtgrpo-gen-reader", daemon=True)

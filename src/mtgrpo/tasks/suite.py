@@ -240,7 +240,7 @@ class TaskData:
         self._futures: dict[int, Future] = {}
         self._attempts: dict[int, Future] = {}
         self._complete_chunks: set[int] = set()
-        self._missing_chunks: set[int] = set()
+        self._missing_chunks: set[int] = set()  # not in the cache: read once, then generated
         self._urgent: set[int] = set()
         self._retries = threading.local()  # the per-thread retry queue of _attempt (see there)
 
