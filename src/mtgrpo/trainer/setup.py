@@ -220,14 +220,15 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: Train
         loaded if not isinstance(spec, str | Path | Mapping) else spec
     ), trust_remote_code=remote)
     is_peft = _is_peft(loaded)
-    # before the trainer copies the reference model, which inherits it (TRL disables both)
-    if args.compute.disable_dropout:
-        disable_dropout(loaded)
     if args.compute.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(loaded)
     if peft_config is not None:
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
+    # after the adapters are added, so LoRA's own dropout is off too (TRL 1.16 disables dropout
+    # after get_peft_model), and before the trainer copies the reference model, which inherits it
+    if args.compute.disable_dropout:
+        disable_dropout(loaded)
     if args.compute.gradient_checkpointing:
         enable_activation_checkpointing(
             # by default non-reentrant, as PyTorch recommends and TRL sets
