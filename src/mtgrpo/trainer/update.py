@@ -218,6 +218,8 @@ class PolicyUpdater:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        # the rate the last optimizer step used (read before the scheduler's step), logged
+        self.used_learning_rate = float("nan")
         self.accelerator = accelerator
         self.reference_model = reference_model
         self.reference = reference or contextlib.nullcontext
@@ -382,7 +384,10 @@ class PolicyUpdater:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = clip_gradients(self.model, max_norm)
-        # transformers' order: the optimizer, then the scheduler, once per optimizer step
+        # transformers' order: the optimizer, then the scheduler, once per optimizer step;
+        # the logged rate is the one this step used, read before the scheduler moves on
+        # (transformers 5.24's _inner_training_loop reads it before lr_scheduler.step())
+        self.used_learning_rate = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory
@@ -500,9 +505,7 @@ class PolicyUpdater:
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
-            # read after the scheduler's step: the next step's rate (transformers 5.24 logs the
-            # rate the step used, read before lr_scheduler.step())
-            "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "learning_rate": self.used_learning_rate,  # the last optimizer step's
         }
         if outputs[0].mean_kl is not None:
             metrics["kl"] = weighted([o.mean_kl for o in outputs])
