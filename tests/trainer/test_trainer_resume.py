@@ -64,6 +64,13 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
     side_files = list(crashed.glob("metrics.after-step-4.*.jsonl"))
     assert len(side_files) == 1
     assert '"step": 5' in side_files[0].read_text()
+    # the rollout logs likewise: each step's records once, as the uninterrupted run wrote them
+    for log in ("rollouts.jsonl", "completions.jsonl"):
+        records = [json.loads(line) for line in (crashed / log).read_text().splitlines()]
+        assert sorted({r["step"] for r in records}) == [1, 2, 3, 4, 5, 6]
+        assert records == [json.loads(line) for line in (full / log).read_text().splitlines()]
+        stem = log.removesuffix(".jsonl")
+        assert '"step": 5' in next(crashed.glob(f"{stem}.after-step-4.*.jsonl")).read_text()
 
     final_full = load_file(str(full / "checkpoint-6" / "trainable.safetensors"))
     final_resumed = load_file(str(crashed / "checkpoint-6" / "trainable.safetensors"))

@@ -165,8 +165,10 @@ class Checkpointing:
         _read(checkpoint / f"rng_state_{self.rank}.pt",
               lambda p: ckpt.load_rng_state(p.parent, self.rank))
         if self.is_main_process:
-            # records past the checkpoint's step would otherwise appear twice
-            MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
+            # records past the checkpoint's step would otherwise appear twice (moved aside,
+            # never deleted); the rollout logs carry the step their records belong to too
+            for log in ("metrics.jsonl", "rollouts.jsonl", "completions.jsonl"):
+                MetricsWriter.rewind(self.output_dir / log, self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 
     def _load_sharded(self, checkpoint: Path) -> None:
