@@ -99,8 +99,8 @@ class Evaluating:
             self._warn_answers(result)
             if result.groups:
                 # the training batch's layout and advantages, so eval_loss is TRL's loss
-                _, batch, _, _ = self._policy_batch(result.groups)
-                metrics["loss"] = self.updater.evaluation_loss(batch)
+                _, batch, _, has_rows = self._policy_batch(result.groups)
+                metrics["loss"] = self.updater.evaluation_loss(batch, has_rows)
                 values = np.concatenate([group.rewards for group in result.groups])  # [N, R]
                 scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))
                 metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))

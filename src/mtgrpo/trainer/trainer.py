@@ -389,7 +389,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
                                   # fewer when TRL's max_steps ends inside this batch
-                                  max_steps=self.max_optimizer_steps - self.state.global_step)
+                                  max_steps=self.max_optimizer_steps - self.state.global_step,
+                                  has_rows=has_rows)
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))

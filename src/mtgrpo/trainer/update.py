@@ -336,9 +336,12 @@ class PolicyUpdater:
         return replace(batch, old_logps=old, ref_logps=ref)
 
     # ------------------------------------------------------------------ the update
-    def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
-        # a collective every process runs: the normalisers are the whole batch's
-        local = torch.tensor([len(rows), int(batch.loss_mask[rows].sum())],
+    def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int,
+                    has_rows: bool = True):
+        # a collective every process runs: the normalisers are the whole batch's; a padding
+        # batch's rows (has_rows False: a process without a group of its own) are no sequences
+        # of the batch, so they do not dilute the per-sequence mean of grpo, dr_grpo and sapo
+        local = torch.tensor([len(rows) if has_rows else 0, int(batch.loss_mask[rows].sum())],
                              dtype=torch.float64)
         world = self.accelerator.num_processes
         total = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
@@ -351,10 +354,11 @@ class PolicyUpdater:
         )
 
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
-                        logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
+                        logps_at_start: Tensor | None, entropies: list[Tensor],
+                        has_rows: bool = True) -> float:
         plan = self._plan(batch, rows)
         # filler passes are not micro-batches: bnpo divides by the real ones' count
-        normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
+        normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro), has_rows)
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
@@ -438,12 +442,14 @@ class PolicyUpdater:
                 yield part.tolist()
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
-               keep_old_logps: bool = False, max_steps: int | None = None) -> UpdateOutput:
+               keep_old_logps: bool = False, max_steps: int | None = None,
+               has_rows: bool = True) -> UpdateOutput:
         """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``.
         ``keep_old_logps``: return the rows' log-probs at θ_t (``UpdateOutput.old_logps``: the
         old log-probs of several updates, else those of the one update's forward pass, at no
         extra cost). ``max_steps``: take at most this many optimizer steps (the run's last
-        batch, when TRL's ``max_steps`` ends inside it)."""
+        batch, when TRL's ``max_steps`` ends inside it). ``has_rows=False``: ``batch`` is a
+        padding batch (:func:`group_policy_batch`), whose rows count in no normaliser."""
         # as TRL: one optimizer step per batch needs no old log-probs (the ratio starts at 1)
         multi = self.config.batch.num_iterations > 1 or self.config.updates_per_generation() > 1
         batch = self._with_logps(batch, need_old=multi)
@@ -461,7 +467,8 @@ class PolicyUpdater:
         for rows in steps[:max_steps]:
             # Without old log-probs there is exactly one optimizer step, whose forward
             # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
-            grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
+            grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies,
+                                                   has_rows))
         result = UpdateOutput(
             metrics=self._metrics(outputs, entropies, grad_norms),
             # at θ_t the ratio is 1, so each row's objective is its advantage
@@ -517,7 +524,7 @@ class PolicyUpdater:
         return metrics
 
     @torch.no_grad()
-    def evaluation_loss(self, batch: PolicyBatch) -> float:
+    def evaluation_loss(self, batch: PolicyBatch, has_rows: bool = True) -> float:
         """The loss on an evaluation batch at the current policy (ratio 1, no update).
 
         Where that value does not depend on the log-probabilities
@@ -531,7 +538,7 @@ class PolicyUpdater:
             batch = self._with_logps(batch, need_old=False)
         plan = self._plan(batch, list(range(batch.num_rows)))
         normalizer = self._normalizer(batch, list(range(batch.num_rows)),
-                                      sum(1 for rows in plan if rows))
+                                      sum(1 for rows in plan if rows), has_rows)
         total = 0.0
         for rows in plan:
             if not rows:  # a filler pass of a sharded model
