@@ -496,30 +496,53 @@ class PolicyUpdater:
 
     def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
                  grad_norms: list[float]) -> dict[str, float]:
-        # the micro-batches' fractions weighted by their tokens: the step's token-level figure
-        tokens = torch.stack([o.num_tokens.float() for o in outputs])
-        weights = tokens / tokens.sum().clamp(min=1)
-
-        def weighted(values: list[Tensor]) -> float:
-            return float((torch.stack([v.float() for v in values]) * weights).sum())
-
+        """The step's figures over every process's rows (one all-reduce; transformers gathers
+        the loss and TRL its metrics across processes): the loss is the mean of the processes'
+        shares (DDP's gradient mean), the fractions, KL and entropy are token-weighted."""
         steps = max(len(grad_norms), 1)
+        tokens = torch.stack([o.num_tokens.double() for o in outputs])  # [M] per micro-batch
+
+        def token_sum(values: list[Tensor]) -> Tensor:
+            return (torch.stack([v.double() for v in values]) * tokens).sum()
+
+        zero = torch.zeros((), dtype=torch.float64)
+        trained = torch.cat(entropies).double() if entropies else zero.reshape(0)
+        kl = outputs[0].mean_kl is not None
+        # [loss, policy loss, tokens, clip low, high, region (token sums), kl, entropy sum, count]
+        local = torch.stack([
+            torch.stack([o.loss.detach().double() for o in outputs]).sum(),
+            torch.stack([torch.as_tensor(o.policy_loss).detach().double()
+                         for o in outputs]).sum() if self.entropy.enabled else zero,
+            tokens.sum(),
+            token_sum([o.clip_low_fraction for o in outputs]),
+            token_sum([o.clip_high_fraction for o in outputs]),
+            token_sum([o.clip_region_fraction for o in outputs]),
+            token_sum([o.mean_kl for o in outputs]) if kl else zero,
+            trained.sum(), torch.tensor(float(trained.numel()), dtype=torch.float64),
+        ]).cpu()
+        world = self.accelerator.num_processes
+        if world > 1:  # a collective every process runs: update() is called on each
+            local = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
+        (loss, policy_loss_sum, token_count, low, high, region, kl_sum, entropy_sum,
+         entropy_count) = local.tolist()  # one device read
+        per_token = max(token_count, 1.0)
         metrics = {
             # each micro-batch's loss is its share of its optimizer step's (whole-batch
-            # normalisers): summed, then the mean over the optimizer steps; one device read
-            "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
-            "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
-            "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
-            "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
+            # normalisers, divided by the processes as DDP averages): summed over micro-batches
+            # and processes, the processes' mean, then the mean over the optimizer steps
+            "loss": loss / world / steps,
+            "clip_ratio/low": low / per_token,
+            "clip_ratio/high": high / per_token,
+            "clip_ratio/region": region / per_token,
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             "learning_rate": self.used_learning_rate,  # the last optimizer step's
         }
-        if outputs[0].mean_kl is not None:
-            metrics["kl"] = weighted([o.mean_kl for o in outputs])
+        if kl:
+            metrics["kl"] = kl_sum / per_token
         if entropies:
-            metrics["entropy"] = float(torch.cat(entropies).mean())
+            metrics["entropy"] = entropy_sum / max(entropy_count, 1.0)
         if self.entropy.enabled:
-            metrics["policy_loss"] = float(sum(float(o.policy_loss) for o in outputs) / steps)
+            metrics["policy_loss"] = policy_loss_sum / world / steps
             metrics["entropy_coef"] = self.entropy.coef
         return metrics
 
@@ -555,6 +578,11 @@ class PolicyUpdater:
                 epsilon_high=self.config.resolved_epsilon_high, beta=self.config.loss.beta,
                 normalizer=normalizer, options=loss_options(self.config),
             ).loss)
+        world = self.accelerator.num_processes
+        if world > 1:  # the processes' mean: each share's normaliser is the batch's / world
+            total = float(self.accelerator.reduce(
+                torch.tensor(total, dtype=torch.float64, device=self.accelerator.device),
+                "sum")) / world
         return total
 
 
