@@ -85,6 +85,20 @@ def _same_logged_figures(one: Path, two: Path) -> None:
         assert_close_f32(second[key], first[key], ulps=64, msg=key)
 
 
+def test_uneven_shares_take_every_optimizer_step_together(tiny_model_dir, tmp_path):
+    # one process has rows for 4 of the 6 optimizer steps of a batch: it takes the other two
+    # with filler passes (the gradient all-reduce, the normaliser's reduce and, with
+    # top_entropy_quantile, the quantile's gather in every micro-batch), else every process
+    # would wait for it; the schedule follows the optimizer steps taken
+    two = _launch(tiny_model_dir, tmp_path / "world2", 2, "--uneven")
+    assert two["world"] == 2
+    from mtgrpo.reporting import read_metrics
+
+    steps = read_metrics(tmp_path / "world2", split="train")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in steps)
+
+
 def test_a_process_without_a_group_does_not_dilute_the_loss(tiny_model_dir, tmp_path):
     # one group on two processes: process 1 trains a fully masked padding group, whose rows
     # are no sequences of the batch; grpo's per-sequence mean must divide by the real ones

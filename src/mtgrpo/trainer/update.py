@@ -287,10 +287,24 @@ class PolicyUpdater:
             max_padding=1.0 if packed else self.config.batch.max_padding_fraction,
         )
         plan = [[rows[i] for i in micro] for micro in plan]
-        if self.sharded:  # filler passes (empty row lists) up to the longest plan of any process
+        if self.accelerator.num_processes == 1:
+            return plan
+        if self.sharded or self._gathers_entropy:
+            # a collective in every micro-batch (the shards' gathers, the entropy quantile's):
+            # filler passes (empty row lists) up to the longest plan of any process
             count = torch.tensor([len(plan)], device=self.accelerator.device)
             plan += [[] for _ in range(int(self.accelerator.gather(count).max()) - len(plan))]
+        elif not plan:
+            # no rows in this optimizer step's part: one filler pass, whose backward joins the
+            # gradient all-reduce the other processes' last micro-batch starts
+            plan = [[]]
         return plan
+
+    @property
+    def _gathers_entropy(self) -> bool:
+        """The high-entropy token mask's quantile is taken over every process's tokens, one
+        gather per micro-batch (TRL's top_entropy_quantile)."""
+        return self.config.loss.top_entropy_quantile < 1.0 and self.accelerator.num_processes > 1
 
     @staticmethod
     def _filler(batch: PolicyBatch) -> PolicyBatch:
@@ -350,7 +364,8 @@ class PolicyUpdater:
             num_sequences=max(float(total[0]) / world, 1e-12),
             num_tokens=float(total[1]) / world,
             max_completion_length=self.config.rollout.max_completion_length,
-            num_micro_batches=micro_batches,
+            # a step whose part is empty on this process computes no loss with it
+            num_micro_batches=max(micro_batches, 1),
         )
 
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
@@ -364,6 +379,9 @@ class PolicyUpdater:
         for i, micro in enumerate(plan):
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
                 scored = self._logps(self.model, self._filler(batch))
+                if self._gathers_entropy:  # joins the quantile's gather with no tokens
+                    empty = torch.zeros(1, 1, device=scored.logps.device)
+                    self.entropy_mask(empty, empty, 1 - self.config.loss.top_entropy_quantile)
                 # a real backward with a zero loss: the shards' reduce-scatter runs on every process
                 self.accelerator.backward(scored.logps.sum() * 0.0)
                 continue
@@ -428,17 +446,21 @@ class PolicyUpdater:
 
     def _trained_entropy(self, outputs: list[LossOutput]) -> float:
         """Token mean of the trained tokens' entropy over one optimizer step, all processes."""
-        stats = torch.stack([o.trained_entropy for o in outputs]).sum(0)  # [2]
+        # [2]; a process whose part of the step was empty joins the reduce with zeros
+        stats = (torch.stack([o.trained_entropy for o in outputs]).sum(0).double() if outputs
+                 else torch.zeros(2, dtype=torch.float64))
         total = self.accelerator.reduce(stats.to(self.accelerator.device), "sum").cpu()
         # no trained token on any process: 0 rather than NaN
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
         # contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
-        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped
+        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped on one
+        # process, and kept under data parallelism, where every process takes every optimizer
+        # step (its gradients all-reduced, its normaliser a collective)
         parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
         for part in parts:
-            if len(part):
+            if len(part) or self.accelerator.num_processes > 1:
                 yield part.tolist()
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
