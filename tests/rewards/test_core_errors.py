@@ -227,6 +227,23 @@ def test_batch_dependent_failure_is_reported_as_such():
     assert info.value.row is None
 
 
+def test_the_probe_of_a_row_is_held_to_the_function_time_limit():
+    import time
+
+    def hangs_alone(prompts, completions, **kwargs):
+        if len(completions) == 1:  # raised on the batch, hangs on a row: the probe must not
+            time.sleep(60)
+        raise ValueError("batch")
+
+    begin = time.monotonic()
+    with pytest.raises(RewardError, match=r"called on row 0 alone it ran past its 0.3 s limit, "
+                                          r"so the failing sample was not located") as info:
+        score(RewardSuite.from_user(hangs_alone, timeout=0.3), ["t"] * 3)
+    assert time.monotonic() - begin < 30
+    assert isinstance(info.value.__cause__, ValueError)
+    assert info.value.row is None
+
+
 def test_probe_calls_at_most_the_first_64_rows():
     single_calls = []
 

@@ -36,6 +36,17 @@ def test_countdown_reward_on_hand_built_completions() -> None:
     assert rewards == [1.0, 0.1, 0.1, 0.1, 0.0, 0.0]
 
 
+def test_columns_may_arrive_as_numpy_arrays() -> None:
+    import numpy as np
+
+    completions = ["<answer> 8 * 2 - 1 </answer>", "<answer>8 + 2 + 1</answer>"]
+    rewards = task_reward("countdown")(
+        ["p", "p"], completions, answer=np.array(["8 * 2 - 1"] * 2),
+        metadata=np.array([_meta("countdown", numbers=[8, 2, 1], target=15)] * 2),
+        task=np.array(["countdown:easy"] * 2))
+    assert rewards == [1.0, 0.1]
+
+
 def test_zebra_reward_is_normalised_exact_match() -> None:
     completions = [
         "<answer> ALICE </answer>",

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mtgrpo.rewards.core import RewardError, RewardFunction
+from mtgrpo.rewards.deadline import call_with_deadline
 
 __all__ = [
     "PROBE_LIMIT",
@@ -198,10 +199,12 @@ def _preview(obj: Any, width: int = 80) -> str:
 
 
 def function_failure(
-    rf: RewardFunction, batch: RewardBatch, rows: Sequence[int], exc: Exception
+    rf: RewardFunction, batch: RewardBatch, rows: Sequence[int], exc: Exception,
+    timeout: float | None = None,
 ) -> RewardError:
     """The error for a reward function that raised on ``rows``: locates the first sample it
-    fails on by calling it on single rows (at most :data:`PROBE_LIMIT`). Raise it ``from exc``."""
+    fails on by calling it on single rows (at most :data:`PROBE_LIMIT`), each call within the
+    function's ``timeout`` (seconds; None: no limit). Raise it ``from exc``."""
     message = (
         f"reward function '{rf.name}' raised {type(exc).__name__}: {exc} while scoring "
         f"{len(rows)} completion(s) ({batch.task_summary(rows)})"
@@ -215,7 +218,9 @@ def function_failure(
     probed = rows[:PROBE_LIMIT]
     for row in probed:
         try:
-            call_once(rf, batch.kwargs([row]))
+            # no wait without a limit: a function that raised on the batch may hang on a row
+            ended, _ = call_with_deadline(
+                lambda: call_once(rf, batch.kwargs([row])), timeout)  # noqa: B023
         except Exception as row_exc:
             task = batch.tasks[row]
             return RewardError(
@@ -226,6 +231,13 @@ def function_failure(
                 function=rf.name,
                 row=row,
                 task=task,
+            )
+        if not ended:  # every further probe could wait as long: the search stops here
+            return RewardError(
+                f"{message}; called on row {row} alone it ran past its {timeout} s limit, so "
+                "the failing sample was not located. Fix the function, or make it return None "
+                "for completions it cannot score",
+                function=rf.name,
             )
     return RewardError(
         f"{message}; called on each of the first {len(probed)} of these completions alone it "

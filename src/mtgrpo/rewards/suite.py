@@ -536,7 +536,8 @@ class RewardSuite:
                                                         self._timeouts[owner])  # fmt: skip
                 except Exception as exc:
                     # a crash is a RewardError naming the function and task, never a silent 0
-                    raise function_failure(rf, batch, rows, exc) from exc
+                    raise function_failure(rf, batch, rows, exc,
+                                           self._timeouts[owner]) from exc
                 start, stop = self._offsets[owner], self._offsets[owner + 1]
                 if failed:
                     # failed holds rows of the call (as the function saw them): mapped back here
@@ -561,7 +562,7 @@ class RewardSuite:
                 self._note_timeout(owner, batch, rows, timeouts)
                 continue
             if isinstance(out, Exception):
-                raise function_failure(rf, batch, rows, out) from out
+                raise function_failure(rf, batch, rows, out, self._timeouts[owner]) from out
             # KeyboardInterrupt and the like are not the function's fault: re-raised as they are
             if isinstance(out, BaseException):
                 raise out

@@ -163,8 +163,11 @@ class TaskReward:
                 f"{self.__name__} needs the dataset's 'answer' column (gold answers); "
                 f"got columns {sorted(columns)}"
             )
-        metadatas = columns.get("metadata") or [None] * n
-        tasks = columns.get("task") or [None] * n
+        # `is None`, not `or`: a column may arrive as a numpy array, whose truth is ambiguous
+        metadatas = columns.get("metadata")
+        metadatas = [None] * n if metadatas is None else metadatas
+        tasks = columns.get("task")
+        tasks = [None] * n if tasks is None else tasks
         rows = []  # (completion, answer, metadata) of this family's rows; None for others
         for row, (completion, answer, raw, task) in enumerate(
             zip(completions, columns["answer"], metadatas, tasks, strict=True)
