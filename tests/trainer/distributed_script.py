@@ -1,5 +1,5 @@
-"""One training step under `accelerate launch` (``--fsdp``: fully sharded); the main process
-writes what it saw."""
+"""One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
+DeepSpeed: its ZeRO stage); the main process writes what it saw."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 import trainer_helpers
 
 from mtgrpo import GRPOTrainer
-from mtgrpo.trainer.sharding import full_model_state
 
 
 def main() -> None:
@@ -24,14 +23,19 @@ def main() -> None:
                           args=args, train_dataset=trainer_helpers.rows(),
                           generation_backend="scripted_backend:ScriptedBackend")
     trainer.train()
-    # a sharded model's whole weights are gathered on the main process (every process calls)
-    weights = full_model_state(trainer.unwrapped) if trainer.sharded else \
-        dict(trainer.unwrapped.named_parameters())
+    # a sharded (or DeepSpeed) model's whole weights are gathered on the main process (every
+    # process calls)
+    weights = trainer._whole_weights()
+    if weights is None:
+        weights = dict(trainer.unwrapped.named_parameters())
     if trainer.is_main_process:
         digest = sum(float(p.detach().double().sum()) for p in weights.values())
         result = {"weights": trainer.weighting.weights.tolist(), "world": trainer.world,
                   "param_sum": digest, "sharded": trainer.sharded,
-                  "sharded_head": type(trainer.unwrapped.lm_head.weight).__name__}
+                  "sharded_head": type(trainer.unwrapped.lm_head.weight).__name__,
+                  # ZeRO-3: outside a forward each process holds an empty partition
+                  "head_numel": trainer.unwrapped.lm_head.weight.numel(),
+                  "zero_stage": None if trainer.zero is None else trainer.zero.stage}
         with open(f"{out}/result.json", "w") as handle:
             json.dump(result, handle)
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None

@@ -2,11 +2,14 @@
 of a step.
 
 Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
-    [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp]
+    [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp] [--whole]
+    [--lr-scheduler TYPE]
 
 ``--validation``: the task weights read a held-out validation split every 3 steps
 (``task_weighting_signal: validation``). ``--fsdp``: the whole model trained fully sharded
-(``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter.
+(``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter; ``--whole``: the
+whole model, as the launch trains it (DeepSpeed ZeRO under ``accelerate launch --use_deepspeed``);
+``--lr-scheduler``: the learning-rate schedule (default: the helpers' constant one).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def main() -> None:
     parser.add_argument("--allow", nargs="*")
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--whole", action="store_true")
+    parser.add_argument("--lr-scheduler")
     options = parser.parse_args()
     held_out = {"task_weighting_signal": "validation", "validation_steps": 3,
                 "num_generations_validation": 2} if options.validation else {}
@@ -55,11 +60,13 @@ def main() -> None:
         resume_from_checkpoint=True if options.resume else None,
         num_generations=options.num_generations, resume_allow_changes=options.allow,
         fsdp="full_shard" if options.fsdp else None, **held_out,
+        **({"lr_scheduler_type": options.lr_scheduler} if options.lr_scheduler else {}),
     )
     KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(
         options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
-        train_dataset=trainer_helpers.rows(), peft_config=None if options.fsdp else {"r": 4},
+        train_dataset=trainer_helpers.rows(),
+        peft_config=None if options.fsdp or options.whole else {"r": 4},
         validation_dataset=trainer_helpers.validation_rows() if options.validation else None,
     )
     trainer.train()
