@@ -3,13 +3,14 @@ of a step.
 
 Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
     [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp] [--whole]
-    [--lr-scheduler TYPE]
+    [--lr-scheduler TYPE] [--backend NAME] [--max-steps N]
 
 ``--validation``: the task weights read a held-out validation split every 3 steps
 (``task_weighting_signal: validation``). ``--fsdp``: the whole model trained fully sharded
 (``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter; ``--whole``: the
 whole model, as the launch trains it (DeepSpeed ZeRO under ``accelerate launch --use_deepspeed``);
-``--lr-scheduler``: the learning-rate schedule (default: the helpers' constant one).
+``--lr-scheduler``: the learning-rate schedule (default: the helpers' constant one);
+``--backend``: the generation backend (default: auto); ``--max-steps``: default 6.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--whole", action="store_true")
     parser.add_argument("--lr-scheduler")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--max-steps", type=int, default=6)
     options = parser.parse_args()
     held_out = {"task_weighting_signal": "validation", "validation_steps": 3,
                 "num_generations_validation": 2} if options.validation else {}
     args = trainer_helpers.args(
-        options.output_dir, max_steps=6, save_steps=2, save_total_limit=None,
+        options.output_dir, max_steps=options.max_steps, save_steps=2, save_total_limit=None,
         task_weighting="mt_grpo", task_weighting_params={"lam": 0.5, "optimizer": "adam"},
         batch_construction="ratio_preserving",
         batch_construction_params={"max_resample_rounds": 2},
@@ -61,6 +64,7 @@ def main() -> None:
         num_generations=options.num_generations, resume_allow_changes=options.allow,
         fsdp="full_shard" if options.fsdp else None, **held_out,
         **({"lr_scheduler_type": options.lr_scheduler} if options.lr_scheduler else {}),
+        generation_backend=options.backend,
     )
     KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,14 +109,8 @@ def test_a_zero3_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_pat
     ddp, two = _steps(tmp_path / "ddp"), _steps(full)
     assert len({r["learning_rate"] for r in two}) == 6
     assert [r["learning_rate"] for r in two] == [r["learning_rate"] for r in ddp]
-    assert [r["step"] for r in two] == [r["step"] for r in ddp] == [1, 2, 3, 4, 5, 6]
-    for a, b in zip(ddp, two, strict=True):
-        assert a.keys() == b.keys()
-        numbers = [k for k, v in a.items() if isinstance(v, float | list)]
-        assert {k: b[k] for k in a.keys() - numbers} == {k: a[k] for k in a.keys() - numbers}
-        for key in numbers:  # float32 forwards over other splits of the batch
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6, nan_ok=True), \
-                (a["step"], key)
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
+    _compare_steps(ddp, two)
     killed = _resume_run(tiny_model_dir, crashed, "--kill-at", "6")
     assert killed.returncode != 0  # rank 0 killed itself; the launcher stopped rank 1
     assert f"Signals.{signal.SIGKILL.name}" in killed.stderr or "SIGKILL" in killed.stderr
@@ -147,6 +142,35 @@ def test_a_zero3_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_pat
     engine_state = torch.load(crashed / "checkpoint-6" / zero.CHECKPOINT_FOLDER
                               / "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=False)
     assert engine_state["global_steps"] == 6
+
+
+def _compare_steps(ddp: list[dict], two: list[dict]) -> None:
+    """The same records, numbers to float32 agreement (forwards over other splits of the
+    batch, gradients reduced in another order)."""
+    assert [r["step"] for r in two] == [r["step"] for r in ddp]
+    for a, b in zip(ddp, two, strict=True):
+        assert a.keys() == b.keys()
+        numbers = [k for k, v in a.items() if isinstance(v, float | list)]
+        assert {k: b[k] for k in a.keys() - numbers} == {k: a[k] for k in a.keys() - numbers}
+        for key in numbers:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6, nan_ok=True), \
+                (a["step"], key)
+
+
+def test_zero3_generates_with_the_hf_backend_as_ddp_does(tiny_model_dir, tmp_path):
+    """transformers' generate on the gathered weights (no lockstep across processes: the
+    processes generate different numbers of rows), then two updates through the engine."""
+    hf = ("--backend", "hf", "--max-steps", "2")
+    with ThreadPoolExecutor(2) as pool:  # independent runs, side by side
+        zero3 = pool.submit(_resume_run, tiny_model_dir, tmp_path / "zero3", *hf)
+        pool.submit(_accelerate_launch, RESUME_SCRIPT, 2, str(tiny_model_dir),
+                    str(tmp_path / "ddp"), *RESUME_OPTIONS, *hf).result()
+    done = zero3.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_metrics(tmp_path / "zero3", split="run")[0]["generation/backend"] == "hf"
+    two = _steps(tmp_path / "zero3")
+    assert [r["step"] for r in two] == [1, 2]
+    _compare_steps(_steps(tmp_path / "ddp"), two)
 
 
 def _trainer(tmp_path: Path, **kwargs):
