@@ -77,6 +77,11 @@ def check_before_loading(args: Any, *, peft: bool, optimizer: Any) -> None:
         f"max_memory_per_microbatch={args.batch.max_memory_per_microbatch!r}": (
             args.batch.max_memory_per_microbatch is not None,
             "its measurement reads the partitioned weights; set max_tokens_per_microbatch"),
+        # accelerate ignores DeepSpeed on cpu=True, so the trainer asks for the device DeepSpeed
+        # finds: on a machine with GPUs that is a GPU
+        "use_cpu=True": (args.compute.use_cpu and torch.cuda.is_available(),
+                         "DeepSpeed trains on the GPUs it finds; launch without --use_deepspeed "
+                         "to train on the CPU"),
     }
     for name, (given, alternative) in refused.items():
         if given:
@@ -157,9 +162,8 @@ class ZeroEngine:
         self.engine.backward(loss, scale_wrt_gas=False)
 
     def step(self) -> float:
-        """The optimizer step at the boundary (clipping to ``gradient_clipping`` first); the
-        gradients' global norm before clipping."""
-        self.engine.set_gradient_accumulation_boundary(True)
+        """The optimizer step at the boundary that :meth:`backward` marked (clipping to
+        ``gradient_clipping`` first); the gradients' global norm before clipping."""
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm if norm is not None else float("nan"))
@@ -188,7 +192,7 @@ class ZeroEngine:
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict on the main process (CPU copies; ``{}`` elsewhere).
         Every process must call it."""
-        main = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else True
+        main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         with self.gathered():
             if not main:
                 return {}
