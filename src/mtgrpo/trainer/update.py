@@ -305,7 +305,8 @@ class PolicyUpdater:
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
-            # DDP all-reduces on the last micro-batch only; earlier ones accumulate under no_sync
+            # the step's last micro-batch: DDP all-reduces there only (earlier ones accumulate
+            # under no_sync); DeepSpeed's accumulation boundary
             sync = i == len(plan) - 1
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
                 scored = self._logps(self.model, self._filler(batch))
