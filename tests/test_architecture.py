@@ -134,6 +134,24 @@ def test_trl_compatibility_is_imported_only_by_the_facade_and_the_command_line()
     assert importers == sorted([FACADE, "cli"])
 
 
+_CALLBACK_MACHINERY = {"CallbackHandler", "DefaultFlowCallback", "TrainerCallback",
+                       "TrainerControl"}
+
+
+def test_transformers_callbacks_are_imported_only_by_the_trl_surface():
+    """The native trainer decides when to log, evaluate and save itself
+    (``mtgrpo.trainer.flow``); transformers' callback machinery belongs to TRL's surface,
+    ``mtgrpo.compat``."""
+    importers = sorted({
+        path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers")
+        and (node.module == "transformers.trainer_callback"
+             or {alias.name for alias in node.names} & _CALLBACK_MACHINERY)
+    })
+    assert importers == ["compat/trainer.py"]
+
+
 def test_no_cycle_lazy_or_not():
     graph = code_imports()
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -169,7 +187,7 @@ def test_the_speed_layer_is_used_through_its_package_interface():
 # configuration without torch); the first group also imports numpy only. (mtgrpo.algo.registry
 # asks transformers about a name that is not ours; the subprocess test below holds it torch-free
 # on import.)
-_NUMPY_ONLY = ("algo.metrics", "algo.weighting", "algo.sampling")
+_NUMPY_ONLY = ("algo.metrics", "algo.weighting", "algo.sampling", "algo.advantages")
 _MODEL_FREE = ("algo.advantages", "algo.losses", "algo.token_weights", "algo.engine_correction",
                "analysis", "sandbox", *_NUMPY_ONLY)
 _MODEL_LIBRARIES = ("transformers", "peft", "accelerate")

@@ -338,8 +338,6 @@ def test_every_native_option_acts():
     source = "\n".join(p.read_text() for p in pathlib.Path(mtgrpo.__file__).parent.rglob("*.py")
                        if p.name != "config.py" and "compat" not in p.parts)
     read_elsewhere = {
-        # transformers' DefaultFlowCallback reads these from the arguments it is handed
-        "logging_first_step", "eval_delay",
         # DDP's options, read as f"ddp_{name}" (trainer/building.py)
         "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
         "ddp_static_graph",

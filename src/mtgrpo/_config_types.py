@@ -75,7 +75,7 @@ def coerce_numbers(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str) or name not in hints:
             continue
         kinds = set(typing.get_args(hints[name])) or {hints[name]}
-        for kind in (int, float):
+        for kind in (int, float):  # int first: "8" stays an int
             if kind in kinds:
                 try:
                     out[name] = kind(value)
@@ -127,8 +127,10 @@ def _matches(value: Any, kind: Any) -> bool:
         return value is None
     if kind is bool:
         return isinstance(value, bool)
+    # numbers.Integral takes numpy's integers too; bool, an int subclass, is no count
     if kind is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # an int is a number here (module docstring); a bool is not
     if kind is float:
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if kind is str:
@@ -163,6 +165,7 @@ def _describe(kind: Any) -> str:
     return getattr(kind, "__name__", str(kind))
 
 
+# SI units count in 1000s, IEC units (KiB, MiB, ...) in 1024s
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
@@ -171,7 +174,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 def parse_bytes(value: str | int, name: str) -> int:
     """``"4GiB"``, ``"512MiB"``, ``"1.5GB"`` or a byte count -> bytes, or an error naming the
     value and the accepted forms."""
-    if isinstance(value, bool):
+    if isinstance(value, bool):  # an int subclass: True is no size
         raise ValueError(f"{name}={value!r} is not a size; write e.g. '4GiB' or a byte count")
     if isinstance(value, int):
         if value <= 0:

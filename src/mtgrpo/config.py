@@ -176,6 +176,7 @@ class OutputConfig:
     logging_strategy: Interval = _help("When to log: steps (every logging_steps), epoch or no "
                                   "(the last step is always logged).", default="steps")
     logging_steps: int | float = _help(
+        # TRL's default is 10; 1 writes every step to metrics.jsonl (docs/coming-from-trl.md)
         "Log metrics every N training steps (a value below 1: that fraction of all steps).",
         default=1)
     logging_first_step: bool = _help("Also log the first step.", default=False)
@@ -219,6 +220,7 @@ class SavingConfig:
         "When to checkpoint: steps (every save_steps, and at the end), epoch, best (when "
         "metric_for_best_model improves) or no (never).", default="steps")
     save_steps: int | float = _help(
+        # transformers' default is 500; 50 keeps a short run resumable (docs/coming-from-trl.md)
         "Checkpoint every N training steps (0: only at the end; below 1: that fraction of all "
         "steps).", default=50)
     save_total_limit: int | None = _help("Keep only the newest N checkpoints (None: all).",
@@ -276,6 +278,7 @@ class EvaluationConfig:
     eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
                                 default=True)
     num_generations_eval: int | None = _help(
+        # TRL's None samples G per prompt; one sample already measures per-task accuracy
         "Samples per eval prompt (accuracy is their mean; None: num_generations, as TRL).",
         default=1)
     eval_temperature: float = _help("Sampling temperature for eval (0: greedy).", default=1.0)
@@ -322,6 +325,7 @@ class ComputeConfig:
 class DistributedConfig:
     """Several processes: DDP's options, fully sharded training (FSDP2), the process group."""
 
+    # defaults: transformers' TrainingArguments'
     ddp_find_unused_parameters: bool | None = _help(
         "DDP's find_unused_parameters (None: DDP's default).", default=None)
     ddp_bucket_cap_mb: int | None = _help("DDP's bucket_cap_mb.", default=None)
@@ -340,7 +344,7 @@ class DistributedConfig:
 class OptimizationConfig:
     """The optimizer and its learning-rate schedule."""
 
-    learning_rate: float = _help("Peak learning rate.", default=1e-6)
+    learning_rate: float = _help("Peak learning rate.", default=1e-6)  # TRL's; transformers': 5e-5
     optim: str = _help(
         "Optimizer, by transformers' name (adamw_torch_fused, adamw_torch, adafactor, sgd, "
         "adamw_8bit, ...); adamw_torch_fused (TRL's default on torch >= 2.8: AdamW in one fused "
@@ -422,6 +426,7 @@ class BatchConfig:
         "token are measured once, before training, from what the policy's forward saves for "
         "the backward pass (gradient checkpointing, LoRA, padding-free and autocast "
         "included).", default=None)
+    # bucketed: 1.9 CPU-s vs 3.0 padded, 64 rows of 10-128 tokens (docs/fast_generation.md)
     max_padding_fraction: float = _help(
         "Length bucketing: rows are grouped longest first and a new micro-batch starts when "
         "more than this fraction of the next row would be padding. 1.0 turns it off. Ignored "
@@ -446,6 +451,7 @@ class RolloutConfig:
                                           default=512)
     on_long_prompt: OnLongPrompt = _help("truncate (keep the end, warn once) or error.",
                                 default="truncate")
+    # TRL's default is 512; 256 is CPU-friendly (docs/coming-from-trl.md)
     max_completion_length: int = _help("Maximum new tokens per completion.", default=256)
     temperature: float = _help("Sampling temperature (also applied to training log-probs).",
                                default=1.0)
@@ -502,6 +508,7 @@ class RolloutConfig:
 class VLLMConfig:
     """The vLLM generation engine (TRL's use_vllm and vllm_* options; docs/engines.md)."""
 
+    # defaults: TRL 1.16's GRPOConfig's, so TRL's vllm_* settings carry over unchanged
     use_vllm: bool = _help(
         "Generate with vLLM (vllm_mode: colocate, an in-process engine; server, a `mtgrpo "
         "vllm-serve` server); the policy's weights are pushed into it after every optimizer "
@@ -554,6 +561,7 @@ class VLLMConfig:
 class LossConfig:
     """The GRPO loss family: clipping, KL, entropy, the reference model."""
 
+    # defaults: TRL 1.16's GRPOConfig's, except use_bias_correction_kl (docs/coming-from-trl.md)
     loss_type: str = _help(
         "grpo (sequence mean), dapo (token mean), dr_grpo (constant length), bnpo, cispo "
         "(clipped importance weights), sapo (soft gate), luspo (length-weighted sequences), "
@@ -634,6 +642,7 @@ class AdvantageConfig:
         "Seconds one call of a reward function may take (a function's own timeout wins); a "
         "call past it does not apply to its completions and is counted in "
         "rewards/<name>/timeouts. null: no limit.", default=60.0)
+    # TRL's GRPOTrainer divides by std + 1e-4
     advantage_epsilon: float = _help("δ added to stds when normalising.", default=1e-4)
     advantage_std_ddof: int = _help(
         "Degrees of freedom of the stds: 1 (unbiased; TRL) or 0 (population; "
@@ -770,6 +779,7 @@ class TrainConfig:
         built = {}
         for section, options in grouped.items():
             kind = SECTIONS[section]
+            # an option under another section's name: names are unique across sections
             refuse_unknown([k for k in options if FIELD_SECTION.get(k) != section],
                            [f.name for f in dataclasses.fields(kind)], section)
             built[section] = kind(**coerce_numbers(kind, options))
@@ -794,6 +804,7 @@ class TrainConfig:
             elif not isinstance(value, kind):
                 raise TypeError(f"{section} must be a {kind.__name__} (or a mapping of its "
                                 f"options), got {type(value).__name__}")
+        # first: the type checks below see plain values, not enums or JSON text
         self._normalise_values()
         for section in SECTIONS:
             check_option_types(getattr(self, section))
@@ -834,7 +845,7 @@ class TrainConfig:
         for name, typed in (("task_weighting_params", weighting_params),
                             ("batch_construction_params", sampler_params)):
             value = getattr(multitask, name)
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):  # not the class
                 choice = multitask.task_weighting if name == "task_weighting_params" \
                     else multitask.batch_construction
                 setattr(multitask, name, as_mapping(typed(choice, value)))  # kept as run files
@@ -959,7 +970,7 @@ class TrainConfig:
             )
         for name in ("logging_steps", "save_steps", "eval_steps", "warmup_steps", "eval_delay"):
             value = self.get(name)
-            if value is not None and not value >= 0:
+            if value is not None and not value >= 0:  # NaN fails too
                 raise ValueError(f"{name}={value} must be >= 0")
         if not self.output.logging_steps > 0:
             raise ValueError(f"logging_steps={self.output.logging_steps} must be > 0")
@@ -1316,6 +1327,7 @@ class TrainConfig:
         return self.to_flat()
 
     # transformers' callbacks (wandb, tensorboard, ...) read the arguments through these
+    # transformers' rule: TensorBoard's hparams take bool, int, float and str only
     def to_sanitized_dict(self) -> dict[str, Any]:
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v)
                 for k, v in self.to_dict().items()}
@@ -1323,7 +1335,7 @@ class TrainConfig:
     def to_json_string(self) -> str:
         import json
 
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json.dumps(self.to_dict(), indent=2, default=str)  # a dtype, a path: as text
 
 
 def native_config(args: Any) -> TrainConfig:
@@ -1343,9 +1355,11 @@ class FlatOptions:
     arguments so (``DefaultFlowCallback`` reads ``args.logging_strategy``, ...)."""
 
     def __init__(self, config: TrainConfig) -> None:
+        # past __setattr__ below, which takes option names only
         object.__setattr__(self, "_config", config)
 
     def __getattr__(self, name: str) -> Any:
+        # self._config would call __getattr__ again while _config is unset (copy, unpickling)
         config = object.__getattribute__(self, "_config")
         return config.get(name) if name in FIELD_SECTION else getattr(config, name)
 
@@ -1355,6 +1369,7 @@ class FlatOptions:
         self._config.set(name, value)
 
 
+# torch_dtype: transformers' deprecated name for dtype, still accepted
 _MODEL_INIT_KWARGS = ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code",
                       "revision", "gguf_file")
 
@@ -1532,7 +1547,7 @@ def run_config_from_dict(
         raise ValueError(f"a run config must be a mapping of options, got {type(raw).__name__}")
     options = training({k: v for k, v in raw.items() if k not in _SECTIONS})
     sections = {name: build(raw[name]) for name, build in _SECTIONS.items()
-                if raw.get(name) is not None}
+                if raw.get(name) is not None}  # a null section (`peft:` left empty) is none
     sections.setdefault("model", ModelConfig())
     sections.setdefault("data", DataConfig())
     return RunConfig(training=options, **sections)
@@ -1599,6 +1614,7 @@ def load_run_config(
                              "file as UTF-8") from None  # fmt: skip
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
+            # PyYAML's marks count lines and columns from 0
             where = f"{file}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(file)
             problem = getattr(error, "problem", None) or str(error)
             raise ValueError(f"{where}: not valid YAML ({problem}); fix the run file there") \

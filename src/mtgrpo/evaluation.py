@@ -287,7 +287,6 @@ def evaluate_prompts(
 def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: int,
                   accuracy_channel: int | None) -> dict[str, TaskResult]:
     """Each task's :class:`TaskResult` from the scored groups."""
-    import torch
 
     from mtgrpo.rewards.accuracy import accuracy_values
 
@@ -303,7 +302,7 @@ def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: in
             continue
         values = np.concatenate([g.rewards for g in mine])  # [n, R]
         scalar = scalar_rewards(values, np.asarray(rewards.reward_weights, dtype=np.float64))
-        accuracy_value = accuracy_values(torch.from_numpy(values), accuracy_channel).numpy()
+        accuracy_value = accuracy_values(values, accuracy_channel)
         lengths = [n for g in mine for n in g.payload.model_token_counts]  # tool replies not
         results[name] = TaskResult(
             task=name, prompts=len(mine), samples=num_samples, accuracy=float(accuracy[k]),

@@ -259,8 +259,17 @@ def test_input_validation():
 
 
 def test_accepts_numpy_and_integer_rewards():
-    a = compute_advantages(np.array([[1], [0], [1], [1]]), 4).advantages
-    close(a, [0.4999, -1.4997, 0.4999, 0.4999], atol=1e-4)
+    """numpy in, numpy out (integers computed as float32); a tensor in gives tensors."""
+    result = compute_advantages(np.array([[1], [0], [1], [1]]), 4)
+    assert all(isinstance(v, np.ndarray) for v in (result.advantages, result.zero_gradient,
+                                                   result.unscorable, result.scalar_rewards))
+    assert result.advantages.dtype == np.float32
+    close(torch.from_numpy(result.advantages), [0.4999, -1.4997, 0.4999, 0.4999], atol=1e-4)
+    from_tensor = compute_advantages(torch.tensor([[1.0], [0.0], [1.0], [1.0]],
+                                                  dtype=torch.float64), 4)
+    assert from_tensor.advantages.dtype == torch.float64
+    assert from_tensor.zero_gradient.dtype == torch.bool
+    np.testing.assert_allclose(from_tensor.advantages.numpy(), result.advantages, rtol=1e-6)
 
 
 def test_channel_zscores_reassemble_normalize_then_sum():

@@ -95,7 +95,7 @@ def test_scalar_rewards_sum_the_applicable_channels_and_nan_when_none_applies():
                           equal_nan=True)
     result = compute_advantages(rewards, 1, reward_weights=[1.0, 0.5],
                                 on_unscorable="zero_advantage")
-    assert np.array_equal(result.scalar_rewards.numpy(), [1.0, 1.5, NAN], equal_nan=True)
+    assert np.array_equal(result.scalar_rewards, [1.0, 1.5, NAN], equal_nan=True)
 
 
 def test_the_contrast_tolerance_is_relative_and_works_on_tensors_and_arrays():

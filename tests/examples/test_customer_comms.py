@@ -267,7 +267,7 @@ def test_gate_on_judged_replies_ignores_politeness_of_a_promise():
             gates=suite.gates).advantages
 
     values, polite = advantages(comms_reward, POLITE_PROMISE)
-    torch.testing.assert_close(values, torch.tensor(
+    torch.testing.assert_close(torch.from_numpy(values), torch.tensor(
         [[1.0, 1.0, 1.0], [1.0, 0.3, 0.8], [0.0, 1.0, 0.8], [1.0, 0.3, 0.8]],
         dtype=torch.float64))
     rude_values, rude = advantages(comms_reward, RUDE_PROMISE)

@@ -260,7 +260,7 @@ def test_config_reward_suite_scores_three_channels_and_advantages():
                              [1.0, 0.0, 0.5],   # right (last number), no box, 100 under
                              [0.0, 0.0, 0.0]],  # wrong, no box, 200 over
                             dtype=torch.float64)
-    torch.testing.assert_close(scores.values, expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_numpy(scores.values), expected, rtol=0, atol=0)
     # sum_then_normalize: s = w·r = [1.75, 0.625, 1.125, 0]; A = (s - mean) / (std_ddof1 + 1e-4)
     result = compute_advantages(scores.values, 4, reward_weights=suite.reward_weights,
                                 aggregation=run.training.advantage.multi_objective_aggregation)

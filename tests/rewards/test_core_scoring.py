@@ -21,8 +21,12 @@ from mtgrpo.rewards import (
 )
 
 
-def assert_same_matrix(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    torch.testing.assert_close(actual, expected, rtol=0.0, atol=0.0, equal_nan=True)
+def assert_same_matrix(actual: np.ndarray, expected) -> None:
+    """Equal bit for bit, NaN where ``expected`` has NaN, and of its dtype (scores are numpy)."""
+    expected = np.asarray(expected)
+    assert isinstance(actual, np.ndarray), type(actual)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    np.testing.assert_array_equal(actual, expected)
 
 
 def batch(tasks: list[str]) -> dict:
@@ -75,8 +79,8 @@ def test_seed_000_none_form_and_routed_form_give_the_same_matrix():
                             dtype=torch.float64)
     assert_same_matrix(a.values, expected)
     assert_same_matrix(b.values, expected)
-    assert a.values.dtype == torch.float64  # the reward functions' floats, not rounded
-    assert torch.equal(a.applied, ~expected.isnan())
+    assert a.values.dtype == np.float64  # the reward functions' floats, not rounded
+    assert np.array_equal(a.applied, ~expected.isnan().numpy())
     assert a.channel_names == ["math_reward_func", "coding_reward_func"]
 
 
@@ -135,7 +139,7 @@ def test_routed_function_is_called_only_on_its_tasks_rows_with_aligned_inputs():
     scores = suite.score(**batch(tasks))
     assert calls == [[1, 2, 5]]
     assert never == []  # no poetry row in the batch: not called at all
-    assert torch.equal(scores.applied[:, 0], torch.tensor([t == "code" for t in tasks]))
+    assert np.array_equal(scores.applied[:, 0], [t == "code" for t in tasks])
     assert scores.applied[:, 1].sum() == 0
 
 
@@ -299,7 +303,7 @@ def test_zero_advantage_keeps_unscorable_rows_all_nan():
     suite = RewardSuite.from_user([math_reward_func], on_unscorable="zero_advantage")
     scores = suite.score(**batch(["math", "code", "math", "math"]))
     assert scores.unscorable.tolist() == [False, True, False, False]
-    assert scores.values[1].isnan().all()
+    assert np.isnan(scores.values[1]).all()
     result = compute_advantages(scores.values, 2, on_unscorable="zero_advantage")
     assert result.advantages[1].item() == 0.0
     assert result.unscorable.tolist() == [False, True, False, False]
@@ -317,7 +321,7 @@ def test_suite_gates_feed_compute_advantages():
     gated = compute_advantages(scores.values, 4, gates=suite.gates, aggregation="na")
     # zero_fill: row 1 fails the format gate, so its 'correct' reward 1 becomes 0 and the
     # gated channel equals the ungated rewards [1, 0, 0, 1].
-    manual = scores.values.clone()
+    manual = scores.values.copy()
     manual[1, 0] = 0.0
     plain = compute_advantages(manual, 4, aggregation="na")
     torch.testing.assert_close(gated.advantages, plain.advantages, rtol=0.0, atol=1e-7)
@@ -336,7 +340,7 @@ def random_scores(seed: int):
     values[torch.rand(n, r, generator=gen) < 0.4] = math.nan
     tasks = [["a", "b", "c"][int(i)] for i in torch.randint(0, 3, (n,), generator=gen)]
     names = [f"ch{k}" for k in range(r)]
-    return RewardScores(values, ~values.isnan(), names, tasks)
+    return RewardScores(values.numpy(), ~values.isnan().numpy(), names, tasks)
 
 
 @pytest.mark.parametrize("seed", range(6))

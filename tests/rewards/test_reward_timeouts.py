@@ -51,7 +51,7 @@ def test_a_hung_function_costs_its_limit_and_is_counted(hung, caplog) -> None:
     suite = RewardSuite.from_user([hung, half], timeout=LIMIT)
     scores, seconds = _score(suite)
     assert seconds < LIMIT + SLACK
-    values = scores.values.numpy()
+    values = scores.values
     assert np.isnan(values[:, 0]).all()  # the hung channel does not apply
     assert (values[:, 1] == 0.5).all()  # the others are scored as usual
     assert scores.metrics()[f"rewards/{hung.__name__}/timeouts"] == 4
@@ -67,12 +67,12 @@ def test_a_function_s_own_limit_wins_and_none_means_no_limit() -> None:
         return [1.0] * len(completions)
 
     patient = RewardSuite.from_user([RewardFunction(slowish, timeout=5.0)], timeout=0.1)
-    assert _score(patient)[0].values.numpy().tolist() == [[1.0]] * 4
+    assert _score(patient)[0].values.tolist() == [[1.0]] * 4
     unlimited = RewardSuite.from_user([slowish], timeout=None)
-    assert _score(unlimited)[0].values.numpy().tolist() == [[1.0]] * 4
+    assert _score(unlimited)[0].values.tolist() == [[1.0]] * 4
     strict = RewardSuite.from_user([RewardFunction(slowish, timeout=0.1)], timeout=None,
                                    on_unscorable="zero_advantage")  # fmt: skip
-    assert np.isnan(_score(strict)[0].values.numpy()).all()
+    assert np.isnan(_score(strict)[0].values).all()
 
 
 def test_the_only_reward_timing_out_is_unscorable_as_the_user_chose() -> None:

@@ -56,12 +56,12 @@ than ``ddof + 1`` values is 0.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from mtgrpo.algo.metrics import lacks_contrast, scalar_rewards
 from mtgrpo.algo.registry import (
@@ -91,7 +91,6 @@ __all__ = [
 GATE_MODES = ("zero_fill", "subgroup")
 
 
-
 @dataclass(frozen=True)
 class Gate:
     """Channel ``channel`` counts only where channel ``on`` passes (``r_on >= threshold``)."""
@@ -114,7 +113,8 @@ class Gate:
 
 @dataclass(frozen=True)
 class AdvantageResult:
-    """Output of :func:`compute_advantages`.
+    """Output of :func:`compute_advantages`: numpy arrays, or torch tensors on the rewards'
+    device and dtype when the rewards were a tensor.
 
     Attributes:
         advantages: ``[N]`` one advantage per completion (0 for unscorable rows).
@@ -126,15 +126,15 @@ class AdvantageResult:
             unscorable rows), for logging.
     """
 
-    advantages: Tensor
-    zero_gradient: Tensor
-    unscorable: Tensor
-    scalar_rewards: Tensor
+    advantages: Any
+    zero_gradient: Any
+    unscorable: Any
+    scalar_rewards: Any
 
 
 @dataclass(frozen=True)
 class _Spec:
-    weights: Tensor  # [R]
+    weights: np.ndarray  # [R]
     scale: str
     none_handling: str
     ddof: int
@@ -144,114 +144,121 @@ class _Spec:
 # An aggregation maps gated rewards [B, G, R] (NaN = n/a) and a row mask [B, G] of scorable rows
 # to group-level advantages [B, G] and the centred contrast used for the zero-gradient test.
 # The names (and aliases) are declared in mtgrpo.algo.registry, so a configuration validates them
-# without importing torch.
-Aggregation = Callable[[Tensor, Tensor, _Spec], tuple[Tensor, Tensor]]
+# without importing the estimators.
+Aggregation = Callable[[np.ndarray, np.ndarray, _Spec], tuple[np.ndarray, np.ndarray]]
 
 
-def _masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...]) -> Tensor:
-    """Mean of ``x`` over ``dim`` counting only ``mask``; 0 where nothing counts."""
-    count = mask.sum(dim=dim, keepdim=True)
-    total = torch.where(mask, x, 0.0).sum(dim=dim, keepdim=True)
+def _masked_mean(x: np.ndarray, mask: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+    """Mean of ``x`` over ``axis`` counting only ``mask``; 0 where nothing counts."""
+    count = mask.sum(axis=axis, keepdims=True)
+    total = np.where(mask, x, 0.0).sum(axis=axis, keepdims=True, dtype=x.dtype)
     # A group with no counted row (all unscorable) gets mean 0, not 0/0 = NaN.
-    return total / count.clamp(min=1)
+    return total / np.maximum(count, 1).astype(x.dtype)
 
 
-def _masked_std(x: Tensor, mask: Tensor, dim: int | tuple[int, ...], ddof: int) -> Tensor:
-    """Std of ``x`` over ``dim`` counting only ``mask`` (``ddof`` as in numpy); 0 if too few."""
-    count = mask.sum(dim=dim, keepdim=True)
-    mean = _masked_mean(x, mask, dim)
-    sq = torch.where(mask, (x - mean) ** 2, 0.0).sum(dim=dim, keepdim=True)
+def _masked_std(x: np.ndarray, mask: np.ndarray, axis: int | tuple[int, ...], ddof: int
+                ) -> np.ndarray:
+    """Std of ``x`` over ``axis`` counting only ``mask`` (``ddof`` as in numpy); 0 if too few."""
+    count = mask.sum(axis=axis, keepdims=True)
+    mean = _masked_mean(x, mask, axis)
+    sq = np.where(mask, (x - mean) ** 2, 0.0).sum(axis=axis, keepdims=True, dtype=x.dtype)
     dof = count - ddof  # ddof=1: Bessel's correction, as TRL's nanstd (count / (count - 1))
     # Too few values: std 0 where TRL's nanstd gives NaN, so the advantage stays finite.
-    var = torch.where(dof > 0, sq / dof.clamp(min=1), torch.zeros_like(sq))
-    return var.sqrt()
+    var = np.where(dof > 0, sq / np.maximum(dof, 1).astype(x.dtype), 0.0).astype(x.dtype)
+    return np.sqrt(var)
 
 
-def _scale(centred: Tensor, x: Tensor, mask: Tensor, spec: _Spec) -> Tensor:
+def _scale(centred: np.ndarray, x: np.ndarray, mask: np.ndarray, spec: _Spec) -> np.ndarray:
     """Divide centred values by the group or batch std (``x`` [B, G, C] holds the raw values)."""
     if spec.scale == "none":
         return centred  # Dr. GRPO: centre only, no division by a std (ALGORITHMS.md §2)
     # "batch" is TRL's scale_rewards="batch": the std of the raw values over the whole batch
     # (about the batch mean), while the centring stays per group.
-    dim: tuple[int, ...] = (1,) if spec.scale == "group" else (0, 1)
-    std = _masked_std(x, mask, dim, spec.ddof)
-    return centred / (std + spec.eps)  # δ on the std, as TRL's (std + 1e-4)
+    axis: tuple[int, ...] = (1,) if spec.scale == "group" else (0, 1)
+    std = _masked_std(x, mask, axis, spec.ddof)
+    return centred / (std + x.dtype.type(spec.eps))  # δ on the std, as TRL's (std + 1e-4)
 
 
-def _has_contrast(centred: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
+def _has_contrast(centred: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``[B]`` True where some masked centred value is non-negligible relative to ``reference``
     (the zero-gradient rule, :func:`mtgrpo.algo.metrics.lacks_contrast`)."""
-    size = torch.where(mask, centred.abs(), 0.0).flatten(1).amax(dim=1)
+    b = centred.shape[0]
+    size = np.where(mask, np.abs(centred), 0.0).reshape(b, -1).max(axis=1, initial=0.0)
     # Relative to the largest raw value: float noise on large rewards (reward-model logits)
     # must not make a group count as informative.
-    ref = torch.where(mask, reference.abs(), 0.0).flatten(1).amax(dim=1)
+    ref = np.where(mask, np.abs(reference), 0.0).reshape(b, -1).max(axis=1, initial=0.0)
     return ~lacks_contrast(size, ref)
 
 
 @AGGREGATIONS.register("sum_then_normalize")
-def _sum_then_normalize(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
-    applicable = ~rewards.isnan()  # [B, G, R]
+def _sum_then_normalize(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    applicable = ~np.isnan(rewards)  # [B, G, R]
     if spec.none_handling == "neutral":
         # The channel's group mean: a None moves s neither up nor down relative to the group.
-        fill = _masked_mean(rewards, applicable, dim=1).expand_as(rewards)
+        fill = np.broadcast_to(_masked_mean(rewards, applicable, axis=1), rewards.shape)
     else:
-        fill = torch.zeros_like(rewards)  # TRL 1.16's nansum in _generate_and_score_completions
-    filled = torch.where(applicable, rewards, fill)
-    s = (filled * spec.weights).sum(dim=-1)  # [B, G]
+        fill = np.zeros_like(rewards)  # TRL 1.16's nansum in _generate_and_score_completions
+    filled = np.where(applicable, rewards, fill)
+    s = (filled * spec.weights).sum(axis=-1)  # [B, G]
     # Baseline over scorable rows only: TRL sets unscorable rows to NaN before its nanmean.
-    centred = s - _masked_mean(s, scorable, dim=1)
+    centred = s - _masked_mean(s, scorable, axis=1)
     advantages = _scale(centred, s, scorable, spec)
     # Decided before any scaling, so the verdict does not depend on the rest of the batch.
     contrast = _has_contrast(centred, s, scorable)
     # Unscorable rows: advantage 0, TRL's nan_to_num(advantages, nan=0.0).
-    return torch.where(scorable, advantages, 0.0), contrast
+    return np.where(scorable, advantages, 0.0).astype(rewards.dtype), contrast
 
 
-def _zscores(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+def _zscores(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
+             ) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel normalised rewards ``[B, G, R]`` (0 where not counted) and the contrast."""
-    applicable = ~rewards.isnan()
+    applicable = ~np.isnan(rewards)
     if spec.none_handling == "neutral":
         # A None is left out of its channel's mean and std and gets z = 0: TRL 1.16's
         # nanmean / nanstd / nansum in its normalize_then_sum branch.
         valid, values = applicable, rewards
     else:
         # "zero": a None is a reward of 0 on every scorable row; unscorable rows stay out.
-        valid = scorable.unsqueeze(-1).expand_as(rewards)
-        values = torch.where(applicable, rewards, 0.0)
-    centred = values - _masked_mean(values, valid, dim=1)
+        valid = np.broadcast_to(scorable[..., None], rewards.shape)
+        values = np.where(applicable, rewards, 0.0).astype(rewards.dtype)
+    centred = values - _masked_mean(values, valid, axis=1)
     z = _scale(centred, values, valid, spec)
     contrast = _has_contrast(centred, values, valid)
-    return torch.where(valid, z, 0.0), contrast
+    return np.where(valid, z, 0.0).astype(rewards.dtype), contrast
 
 
 @AGGREGATIONS.register("normalize_then_sum")
-def _normalize_then_sum(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+def _normalize_then_sum(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
+                        ) -> tuple[np.ndarray, np.ndarray]:
     z, contrast = _zscores(rewards, scorable, spec)
     # MO-GRPO weighs after normalising, so channel l's influence is proportional to w_l (the
     # (τ²/m) wᵀCw noise law that mtgrpo.analysis.theorem3 checks).
-    advantages = (z * spec.weights).sum(dim=-1)
-    return torch.where(scorable, advantages, 0.0), contrast
+    advantages = (z * spec.weights).sum(axis=-1)
+    return np.where(scorable, advantages, 0.0).astype(rewards.dtype), contrast
 
 
 @AGGREGATIONS.register("gdpo")
-def _gdpo(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+def _gdpo(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
+          ) -> tuple[np.ndarray, np.ndarray]:
     # The zero-gradient verdict stays the group-level one, decided before the batch step.
     group_level, contrast = _normalize_then_sum(rewards, scorable, spec)
     # GDPO's batch step, TRL 1.16's normalize_then_sum: (A − nanmean) / (nanstd + 1e-4) over
     # the batch. Each group's A sums to 0, so this mean is ~0 and the step mostly rescales.
-    batch_mean = _masked_mean(group_level, scorable, dim=(0, 1))
-    batch_std = _masked_std(group_level, scorable, dim=(0, 1), ddof=spec.ddof)
-    advantages = (group_level - batch_mean) / (batch_std + spec.eps)
-    return torch.where(scorable, advantages, 0.0), contrast
+    batch_mean = _masked_mean(group_level, scorable, axis=(0, 1))
+    batch_std = _masked_std(group_level, scorable, axis=(0, 1), ddof=spec.ddof)
+    advantages = (group_level - batch_mean) / (batch_std + rewards.dtype.type(spec.eps))
+    return np.where(scorable, advantages, 0.0).astype(rewards.dtype), contrast
 
 
 @AGGREGATIONS.register("single")
-def _single(rewards: Tensor, scorable: Tensor, spec: _Spec) -> tuple[Tensor, Tensor]:
+def _single(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
+            ) -> tuple[np.ndarray, np.ndarray]:
     channel0 = rewards[..., :1]
-    one = _Spec(torch.ones(1, dtype=rewards.dtype, device=rewards.device), spec.scale,
-                spec.none_handling, spec.ddof, spec.eps)
+    one = _Spec(np.ones(1, dtype=rewards.dtype), spec.scale, spec.none_handling, spec.ddof,
+                spec.eps)
     # A row where channel 0 is None has no reward in this ablation: treated as unscorable.
-    return _sum_then_normalize(channel0, scorable & ~channel0[..., 0].isnan(), one)
+    return _sum_then_normalize(channel0, scorable & ~np.isnan(channel0[..., 0]), one)
 
 
 def normalises_over_the_batch(aggregation: str, scale_rewards: str | bool) -> bool:
@@ -262,39 +269,66 @@ def normalises_over_the_batch(aggregation: str, scale_rewards: str | bool) -> bo
             or AGGREGATIONS.canonical(aggregation) == "gdpo")
 
 
-def _as_tensor(rewards: Tensor | np.ndarray | Sequence[Sequence[float]]) -> Tensor:
-    x = torch.as_tensor(rewards)
-    if not x.is_floating_point():
-        x = x.to(torch.float32)  # 0/1 verifier scores arrive as integers; NaN needs a float
-    if x.dim() != 2:
+def _torch_tensor(value: Any) -> Any:
+    """``value`` if it is a torch tensor, else None. The estimators are numpy; a caller's
+    tensors are converted at the edge (torch is only consulted if the caller loaded it)."""
+    torch = sys.modules.get("torch")
+    return value if torch is not None and isinstance(value, torch.Tensor) else None
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A numpy view of ``value`` (a tensor on any device is copied to the host once)."""
+    tensor = _torch_tensor(value)
+    return tensor.detach().cpu().numpy() if tensor is not None else np.asarray(value)
+
+
+def _like(tensor: Any) -> Callable[[np.ndarray], Any]:
+    """Results in the caller's kind: tensors on ``tensor``'s device (floats in its dtype) when
+    the rewards came as one, numpy otherwise."""
+    if tensor is None:
+        return lambda array: array
+    torch = sys.modules["torch"]
+
+    def convert(array: np.ndarray) -> Any:
+        out = torch.from_numpy(np.ascontiguousarray(array)).to(tensor.device)
+        return out.to(tensor.dtype) if out.is_floating_point() else out
+
+    return convert
+
+
+def _as_array(rewards: Any) -> np.ndarray:
+    x = _numpy(rewards)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float32)  # 0/1 verifier scores arrive as integers; NaN needs a float
+    if x.ndim != 2:
         raise ValueError(
             f"rewards must have shape [N, R] (completions × reward channels), got "
-            f"{tuple(x.shape)}; use rewards.unsqueeze(-1) for a single channel"
+            f"{tuple(x.shape)}; use rewards[:, None] for a single channel"
         )
     # ±inf would turn a group's mean and std into NaN (the whole batch's under "batch" or gdpo).
-    if torch.isinf(x).any():
-        row = int(torch.isinf(x).any(dim=1).nonzero()[0])
+    if np.isinf(x).any():
+        row = int(np.flatnonzero(np.isinf(x).any(axis=1))[0])
         raise ValueError(
             f"rewards contain ±inf (first at row {row}); rewards must be finite or NaN"
         )
     return x
 
 
-def _weights(reward_weights: Sequence[float] | Tensor | None, r: int, like: Tensor) -> Tensor:
+def _weights(reward_weights: Any, r: int, like: np.ndarray) -> np.ndarray:
     if reward_weights is None:
-        return torch.ones(r, dtype=like.dtype, device=like.device)
-    w = torch.as_tensor(reward_weights, dtype=like.dtype, device=like.device).flatten()
-    if w.numel() != r:
+        return np.ones(r, dtype=like.dtype)
+    w = _numpy(reward_weights).astype(like.dtype).reshape(-1)
+    if w.size != r:
         raise ValueError(
-            f"reward_weights has {w.numel()} values but the rewards have {r} channels; "
+            f"reward_weights has {w.size} values but the rewards have {r} channels; "
             "give one weight per reward channel"
         )
-    if not torch.isfinite(w).all():
+    if not np.isfinite(w).all():
         raise ValueError(f"reward_weights must be finite, got {w.tolist()}")
     return w
 
 
-def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -> None:
+def _check_unscorable(unscorable: np.ndarray, on_unscorable: str, group_size: int) -> None:
     if on_unscorable not in ON_UNSCORABLE:
         raise ValueError(
             f"on_unscorable={on_unscorable!r} is not valid; use one of "
@@ -302,44 +336,53 @@ def _check_unscorable(unscorable: Tensor, on_unscorable: str, group_size: int) -
         )
     # DESIGN.md: a task with no applicable reward must never train silently.
     if on_unscorable == "raise" and unscorable.any():
-        rows = unscorable.nonzero().flatten()
+        rows = np.flatnonzero(unscorable)
         first = [int(i) for i in rows[:5]]
         raise ValueError(
-            f"{rows.numel()} completion(s) have no applicable reward (every channel is None), "
+            f"{rows.size} completion(s) have no applicable reward (every channel is None), "
             f"first rows {first} (groups {sorted({i // group_size for i in first})}); make at "
             "least one reward function apply to every task, or pass "
             "on_unscorable='zero_advantage' to give such completions advantage 0 (TRL's behaviour)"
         )
 
 
-def apply_gates(rewards: Tensor, gates: Sequence[Gate], group_size: int) -> Tensor:
-    """Apply conditioning gates to ``rewards [N, R]`` in order; returns a new ``[N, R]`` tensor."""
+def _gated(x: np.ndarray, gates: Sequence[Gate], group_size: int) -> np.ndarray:
+    """``apply_gates`` on numpy ``[N, R]``."""
     if not gates:
-        return rewards
-    r = rewards.shape[1]
-    x = rewards.reshape(-1, group_size, r).clone()  # [B, G, R]; the caller's rewards stay as given
+        return x
+    r = x.shape[1]
+    x = x.reshape(-1, group_size, r).copy()  # [B, G, R]; the caller's rewards stay as given
     # In order: a gate reads its gate channel as earlier gates left it, so gates can chain.
     for gate in gates:
         for index in (gate.channel, gate.on):
             if not 0 <= index < r:
                 raise ValueError(f"gate {gate} refers to channel {index}, but there are {r}")
         target = x[..., gate.channel]
-        applicable = ~target.isnan()
-        passed = (x[..., gate.on] >= gate.threshold) & applicable  # NaN gate: not passing
+        applicable = ~np.isnan(target)
+        with np.errstate(invalid="ignore"):  # a NaN gate compares False: it does not pass
+            passed = (x[..., gate.on] >= gate.threshold) & applicable
         if gate.mode == "zero_fill":
             # ALGORITHMS.md §2: r_b ← r_b · 1[gate passes]; a None in b stays None.
-            x[..., gate.channel] = torch.where(applicable & ~passed, 0.0, target)
+            x[..., gate.channel] = np.where(applicable & ~passed, 0.0, target)
             continue
         # ALGORITHMS.md §2: fewer than two passing rows leave no contrast, the channel is zero.
-        enough = passed.sum(dim=1, keepdim=True) >= 2  # [B, 1]
-        centred = target - _masked_mean(target, passed, dim=1)
-        gated = torch.where(passed & enough, centred, 0.0)
+        enough = passed.sum(axis=1, keepdims=True) >= 2  # [B, 1]
+        centred = target - _masked_mean(target, passed, axis=1)
+        gated = np.where(passed & enough, centred, 0.0)
         # Keep b's NaN so none_handling still decides how a None enters the advantage.
-        x[..., gate.channel] = torch.where(applicable, gated, target)
+        x[..., gate.channel] = np.where(applicable, gated, target)
     return x.reshape(-1, r)
 
 
-def _spec(rewards: Tensor, group_size: int, reward_weights, scale_rewards, none_handling,
+def apply_gates(rewards: Any, gates: Sequence[Gate], group_size: int) -> Any:
+    """Apply conditioning gates to ``rewards [N, R]`` in order; returns a new ``[N, R]`` array
+    (a tensor like ``rewards`` when it is one)."""
+    if not gates:
+        return rewards
+    return _like(_torch_tensor(rewards))(_gated(_as_array(rewards), gates, group_size))
+
+
+def _spec(rewards: np.ndarray, group_size: int, reward_weights, scale_rewards, none_handling,
           ddof: int, eps: float) -> _Spec:
     if group_size < 1 or rewards.shape[0] % group_size:
         raise ValueError(
@@ -360,10 +403,10 @@ def _spec(rewards: Tensor, group_size: int, reward_weights, scale_rewards, none_
 
 
 def compute_advantages(
-    rewards: Tensor | np.ndarray,
+    rewards: Any,
     group_size: int,
     *,
-    reward_weights: Sequence[float] | Tensor | None = None,
+    reward_weights: Any = None,
     aggregation: str | None = None,
     scale_rewards: str | bool = "group",
     gates: Sequence[Gate] = (),
@@ -376,8 +419,13 @@ def compute_advantages(
 ) -> AdvantageResult:
     """Advantages ``[N]`` from reward channels ``[N, R]`` (see the module docstring).
 
+    Computed in numpy, in the rewards' float precision (integers as float32). The result holds
+    numpy arrays, or torch tensors on the rewards' device and in their dtype when ``rewards``
+    is a tensor.
+
     Args:
-        rewards: ``[N, R]`` scores, ``NaN`` = not applicable; rows grouped ``G`` at a time.
+        rewards: ``[N, R]`` scores (numpy, torch, or nested lists), ``NaN`` = not applicable;
+            rows grouped ``G`` at a time.
         group_size: ``G``, completions per prompt.
         reward_weights: ``[R]`` channel weights (default all 1).
         aggregation: a name in :data:`AGGREGATIONS` (default ``sum_then_normalize``);
@@ -391,52 +439,51 @@ def compute_advantages(
         ddof: 1 (unbiased std, TRL) or 0 (population std, the analysis).
         eps: ``δ`` added to every std before dividing.
 
-    >>> r = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
-    >>> compute_advantages(r, 4).advantages
-    tensor([ 0.4999, -1.4997,  0.4999,  0.4999])
+    >>> r = np.array([[1.0], [0.0], [1.0], [1.0]])
+    >>> compute_advantages(r, 4).advantages.round(4)
+    array([ 0.4999, -1.4997,  0.4999,  0.4999])
     """
     name = resolve_aggregation(
         aggregation,
         multi_objective_aggregation=multi_objective_aggregation,
         reward_aggregation_method=reward_aggregation_method,
     )
-    x = _as_tensor(rewards)
+    x = _as_array(rewards)
     spec = _spec(x, group_size, reward_weights, scale_rewards, none_handling, ddof, eps)
     # Taken before the gates, which is safe: a gate writes values, never NaN.
-    unscorable = x.isnan().all(dim=1)  # [N]
+    unscorable = np.isnan(x).all(axis=1)  # [N]
     _check_unscorable(unscorable, on_unscorable, group_size)
 
-    gated = apply_gates(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
+    gated = _gated(x, gates, group_size).reshape(-1, group_size, x.shape[1])  # [B, G, R]
     scorable = ~unscorable.reshape(-1, group_size)  # [B, G]
     advantages, contrast = AGGREGATIONS.get(name)(gated, scorable, spec)
     # The logged reward is ungated, like TRL's logged "reward" (the weighted nansum).
-    scalar = scalar_rewards(x.detach().cpu().numpy(), spec.weights.detach().cpu().numpy())
-    return AdvantageResult(
-        advantages=advantages.reshape(-1),
-        zero_gradient=~contrast,
-        unscorable=unscorable,
-        scalar_rewards=torch.from_numpy(scalar).to(device=x.device, dtype=x.dtype),
-    )
+    scalar = scalar_rewards(x, spec.weights).astype(x.dtype)
+    result = AdvantageResult(advantages=advantages.reshape(-1), zero_gradient=~contrast,
+                             unscorable=unscorable, scalar_rewards=scalar)
+    convert = _like(_torch_tensor(rewards))
+    return AdvantageResult(**{f.name: convert(getattr(result, f.name)) for f in fields(result)})
 
 
 def channel_zscores(
-    rewards: Tensor | np.ndarray,
+    rewards: Any,
     group_size: int,
     *,
     scale_rewards: str | bool = "group",
     none_handling: str = "neutral",
     ddof: int = 1,
     eps: float = 1e-4,
-) -> Tensor:
-    """The per-channel group-normalised rewards ``z [N, R]`` of ``normalize_then_sum``.
+) -> Any:
+    """The per-channel group-normalised rewards ``z [N, R]`` of ``normalize_then_sum`` (numpy,
+    or a tensor like ``rewards`` when it is one).
 
     Entries that do not count (not applicable under ``"neutral"``, unscorable rows) are 0.
     ``compute_advantages(..., aggregation="normalize_then_sum").advantages`` equals
     ``(channel_zscores(...) * w).sum(-1)``.
     """
-    x = _as_tensor(rewards)
+    x = _as_array(rewards)
     spec = _spec(x, group_size, None, scale_rewards, none_handling, ddof, eps)
     grouped = x.reshape(-1, group_size, x.shape[1])
-    scorable = ~grouped.isnan().all(dim=-1)
+    scorable = ~np.isnan(grouped).all(axis=-1)
     z, _ = _zscores(grouped, scorable, spec)
-    return z.reshape(x.shape)
+    return _like(_torch_tensor(rewards))(z.reshape(x.shape))

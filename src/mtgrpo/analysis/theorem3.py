@@ -62,7 +62,6 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import torch
 
 from mtgrpo.algo.advantages import channel_zscores, compute_advantages
 
@@ -314,9 +313,8 @@ def _names(given: Sequence[str] | None, count: int, prefix: str, what: str) -> t
     return names
 
 
-def _flat(r: np.ndarray) -> torch.Tensor:
-    # Contiguous first: torch.from_numpy refuses the negative strides of a reversed view.
-    return torch.from_numpy(np.ascontiguousarray(r).reshape(-1, r.shape[-1]))  # [P*S*m, R]
+def _flat(r: np.ndarray) -> np.ndarray:
+    return r.reshape(-1, r.shape[-1])  # [P*S*m, R]
 
 
 def _advantages(r: np.ndarray, w: np.ndarray, aggregation: str) -> tuple[np.ndarray, np.ndarray]:
@@ -325,7 +323,7 @@ def _advantages(r: np.ndarray, w: np.ndarray, aggregation: str) -> tuple[np.ndar
     result = compute_advantages(
         _flat(r),
         group_size,
-        reward_weights=torch.from_numpy(w),
+        reward_weights=w,
         aggregation=aggregation,
         scale_rewards="group",
         none_handling="neutral",
@@ -334,8 +332,8 @@ def _advantages(r: np.ndarray, w: np.ndarray, aggregation: str) -> tuple[np.ndar
         ddof=ANALYSIS_DDOF,  # the analysis's population std and δ, not TRL's ddof 1 and 1e-4
         eps=ANALYSIS_EPS,
     )
-    advantages = result.advantages.numpy().reshape(num_prompts, num_seeds, group_size)
-    return advantages, result.zero_gradient.numpy().reshape(num_prompts, num_seeds)
+    advantages = result.advantages.reshape(num_prompts, num_seeds, group_size)
+    return advantages, result.zero_gradient.reshape(num_prompts, num_seeds)
 
 
 def _zscores(r: np.ndarray) -> np.ndarray:
@@ -343,7 +341,7 @@ def _zscores(r: np.ndarray) -> np.ndarray:
     z = channel_zscores(
         _flat(r), r.shape[2], none_handling="neutral", ddof=ANALYSIS_DDOF, eps=ANALYSIS_EPS
     )
-    return z.numpy().reshape(r.shape)
+    return z.reshape(r.shape)
 
 
 def _realised_mse(advantages: np.ndarray, g: np.ndarray) -> np.ndarray:

@@ -83,6 +83,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def plain_text(doc: str) -> str:
     """A docstring as help text: reStructuredText's ``literal`` and :role:`target` marks
     dropped (``quickstart`` -> quickstart), the words kept."""
+    # ":func:`~pkg.name`" -> "pkg.name": Sphinx's "~" goes too.
     doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
     return re.sub(r"``([^`]+)``", r"\1", doc)
 
@@ -98,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text, aliases) in COMMANDS.items():
+        # Cheap: command modules import nothing heavy at module level.
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(
+            # argparse %-formats help: a literal % (Δm%) must be doubled.
             name, help=help_text.replace("%", "%%"), aliases=list(aliases),
             description=plain_text(module.__doc__ or ""),  # %-formatted only with %(prog)
             formatter_class=HelpFormatter, parents=[debug],
@@ -134,7 +137,7 @@ def normalize_argv(argv: Sequence[str], commands: Any = COMMANDS) -> list[str]:
         return out[:at + 1] + train.normalize(out[at + 1:])
     for i in range(at + 1, len(out)):
         token = out[i]
-        if token == "--":
+        if token == "--":  # after "--" the arguments are values, left as written
             break
         if token.startswith("--"):
             name, sep, value = token[2:].partition("=")
@@ -145,13 +148,14 @@ def normalize_argv(argv: Sequence[str], commands: Any = COMMANDS) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = normalize_argv(sys.argv[1:] if argv is None else argv)
+    # The train command's run-file fields are unknown to argparse: they come back as extras.
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra  # `mtgrpo train CONFIG --field value ...`
     if args.command is None:
         parser.print_help()
-        return 2
+        return 2  # argparse's exit status for a usage error
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_arguments", "run"]
 
-DEFAULT_RHO = 0.5
+DEFAULT_RHO = 0.5  # DEFAULT_* follow the multireward-grpo example (module docstring)
 DEFAULT_CHANNELS = 3
 DEFAULT_PROMPTS = 40
 DEFAULT_SEEDS = 200
@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reward weights, one per channel (default 1,1,0.5,... for "
                         "synthetic rewards; the file's weights or all 1 for rollouts)")
     common.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    # ALGORITHMS.md: NA's realised / predicted MSE is about 1, within 15 %.
     common.add_argument("--band", default="0.85,1.15", metavar="LOW,HIGH",
                         help="accepted NA realised / predicted ratio (default 0.85,1.15)")
     common.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                          prompt_ids=job["prompt_ids"])
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"mtgrpo analyze: error: {error}", file=sys.stderr)
-        return 2
+        return 2  # exit 2: bad input, never a verdict (module docstring)
     console = Console()
     if job["source"]["kind"] == "rollouts":
         _describe_rollouts(console, job["source"], result)
@@ -215,6 +216,7 @@ def _weights(text: str | None, job: dict[str, Any]) -> list[float]:
     elif job["weights"] is not None:
         weights = [float(w) for w in job["weights"]]
     elif job["source"]["kind"] == "synthetic":
+        # (1, 1, 0.5, ...): the multireward-grpo example's weights.
         weights = [1.0 if channel < 2 else 0.5 for channel in range(num_channels)]
     else:
         weights = [1.0] * num_channels
@@ -238,6 +240,7 @@ def _verdict(console: Any, result: AnalysisResult, band: tuple[float, float]) ->
     )
     if result.num_channels == 1:  # AN and NA coincide for one channel
         return passed
+    # AN over-weights the highest-variance channel (ALGORITHMS.md); NA keeps it to its weight.
     widest = int(result.channel_std.mean(axis=0).argmax())
     console.print(
         f"AN gives '{result.channels[widest]}' (largest within-group std) "
@@ -262,6 +265,7 @@ def _write_outputs(
     out.mkdir(parents=True, exist_ok=True)
     record = {"source": source, "band": list(band), "passed": passed, **result.to_dict()}
     report = out / "analysis.json"
+    # Strict JSON: NaN is not JSON, and other parsers refuse it.
     report.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     written = [report]
     if not args.no_plot:

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         labels = _labels(args.labels, len(args.run_dirs))
         table = compare_runs(args.run_dirs, baseline=args.baseline, thresholds=thresholds,
                              split=args.split, labels=labels)
+    # A missing or unreadable run directory is bad input too (exit 2)
     except (ValueError, OSError) as error:
         print(f"mtgrpo compare: error: {error}", file=sys.stderr)
         return 2
@@ -110,6 +111,7 @@ def _write_tables(
         record["methods"] = json.loads(aggregate.to_json())["methods"]
         markdown += "\n## Methods over seeds\n\n" + aggregate.to_markdown()
     json_path, markdown_path = out / "comparison.json", out / "comparison.md"
+    # Strict JSON: NaN is not JSON, and other parsers refuse it.
     json_path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     markdown_path.write_text(markdown, encoding="utf-8")
     return [json_path, markdown_path]

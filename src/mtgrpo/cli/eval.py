@@ -129,6 +129,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
     elif args.tasks:
         from mtgrpo.tasks import TaskSuite
 
+        # train_size=1: only the held-out split is read; the training split is never drawn.
         suite = TaskSuite(_task_list(args.tasks), seed=args.seed or 0, train_size=1,
                           eval_size=args.eval_size or 200,
                           prompt_format=args.prompt_format or "plain",
@@ -138,7 +139,8 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
                          "section) or --data with --rewards")
     routing = {task: list(fns) for task, fns in suite.reward_routing.items()}
     if extra:
-        routing["*"] = extra
+        routing["*"] = extra  # "*": the extra rewards score every task (mtgrpo.rewards routing)
+    # start(): the problems generate in the background while the model loads.
     return _Inputs(suite.eval.start(), routing, suite)
 
 
@@ -180,6 +182,7 @@ def _paper_inputs(args: argparse.Namespace, extra: list[str] | None) -> _Inputs:
                "system_prompt")} if record["paper_prompts"] == "config" else {}  # fmt: skip
     rows = load_paper_test_sets(args.paper_test_sets, tasks=tasks, per_task=per_task, **formats)
     routing: dict[str, list[Any]] = dict(reward_routing(
+        # Each task once, in the rows' order.
         [resolve_task(task) for task in dict.fromkeys(row["task"] for row in rows)],
         scheme=tasks_config.scheme() if tasks_config else None,
         answer_format=record["answer_format"]))
@@ -254,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                                     max_new_tokens=args.max_new_tokens or 512,
                                     backend=args.backend)
         finally:
+            # Close the suite's generation workers even when evaluation fails.
             if inputs.suite is not None:
                 inputs.suite.close()
     except (ValueError, FileNotFoundError) as exc:
@@ -317,6 +321,7 @@ def _print(result) -> None:
                      _share(r.baseline_answer, r.constant_baseline)])
     # task names stay whole (countdown:2x20 and countdown:3x9 must not both read countd…)
     table = FittedTable(headers, rows, title="per-task evaluation", kept_in="results.json",
+                        # Dropped first on a narrow terminal; results.json keeps them all.
                         drop_order=("length", "format rate", "mean reward", "prompts",
                                     "constant answer", "top answer"))
     console = Console()

@@ -43,9 +43,10 @@ _NOT_FLAGS = ("output_dir",)  # given as --output
 
 def _optional(kind: type) -> Any:
     def parse(text: str) -> Any:
+        # YAML's spellings of a null.
         return None if text.strip().lower() in ("none", "null") else kind(text)
 
-    parse.__name__ = kind.__name__
+    parse.__name__ = kind.__name__  # argparse names the type in its error ("invalid int value")
     return parse
 
 
@@ -58,6 +59,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             continue
         flags = [f"--{field.name.replace('_', '-')}", *_ALIASES.get(field.name, ())]
         help_text = f"{field.metadata['help']} (default: {field.default})"
+        # Int | None -> {int, NoneType}; a plain type stands for itself.
         kinds = set(typing.get_args(hints[field.name])) or {hints[field.name]}
         # SUPPRESS: an unset flag is absent from the namespace, so the dataclass default applies
         # (and "none" can still set an optional field to None).
@@ -90,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="training problems per task (default: %(default)s)")
     tasks.add_argument("--task-seed", type=int, default=0,
                        help="seed of the task suite; use the GRPO run's (default: %(default)s)")
+    # TaskSuite's eval_size default, as a default GRPO run's.
     tasks.add_argument("--eval-size", type=int, default=200,
                        help="the GRPO run's eval items per task; training problems are kept "
                             "disjoint from them (default: %(default)s)")
@@ -162,12 +165,14 @@ def _task_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.num_examples < 1:
         raise ValueError(f"--num-examples {args.num_examples} must be at least 1")
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    # A single name may be a suite name (make_suite)
     tasks = names[0] if len(names) == 1 else names
     options = {"train_size": args.num_examples, "eval_size": args.eval_size,
                "seed": args.task_seed, "prompt_format": args.prompt_format,
                "answer_format": args.answer_format, "think_prefix": args.think_prefix,
                "system_prompt": args.system_prompt, "workers": args.workers}
     with make_suite(tasks, **options) as suite:
+        # The training split leaves out the eval split's problems (content-keyed families)
         rows = suite.train.rows()
     return solutions_from_rows(rows, args.template, reasoning=args.reasoning)
 
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError, ImportError) as error:
         print(f"mtgrpo sft: error: {error}", file=sys.stderr)
         return 2
-    except FloatingPointError as error:
+    except FloatingPointError as error:  # sft_train raises it when the loss turns non-finite
         print(f"mtgrpo sft: training diverged: {error}", file=sys.stderr)
         return 1
     evaluation = "" if result.eval_loss is None else f", eval loss {result.eval_loss:.4f}"

@@ -38,6 +38,7 @@ def normalize(rest: Sequence[str]) -> list[str]:
         else:
             out.append(token)
     first = next((i for i, token in enumerate(out) if token not in _OWN), len(out))
+    # An option first: no CONFIG given, so the quickstart runs (module docstring)
     if first == len(out) or out[first].startswith("-"):
         out.insert(first, DEFAULT_CONFIG)
     return out
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config (every field, overrides applied) and "
                         "exit")
+    # argparse cannot show the free-form --field overrides itself.
     parser.usage = "%(prog)s [-h] [--debug] [--print-config] [CONFIG] [--field value ...]"
     parser.epilog = _fields_epilog()
 
@@ -91,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
         run_config = load_run_config(recipe_path(args.config), overrides)
     except (ValueError, TypeError, FileNotFoundError) as exc:  # the run file or its options
         print(f"mtgrpo train: {exc}", file=sys.stderr)
-        return 2
+        return 2  # argparse's exit status for a usage error
     if args.print_config:
+        # The run file's own field order.
         print(yaml.safe_dump(run_config.to_dict(), sort_keys=False))
         return 0
     _configure_logging()
@@ -109,5 +112,6 @@ def _configure_logging() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(show_path=False)])
+    # Their per-request INFO lines would bury the training log.
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

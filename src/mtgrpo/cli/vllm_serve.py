@@ -17,6 +17,7 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="model directory (or a hub name where the hub is reachable)")
+    # Loopback by default: whoever reaches the port can replace the weights (module docstring).
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: %(default)s; 0.0.0.0 for other machines)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = torch.cuda.is_available()
     utilization = args.gpu_memory_utilization
     if utilization is None:
+        # 0.9 is vLLM's own default; on a CPU the fraction is of host memory.
         utilization = 0.9 if gpu else 0.05
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is not a port number (1-65535)")
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
         gpu_memory_utilization=utilization, tensor_parallel_size=args.tensor_parallel_size,
         model_impl=args.model_impl, seed=args.seed, max_num_seqs=args.max_num_seqs,
+        # CUDA graphs need a GPU.
         enforce_eager=args.enforce_eager or not gpu, trust_remote_code=args.trust_remote_code,
         enable_prefix_caching=args.enable_prefix_caching,
     )

@@ -56,9 +56,11 @@ class _ReadOnlySection:
     it would change a tree the next change of a flat field rebuilds, so it is refused."""
 
     def __init__(self, section: Any) -> None:
+        # past __setattr__ below, which refuses every write
         object.__setattr__(self, "_section", section)
 
     def __getattr__(self, name: str) -> Any:
+        # not self._section: that would call __getattr__ again while _section is unset
         return getattr(object.__getattribute__(self, "_section"), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -95,6 +97,7 @@ class _TRLConfig(TRLCompatibleFields):
 
     # ------------------------------------------------------------------ the native tree
     def _snapshot(self) -> dict[str, Any]:
+        # a copy: a list field changed in place must differ from the snapshot
         return copy.deepcopy({name: getattr(self, name) for name in _OWN})
 
     def to_native(self) -> TrainConfig:

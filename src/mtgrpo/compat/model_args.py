@@ -21,6 +21,7 @@ __all__ = ["ModelConfig", "get_peft_config"]
 class ModelConfig:
     """TRL's ``ModelConfig``: which model to load and, with ``use_peft``, its LoRA adapter."""
 
+    #  None = None|defaults: TRL 1.16's ModelConfig, field for field
     model_name_or_path: str | None = None
     model_revision: str = "main"
     dtype: str | None = "float32"  # TRL's default
@@ -62,6 +63,7 @@ def get_peft_config(model_args: ModelConfig) -> Any:
     # as TRL: peft gained target_parameters in 0.17, so it is passed only when asked for
     if model_args.lora_target_parameters is not None:
         extra["target_parameters"] = model_args.lora_target_parameters
+    # as TRL's get_peft_config, bias="none" included
     return LoraConfig(
         task_type=model_args.lora_task_type, r=model_args.lora_r,
         target_modules=model_args.lora_target_modules, lora_alpha=model_args.lora_alpha,

@@ -62,6 +62,7 @@ def _alias(what: str, default: Any = None) -> Any:
 class TRLCompatibleFields:
     """The TRL / transformers fields that construct but do not act (see the module docstring)."""
 
+    # every default is TRL 1.16's: a TRL config that leaves a field alone passes without a warning
     # ---------------------------------------------------------------- refused unless default
     use_liger_kernel: bool = _refused(
         "mtgrpo never materialises full logits (log-probabilities are computed in chunks "

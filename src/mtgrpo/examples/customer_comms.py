@@ -80,8 +80,8 @@ __all__ = [
 ]
 
 CHANNELS = ("compliance", "politeness", "next_step")
-MAX_REPLY_CHARS = 20_000
-MIN_REPLY_WORDS = 5
+MAX_REPLY_CHARS = 20_000  # far beyond any support reply: a longer one is not judged
+MIN_REPLY_WORDS = 5  # below it a reply is not polite, only silent (module docstring)
 
 SYSTEM_PROMPT = (
     "You are a support agent at Kestrel Pay, a digital bank and payments app. Answer the "
@@ -117,6 +117,7 @@ class Scenario:
 
     def __post_init__(self) -> None:
         words = "|".join(re.escape(term) for term in self.next_step_terms)
+        # Whole words: "app" must not match inside "apply" or "happy".
         object.__setattr__(self, "terms_pattern", re.compile(rf"\b(?:{words})\b"))
 
 
@@ -232,7 +233,7 @@ def make_prompts(
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
         block = list(names)
-        rng.shuffle(block)
+        rng.shuffle(block)  # every scenario once per block: the tasks stay balanced
         for name in block[: n - len(rows)]:
             tone = rng.choice(sorted(_TONES))
             message = _customer_message(SCENARIOS.get(name), tone, rng)
@@ -252,9 +253,11 @@ def _words(*alternatives: str) -> re.Pattern[str]:
     return re.compile(r"\b(?:" + "|".join(alternatives) + r")\b")
 
 
-_SENTENCES = re.compile(r"[^.!?\n]+")
-_CLAUSES = re.compile(r"[^,;:()]+")
+_SENTENCES = re.compile(r"[^.!?\n]+")  # fixed patterns, no nested quantifiers: linear in the text
+_CLAUSES = re.compile(r"[^,;:()]+")  # a negation cancels a trigger within its own clause only
+# "n't" has no leading \b: it is glued to its verb (don't, won't)
 _NEGATION = re.compile(r"\b(?:no|not|never|cannot|unable|nor|neither)\b|n't\b")
+# A condition earlier in the sentence cancels a guarantee.
 _CONDITION = _words(r"if", r"once", r"unless", r"provided", r"assuming", r"depending",
                     r"subject to", r"in the event", r"should (?:the|your|it|this|we)")
 
@@ -273,6 +276,7 @@ _SENSITIVE = _words(
     r"pin(?: number| code)?", r"passwords?", r"passcodes?", r"one[- ]time (?:pass)?codes?",
     r"otp", r"verification codes?", r"login details", r"credentials",
 )
+# The last four digits identify a card without exposing it: not a credential request.
 _SAFE_CARD_REFERENCE = re.compile(
     r"\blast (?:4|four) digits of (?:your |the )?card(?: number)?\b"
 )
@@ -367,6 +371,7 @@ def _asserted(trigger: re.Pattern[str], text: str, *, conditions: bool = False) 
 
 def _asks_for_credentials(text: str) -> bool:
     """A clause that names a secret and asks for something, the asking not negated."""
+    # So the "card number" in "last 4 digits of your card number" is no trigger.
     text = _SAFE_CARD_REFERENCE.sub("card ending", text)
     return any(
         _SENSITIVE.search(clause.group()) and _asserted(_REQUEST, clause.group())
@@ -377,6 +382,7 @@ def _asks_for_credentials(text: str) -> bool:
 
 def _normalise(text: str) -> str:
     text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
+    # A spaced dash separates clauses as a semicolon does.
     for dash in (" - ", " \u2013 ", " \u2014 ", "\u2014"):
         text = text.replace(dash, "; ")
     return text
@@ -422,6 +428,7 @@ def _violations(text: str) -> tuple[str, ...]:
 def _politeness(text: str, scenario: Scenario) -> float:
     if len(text.split()) < MIN_REPLY_WORDS or _INSULT.search(text):
         return 0.0
+    # No apology needed (limit_increase): the points are given.
     apology_ok = not scenario.needs_apology or _asserted(_APOLOGY, text)
     points = (25 * bool(_ACKNOWLEDGE.search(text)) + 25 * apology_ok
               + 30 * (not _asserted(_BLAME, text)) + 20 * bool(_CLOSING.search(text)))
@@ -449,7 +456,7 @@ def judge_reply(reply: Any, scenario: str) -> JudgeScores:
     """
     spec = SCENARIOS.get(scenario)
     raw = completion_text(reply)
-    if len(raw) > MAX_REPLY_CHARS:
+    if len(raw) > MAX_REPLY_CHARS:  # checked on the raw text, before any pattern runs
         return JudgeScores(0.0, 0.0, 0.0, ("too_long",))
     text = _normalise(raw)
     violations = _violations(text)
@@ -488,6 +495,7 @@ def _judge_batch(
         completion, name = row
         return None if name is None else judge_reply(completion, name).channels
 
+    # Model output is hostile input: a judge that raises scores the row 0 on every channel.
     return score_each("comms", zip(completions, scenario, strict=True), judge,
                       fallback=(0.0, 0.0, 0.0))  # fmt: skip
 
@@ -525,6 +533,7 @@ def write_prompts(
     evaluation = [row for row in candidates if row["prompt"][-1]["content"] not in seen]
     if len(evaluation) < eval_size:
         raise ValueError(
+            # Spares for the candidates that repeat a training message.
             f"only {len(evaluation)} evaluation messages differ from the {train_size} training "
             f"ones; lower eval_size={eval_size} or train_size"
         )

@@ -125,6 +125,8 @@ def build_optimizer(
     return optimizer_cls(groups, **kwargs)
 
 
+# within torch's _get_fused_kernels_supported_devices: AdamW(fused=True) refuses other
+# devices and non-floating-point parameters (at its first step)
 _FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 

@@ -124,7 +124,7 @@ class Series:
 def _number(value: Any) -> float | None:
     """A record value as a float: null -> NaN; text and other non-numbers -> None (ignored)."""
     if value is None:
-        return math.nan
+        return math.nan  # metrics.jsonl writes NaN and ±inf as null
     if isinstance(value, bool | int | float):
         return float(value)
     return None
@@ -269,7 +269,7 @@ def _read_config(path: Path) -> dict[str, Any] | None:
     import yaml
 
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))  # never builds Python objects
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as error:
         logger.warning("ignoring unreadable %s: %s", path, error)
         return None
@@ -302,6 +302,7 @@ def accuracy_curve(
     """Per-task accuracy ``[T, K]`` with worst ``min_k`` and average ``(1/K) Σ_k`` per step."""
     tasks = tuple(history.tasks_with("accuracy", split) if tasks is None else tasks)
     series = [history.task_series(task, "accuracy", split) for task in tasks]
+    # the empty int64 array: concatenate refuses an empty list (a run without tasks)
     steps = np.unique(np.concatenate([s.steps for s in series] + [np.zeros(0, np.int64)]))
     per_task = np.full((len(steps), len(tasks)), np.nan)  # [T, K]
     for k, s in enumerate(series):
@@ -370,6 +371,7 @@ def summarize_run(
     curve = accuracy_curve(history, split, tasks)
     complete = np.flatnonzero(curve.complete)
     final = int(complete[-1]) if len(complete) else None
+    # argmax takes the first maximum: the earliest step on a tie (rule 2)
     best_worst = int(complete[np.argmax(curve.worst[complete])]) if final is not None else None
     best_avg = int(complete[np.argmax(curve.average[complete])]) if final is not None else None
 
@@ -444,7 +446,7 @@ def summarize_tasks(history: RunHistory, split: str | None = None) -> list[TaskS
     rows = []
     for task in history.tasks:
         accuracy = history.task_series(task, "accuracy", split).finite()
-        best = int(np.argmax(accuracy.values)) if len(accuracy) else None
+        best = int(np.argmax(accuracy.values)) if len(accuracy) else None  # earliest on a tie
         rows.append(TaskSummary(
             task=task,
             final_accuracy=accuracy.last(),
@@ -525,6 +527,7 @@ def _lagging_line(s: RunSummary, tasks: Sequence[TaskSummary]) -> list[str]:
     line = (f"lagging on {s.split}: {row.task} ({_pct(s.final_worst)}% at step {s.final_step});"
             f" {', '.join(g for g in given if g)} (uniform share {uniform:.3f})")
     shares = [v for v in (row.final_weight, row.mean_batch_share) if v is not None]
+    # a margin for rounding: a logged weight of exactly 1/K may differ from 1/K in its last digit
     if min(shares) < uniform - 1e-9:
         line += ": the task weighting gave it less than a uniform share"
     return [line]
@@ -566,6 +569,7 @@ class ComparisonTable:
         }
 
     def to_json(self) -> str:
+        # allow_nan=False: a NaN left behind raises rather than writing a token JSON lacks
         return json.dumps(_json_safe(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
     def headline_rows(self) -> tuple[list[str], list[list[str]]]:
@@ -792,6 +796,7 @@ class Spread:
         finite = np.array([v for v in values if v is not None and math.isfinite(v)], float)
         if not len(finite):
             return None
+        # one run has no sample spread: ddof=1 divides by n - 1 = 0
         std = float(finite.std(ddof=1)) if len(finite) > 1 else None
         return cls(float(finite.mean()), std, float(finite.min()), float(finite.max()),
                    len(finite))
@@ -940,6 +945,7 @@ def _flatten(
     thresholds = tuple(sorted({t for s in summaries for t in s.steps_to_threshold}))
     tasks = tuple(dict.fromkeys(t for s in summaries for t in s.tasks))
     baselines = {item.baseline for item in items if isinstance(item, ComparisonTable)}
+    # tables against different baselines: no one baseline to name
     baseline = baselines.pop() if len(baselines) == 1 else None
     return summaries, splits.pop(), thresholds, tasks, baseline
 
@@ -1011,6 +1017,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
+    # GitHub Markdown: a colon on the right of the rule right-aligns the column
     align = ["---", *(("---:" if numeric else "---") for _ in headers[1:])]
     return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, rows)])
 

@@ -17,6 +17,7 @@ __all__ = ["MetricsWriter", "read_metrics"]
 
 def _jsonable(value: Any) -> Any:
     """Plain JSON values; NaN and ±inf become null (JSON has no NaN)."""
+    # Torch and numpy scalars become Python numbers.
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -34,17 +35,18 @@ class MetricsWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Append: a resumed run continues one log (rewind trims it first)
         self._file = self.path.open("a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(_jsonable(record), ensure_ascii=False, sort_keys=False)
         self._file.write(line + "\n")
-        self._file.flush()
+        self._file.flush()  # a crash loses at most the line being written
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.flush()
-            os.fsync(self._file.fileno())
+            os.fsync(self._file.fileno())  # on disk before close returns, not only in the OS cache
             self._file.close()
 
     def __enter__(self) -> MetricsWriter:
@@ -76,8 +78,10 @@ class MetricsWriter:
             (keep if record_step <= step else moved).append(line)
         if not moved:
             return None
+        # A timestamp: a later resume at the same step keeps this side file.
         side = path.with_name(f"{path.stem}.after-step-{step}.{int(time.time())}.jsonl")
         side.write_text("\n".join(moved) + "\n", encoding="utf-8")
+        # A crash during the rewrite leaves the old log whole.
         write_text_atomically(path, "".join(line + "\n" for line in keep))
         return side
 

@@ -161,7 +161,7 @@ def _new_figure(rows: int = 1, cols: int = 1, *, width: float = 9.0, height: flo
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
+    FigureCanvasAgg(figure)  # Agg, not pyplot: no global backend, no window
     axes = figure.subplots(rows, cols, squeeze=False, sharey=sharey)  # [rows, cols]
     return figure, axes
 
@@ -249,6 +249,7 @@ def accuracy_figure(ctx: RunPlotContext) -> Drawn:
                               label="(dashed: train batches)"))
     if primary == "train":
         skipped.append("accuracy: no eval records, so the curves are train-batch accuracy")
+    # a margin, so that curves at 0 and 1 are not hidden by the frame
     ax.set_ylim(-0.02, 1.02)
     _finish(ax, title=f"Per-task accuracy ({primary}), worst task and average",
             ylabel="accuracy")
@@ -287,6 +288,7 @@ def composition_figure(ctx: RunPlotContext) -> Drawn:
     rows, cols = _grid(len(tasks))
     figure, axes = _new_figure(rows, cols, width=4.2 * cols, height=3.2 * rows, sharey=True)
     top = 0.0
+    # the grid may hold more axes than tasks: the spare ones are hidden below
     for ax, task in zip(axes.flat, tasks, strict=False):
         _curve(ax, history.task_series(task, "batch_share", "train"), ctx.colours[task],
                smoothing=ctx.smoothing, label="realised share", gid=f"share:{task}")
@@ -298,6 +300,7 @@ def composition_figure(ctx: RunPlotContext) -> Drawn:
             target = history.task_series(task, target_key, "train").finite()
             ax.plot(target.steps, target.values, color="black", linestyle="--", linewidth=1.2,
                     label=target_key.replace("_", " "), gid=f"target:{task}")
+            # initial: the max of an empty array raises
             top = max(top, float(np.max(target.values, initial=0.0)))
         top = max(top, history.task_series(task, "batch_share", "train").finite().values.max())
         _finish(ax, title=task, ylabel="share of the batch")
@@ -381,6 +384,7 @@ def _save_all(drawn: Any, out: Path) -> PlotResult:
             continue
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{name}.png"
+        # "tight" grows the file to hold the legends placed outside the axes
         figure.figure.savefig(path, dpi=_DPI, format="png", bbox_inches="tight")
         result.written.append(path)
     for reason in result.skipped:
@@ -430,6 +434,7 @@ def seed_mean(series: Sequence[Series]) -> tuple[Series, np.ndarray, np.ndarray]
     none has one are left out. ``low`` and ``high`` are ``[T]`` arrays aligned with the mean.
     """
     finite = [s.finite() for s in series]
+    # the empty int64 array: concatenate refuses an empty list
     steps = np.unique(np.concatenate([s.steps for s in finite] + [np.zeros(0, np.int64)]))
     values = np.full((len(finite), len(steps)), np.nan)  # [S, T]
     for row, s in enumerate(finite):
@@ -462,7 +467,7 @@ def compare_accuracy_figure(table: ComparisonTable, aggregate: SeedAggregateTabl
     rows, cols = _grid(len(table.tasks))
     figure, axes = _new_figure(rows, cols, width=4.6 * cols + 1.5, height=3.4 * rows,
                                sharey=True)
-    smooth = smoothing if table.split == "train" else 0.0
+    smooth = smoothing if table.split == "train" else 0.0  # train accuracy is per batch, noisy
     groups = _groups(table, aggregate)
     for ax, task in zip(axes.flat, table.tasks, strict=False):
         for method, members in groups.items():
@@ -479,6 +484,7 @@ def compare_accuracy_figure(table: ComparisonTable, aggregate: SeedAggregateTabl
     for ax in list(axes.flat)[len(table.tasks):]:
         ax.set_visible(False)
     handles, labels = axes[0, 0].get_legend_handles_labels()
+    # "outside" locations need the constrained layout _new_figure sets
     figure.legend(handles, labels, loc="outside right upper", fontsize=8)
     figure.suptitle(f"Per-task {table.split} accuracy", fontweight="bold")
     return Drawn(figure)
@@ -521,6 +527,7 @@ def _band(ax: Axes, curves: Sequence[Any], colour: Any, label: str) -> bool:
     steps = None
     for curve in curves:
         own = curve.steps[curve.complete]
+        # only steps every seed measured fully: a worst over fewer seeds is another quantity
         steps = own if steps is None else np.intersect1d(steps, own)
     if steps is None or not len(steps):
         return False
@@ -544,7 +551,7 @@ def compare_weights_figure(table: ComparisonTable, aggregate: SeedAggregateTable
     colours = task_colours(table.tasks)
     figure, axes = _new_figure(width=min(16.0, 3.0 + 0.45 * len(runs) * len(table.tasks)))
     ax = axes[0, 0]
-    width = 0.8 / len(table.tasks)
+    width = 0.8 / len(table.tasks)  # a run's bars fill 0.8 of its slot: a gap between runs
     positions = np.arange(len(runs))
     for k, task in enumerate(table.tasks):
         heights = [run.final_weights.get(task, np.nan) for run in runs]
@@ -648,7 +655,7 @@ def plot_comparison(
     method share a colour and ``compare_worst`` draws their mean with a min–max band.
     ``smoothing`` applies only when the table is on the train split.
     """
-    ema(np.zeros(0), smoothing)
+    ema(np.zeros(0), smoothing)  # validate before drawing
     names = [COMPARISON_FIGURES.canonical(n) for n in (figures or COMPARISON_FIGURES.names())]
     if not table.histories:
         raise ValueError("the comparison table carries no run histories to plot; build it "

@@ -41,6 +41,7 @@ class FittedTable:
         if _min_width(headers, rows, whole) <= width or not (self.transpose or self.drop_order):
             return self._table(headers, rows, whole), []
         if self.transpose:
+            # zip(*table) transposes: each header with its column becomes a row
             turned = [list(column) for column in zip(headers, *rows, strict=True)]
             return self._table(turned[0], turned[1:], {0}), []
         shown = list(range(len(headers)))
@@ -78,7 +79,7 @@ class FittedTable:
             table.add_column(escape(header), justify="left" if names and not numbers else "right",
                              style="bold" if i == 0 else None, no_wrap=names,
                              min_width=_column_width(header, [row[i] for row in rows], names),
-                             overflow="fold")
+                             overflow="fold")  # rich's default, ellipsis, cuts names
         for row in rows:
             # "[min–max]" is text, not markup; on its own line a spread cell stays narrow
             table.add_row(*(escape(cell.replace(" [", "\n[")) for cell in row))

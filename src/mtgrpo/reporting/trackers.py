@@ -48,6 +48,7 @@ class Trackers:
         check_trackers_available(names)
         self._names = list(names)
         if "tensorboard" in names:
+            # Optional extras: imported only when asked for.
             from torch.utils.tensorboard import SummaryWriter
 
             self._tensorboard = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
@@ -55,6 +56,7 @@ class Trackers:
             import wandb
 
             self._wandb = wandb.init(name=run_name, config=dict(config), dir=str(run_dir),
+                                     # A second run in one process (a sweep) starts a new W&B run.
                                      reinit=True)
         if "trackio" in names:
             import trackio
@@ -63,6 +65,7 @@ class Trackers:
             trackio.init(project="mtgrpo", name=run_name, config=dict(config))
 
     def log(self, metrics: Mapping[str, Any], step: int, split: str = "train") -> None:
+        # Step is the x axis, not a metric.
         values = {f"{split}/{k}": v for k, v in _numeric(metrics).items() if k != "step"}
         if "tensorboard" in self._names:
             for key, value in values.items():

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch import Tensor
+import numpy as np
 
 __all__ = ["accuracy_channel_index", "accuracy_values", "correct_completions"]
 
@@ -29,24 +28,23 @@ def accuracy_channel_index(channel_names: Sequence[str], name: str | None) -> in
     return list(channel_names).index(name)
 
 
-def accuracy_values(values: Tensor, channel: int | None = None) -> Tensor:
+def accuracy_values(values: np.ndarray, channel: int | None = None) -> np.ndarray:
     """``[N]`` the accuracy reward of each row of ``values [N, R]`` (NaN where none applies).
 
     With ``channel=None`` each row uses its first applicable channel.
     """
+    values = np.asarray(values, dtype=np.float64)
     if channel is not None:
         return values[:, channel]
-    applicable = ~values.isnan()  # [N, R]
-    # int8: torch's argmax does not take bool
-    first = applicable.to(torch.int8).argmax(dim=1)  # [N] first True (0 if none)
-    return values.gather(1, first.unsqueeze(1)).squeeze(1)
+    first = (~np.isnan(values)).argmax(axis=1)  # [N] first applicable channel (0 if none)
+    return np.take_along_axis(values, first[:, None], axis=1)[:, 0]
 
 
-def correct_completions(values: Tensor, threshold: float = 1.0, channel: int | None = None
-                        ) -> Tensor:
+def correct_completions(values: np.ndarray, threshold: float = 1.0, channel: int | None = None
+                        ) -> np.ndarray:
     """``[N]`` bool from reward channels ``values [N, R]`` (NaN = not applicable).
 
     A row whose accuracy reward (:func:`accuracy_values`) is at least ``threshold`` is
     correct; a row with no applicable channel (or whose named channel is NaN) is not.
     """
-    return torch.nan_to_num(accuracy_values(values, channel), nan=-torch.inf) >= threshold
+    return np.nan_to_num(accuracy_values(values, channel), nan=-np.inf) >= threshold

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from mtgrpo.algo.advantages import Gate
@@ -70,44 +69,41 @@ class RewardScores:
             limit, so the channel does not apply there (NaN); all False when not given.
     """
 
-    values: Tensor  # [N, R]
-    applied: Tensor  # [N, R]
+    values: np.ndarray  # [N, R]
+    applied: np.ndarray  # [N, R]
     channel_names: list[str]  # [R]
     tasks: list[str]  # [N]
-    errors: Tensor | None = None  # [N, R]
-    timeouts: Tensor | None = None  # [N, R]
+    errors: np.ndarray | None = None  # [N, R]
+    timeouts: np.ndarray | None = None  # [N, R]
 
     def __post_init__(self) -> None:
         assert self.values.shape == (len(self.tasks), len(self.channel_names))
         assert self.applied.shape == self.values.shape
         for name in ("errors", "timeouts"):
             if getattr(self, name) is None:
-                object.__setattr__(self, name, torch.zeros_like(self.applied))
+                object.__setattr__(self, name, np.zeros(self.values.shape, dtype=bool))
             assert getattr(self, name).shape == self.values.shape
 
     @property
-    def unscorable(self) -> Tensor:
+    def unscorable(self) -> np.ndarray:
         """``[N]`` bool: no channel applies to the completion."""
-        return ~self.applied.any(dim=1)
+        return ~self.applied.any(axis=1)
 
-    def channel_means(self, rows: Tensor | None = None) -> dict[str, float]:
+    def channel_means(self, rows: np.ndarray | None = None) -> dict[str, float]:
         """Mean of each channel over the rows it applied to (NaN where it applied to none);
         ``rows`` (``[N]`` bool) restricts the rows first."""
         values, applied = self.values, self.applied
         if rows is not None:
             values, applied = values[rows], applied[rows]
-        count = applied.sum(dim=0)  # [R]
-        total = torch.where(applied, values, 0.0).sum(dim=0, dtype=torch.float64)  # [R]
-        means = torch.where(count > 0, total / count.clamp(min=1), math.nan)
+        count = applied.sum(axis=0)  # [R]
+        total = np.where(applied, values, 0.0).sum(axis=0, dtype=np.float64)  # [R]
+        means = np.where(count > 0, total / np.maximum(count, 1), math.nan)
         return dict(zip(self.channel_names, means.tolist(), strict=True))
 
     def per_task_means(self) -> dict[str, dict[str, float]]:
         """``{task: {channel: mean over the task's rows the channel applied to}}``."""
         labels = np.asarray(self.tasks, dtype=object)
-        return {
-            task: self.channel_means(torch.from_numpy(labels == task))
-            for task in sorted(set(self.tasks))
-        }
+        return {task: self.channel_means(labels == task) for task in sorted(set(self.tasks))}
 
     def metrics(self, prefix: str = "rewards") -> dict[str, float]:
         """Per channel ``{prefix}/{channel}/mean`` and ``/std`` over the applied rows (TRL's
@@ -121,14 +117,14 @@ class RewardScores:
         for r, name in enumerate(self.channel_names):
             out[f"{prefix}/{name}/errors"] = int(self.errors[:, r].sum())
             out[f"{prefix}/{name}/timeouts"] = int(self.timeouts[:, r].sum())
-            present = self.values[self.applied[:, r], r].double()
+            present = self.values[self.applied[:, r], r].astype(np.float64)
             # unbiased, as TRL 1.16's nanstd (count / (count - 1))
-            std = present.std().item() if present.numel() > 1 else math.nan
-            mean = present.mean().item() if present.numel() else math.nan
+            std = float(present.std(ddof=1)) if present.size > 1 else math.nan
+            mean = float(present.mean()) if present.size else math.nan
             out[f"{prefix}/{name}/mean"] = mean
             out[f"{prefix}/{name}/std"] = std
             # how often a routed or None-returning channel scores
-            out[f"{prefix}/{name}/applied"] = present.numel() / max(len(self.tasks), 1)
+            out[f"{prefix}/{name}/applied"] = present.size / max(len(self.tasks), 1)
         return out
 
     def as_lists(self) -> list[list[float | None]]:
@@ -566,11 +562,10 @@ class RewardSuite:
             self._store(values, owner, rows, coerce_output(rf, out, batch, rows))
         # after every function: a row is unscorable only if all of them passed on it
         UNSCORABLE_POLICIES.get(self._on_unscorable)(self, batch, values)
-        # float64 from the reward functions' Python floats to the advantages: one dtype, no
-        # rounding on the way (the loss reads the advantages as float32, PolicyBatch)
-        scores = torch.from_numpy(values)  # [N, R] float64
-        return RewardScores(scores, ~scores.isnan(), self.channel_names, batch.tasks,
-                            torch.from_numpy(errors), torch.from_numpy(timeouts))  # fmt: skip
+        # float64 from the reward functions' Python floats to the advantages, numpy until the
+        # policy batch: one dtype, no rounding on the way (PolicyBatch reads them as float32)
+        return RewardScores(values, ~np.isnan(values), self.channel_names, batch.tasks,
+                            errors, timeouts)
 
     def _note_timeout(self, owner: int, batch: RewardBatch, rows: list[int],
                       timeouts: np.ndarray) -> None:  # fmt: skip

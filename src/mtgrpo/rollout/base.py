@@ -34,7 +34,7 @@ __all__ = [
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool)  # bool is an int subclass
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        # `not x >= 0`, not `x < 0`: NaN fails the check too
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ValueError(
                 f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}"
@@ -197,6 +198,7 @@ def check_weights_version(version: object) -> int:
 def load_partial_state(model: Any, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model`` in place; a partial state dict (e.g. adapter weights only)
     is fine, keys the model lacks are an error."""
+    # strict=False: missing keys are allowed (a partial state); unexpected ones are checked
     result = model.load_state_dict(dict(state), strict=False)
     if result.unexpected_keys:
         raise ValueError(
@@ -208,6 +210,7 @@ def load_partial_state(model: Any, state: Mapping[str, Any]) -> None:
 
 def check_prompt_ids(prompt_ids: object, vocab_size: int | None = None) -> list[list[int]]:
     """Validate prompts as a non-empty list of non-empty token-id lists; return them as lists."""
+    # a str is a Sequence too: text passed by mistake would read as characters
     if isinstance(prompt_ids, (str, bytes, Mapping)) or not isinstance(prompt_ids, Sequence):
         raise TypeError(
             "prompt_ids must be a sequence of token-id sequences (one per prompt), got "

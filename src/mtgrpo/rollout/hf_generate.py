@@ -212,6 +212,7 @@ class HFGenerateBackend:
                 "top_k": params.top_k,  # 0 disables generate's default top-k of 50
             }
         options = {
+            # min_length above the prompt would mask EOS (MinLengthLogitsProcessor)
             "max_new_tokens": params.max_new_tokens, "min_length": 0, "num_beams": 1,
             "eos_token_id": list(stop_ids), "pad_token_id": self.pad_token_id,
             # generate's scores are the warped ones: the distribution each token came from
@@ -226,6 +227,7 @@ class HFGenerateBackend:
         width = max(len(p) for p in batch)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        # left: generate appends after the last column, so each prompt must end there
         for row, prompt in enumerate(batch):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
@@ -241,6 +243,7 @@ class HFGenerateBackend:
             generation_config=self._generation_config(params, stop_ids),
         )
         # A replaced generate (a model's own, or a mock) may return the token tensor itself.
+        # [n, P + L]: the padded prompt's columns, then the completion's
         sequences = output.sequences if hasattr(output, "sequences") else output
         generated = sequences[:, input_ids.shape[1] :].tolist()  # [n, L]
         lengths, finished = _cut_at_stop(generated, set(stop_ids))
@@ -281,6 +284,7 @@ def _special_ids(
     generation_config = getattr(_generation_owner(model), "generation_config", None)
     if eos_token_ids is None:
         eos = _as_id_list(getattr(generation_config, "eos_token_id", None))
+        # a config may list several (a chat model's end-of-turn id too); the tokenizer's joins them
         eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
         eos_token_ids = list(dict.fromkeys(eos))
     if not eos_token_ids:

@@ -65,6 +65,7 @@ def _custom_generate(model: Any) -> bool:
     mock of it): generation must go through it."""
     from mtgrpo.fast import unwrap_causal_lm
 
+    # the class's attribute: an instance's is a bound method, never `is` the function
     generate = getattr(type(unwrap_causal_lm(model)), "generate", None)
     return generate is not None and generate is not _TRANSFORMERS_GENERATE
 

@@ -106,6 +106,7 @@ class StaticCacheBackend:
         """Sample ``num_samples`` completions per prompt; rows grouped by prompt."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        # the instance's own attribute: generate patched on the object, not its class
         if "generate" in vars(self.model):
             return self._replaced_generate(prompt_ids, params, num_samples)
         prompts = check_prompt_ids(prompt_ids, self.engine.vocab_size)

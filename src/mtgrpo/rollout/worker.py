@@ -16,6 +16,7 @@ and the extra fields it returns go to the reward functions.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,22 +76,13 @@ class Shard:
 
     def bounds(self, total: int) -> tuple[int, int]:
         """Contiguous share ``[start, stop)`` of ``total`` items for this process."""
+        # contiguous shares in rank order: the gather gives the groups back in the prompts' order
         per, extra = divmod(total, self.world)
         start = self.rank * per + min(self.rank, extra)
         return start, start + per + (1 if self.rank < extra else 0)
 
     def all(self, local: list[Any]) -> list[Any]:
         return local if self.world == 1 else list(self.gather(local))
-
-
-@dataclass
-class _Scored:
-    """One group before estimation (what a process gathers from the others)."""
-
-    prompt_id: int
-    rewards: np.ndarray  # [G, R]
-    correct: np.ndarray  # [G]
-    payload: GroupPayload
 
 
 class RolloutWorker:
@@ -168,19 +160,16 @@ class RolloutWorker:
         start, stop = self.shard.bounds(len(prompt_ids))
         local = [int(i) for i in prompt_ids[start:stop]]
         # every process joins the gather, one without prompts too: it is a collective
-        gathered: list[_Scored] = self.shard.all(self._generate_and_score(local) if local
-                                                 else [])
+        gathered: list[ScoredGroup] = self.shard.all(self._generate_and_score(local) if local
+                                                     else [])
         if not gathered:
             return []
         # on every process's groups, so that each process holds the same advantages
         estimated = self.estimate(np.concatenate([g.rewards for g in gathered]), self.group_size)
-        advantages = estimated.advantages.numpy().reshape(len(gathered), self.group_size)
-        zero_gradient = estimated.zero_gradient.numpy()  # [groups]
-        return [ScoredGroup(
-            prompt_id=g.prompt_id, task=int(self.prompts.prompt_tasks[g.prompt_id]),
-            rewards=g.rewards, correct=g.correct, zero_gradient=bool(zero_gradient[b]),
-            advantages=advantages[b], payload=g.payload,
-        ) for b, g in enumerate(gathered)]
+        advantages = estimated.advantages.reshape(len(gathered), self.group_size)
+        return [dataclasses.replace(g, zero_gradient=bool(estimated.zero_gradient[b]),
+                                    advantages=advantages[b])
+                for b, g in enumerate(gathered)]
 
     def _suite_estimate(self, rewards: np.ndarray, group_size: int) -> AdvantageResult:
         suite = self.rewards
@@ -238,9 +227,11 @@ class RolloutWorker:
 
     def _plain_generate(self, ids: list[int]) -> _Generated:
         out = self._generate(ids)
+        # as TRL's GRPOTrainer: special tokens (the stop token) are not part of the text scored
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         prompts = [self.prompts.prompt(i) for i in ids for _ in range(self.group_size)]
         completions = [
+            # TRL's form for a chat prompt: the completion as one assistant message
             [{"role": "assistant", "content": t}] if is_conversational(p) else t
             for p, t in zip(prompts, texts, strict=True)
         ]
@@ -281,7 +272,9 @@ class RolloutWorker:
         return _Generated(out, pick(lambda b: b.prompts), pick(lambda b: b.output.completions),
                           pick(lambda b: b.output.tool_mask), columns)
 
-    def _generate_and_score(self, ids: list[int]) -> list[_Scored]:
+    def _generate_and_score(self, ids: list[int]) -> list[ScoredGroup]:
+        """This process's groups, scored, before estimation (no advantages yet: the estimator
+        runs once the groups of every process are gathered)."""
         g = self.group_size
         begin = time.perf_counter()
         made = self._plain_generate(ids) if self.agent is None else self._agent_generate(ids)
@@ -296,9 +289,7 @@ class RolloutWorker:
             [self.prompts.task(i) for i in ids for _ in range(g)], extra=self.extra,
         )
         correct = correct_completions(scores.values, self.accuracy_threshold,
-                                      self.accuracy_channel).numpy()
-        values = scores.values.numpy()  # [N, R] float64
-        errors = scores.errors.numpy() if scores.errors is not None else None  # [N, R]
+                                      self.accuracy_channel)  # [N]
         self.seconds["score"] += time.perf_counter() - begin
         groups = []
         for b, prompt_id in enumerate(ids):
@@ -307,12 +298,15 @@ class RolloutWorker:
             payload = GroupPayload(
                 prompt_ids=prompts[0], completion_ids=out.completion_ids[rows],
                 completions=made.completions[rows], finished=out.finished[rows],
-                reward_errors=None if errors is None else errors[rows],
+                reward_errors=scores.errors[rows],
                 logprobs=None if out.logprobs is None else out.logprobs[rows],
                 tool_mask=None if made.tool_mask is None else made.tool_mask[rows],
                 row_prompts=None if all(p == prompts[0] for p in prompts) else prompts,
             )
-            groups.append(_Scored(prompt_id, values[rows], correct[rows], payload))
+            groups.append(ScoredGroup(
+                prompt_id=prompt_id, task=int(self.prompts.prompt_tasks[prompt_id]),
+                rewards=scores.values[rows], correct=correct[rows], zero_gradient=False,
+                payload=payload))
         return groups
 
 

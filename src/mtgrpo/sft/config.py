@@ -79,8 +79,10 @@ class SFTConfig:
     weight_decay: float = field(
         default=0.0, metadata={"help": "AdamW weight decay (not applied to biases and norms)."})
     max_grad_norm: float = field(
+        # transformers' TrainingArguments default; 0 turns clipping off there too.
         default=1.0, metadata={"help": "Gradient clipping norm (0: no clipping)."})
     seed: int = field(
+        # transformers' TrainingArguments default.
         default=42, metadata={"help": "Seed of the data order, the eval split and LoRA init."})
     logging_steps: int = field(
         default=10, metadata={"help": "Write a metrics.jsonl record every N optimizer steps."})
@@ -163,6 +165,7 @@ class SFTConfig:
         if self.max_steps is not None:
             return self.max_steps
         steps_per_epoch = math.ceil(num_train_examples / self.examples_per_step)
+        # At least one step, however small the fraction of an epoch.
         return max(1, math.ceil(self.num_train_epochs * steps_per_epoch))
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,7 +258,9 @@ class WarmStartConfig:
     def sft_config(self, output_dir: str, seed: int) -> SFTConfig:
         """The :class:`SFTConfig` of the warm start (``seed``: the run's, unless the section
         sets one); merging the LoRA adapter when ``lora`` is set."""
+        # GRPO loads model/: the adapter merged into it.
         merge = {"merge_lora": True} if self.lora is not None else {}
+        # The run owns this cache directory: a retrained warm start replaces it.
         return SFTConfig.from_dict({"output_dir": output_dir, "overwrite_output_dir": True,
                                     "seed": seed, **self.training, **merge})
 

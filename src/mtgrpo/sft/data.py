@@ -77,7 +77,7 @@ class SFTExample:
         if completion_only_loss:
             return self.prompt_ids, self.completion_ids
         ids = self.prompt_ids + self.completion_ids
-        return ids[:1], ids[1:]
+        return ids[:1], ids[1:]  # the first token has nothing before it to be predicted from
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def prompt_completion_pairs(
             "no training rows were given; pass rows with prompt/completion columns, or task "
             "rows through solutions_from_rows"
         )
-    ensure_trainable(rows)
+    ensure_trainable(rows)  # test rows never train (mtgrpo.tasks.paper.ensure_trainable)
     pairs = []
     for number, row in enumerate(rows):
         if prompt_column in row and completion_column in row:
@@ -199,7 +199,8 @@ def encode_examples(
     eos = _eos_id(tokenizer)
     prompts = PromptSet([{"prompt": p.prompt, "task": p.task} for p in pairs], tokenizer,
                         max_prompt_length=max_prompt_length)
-    prompts.tokenize_all()
+    prompts.tokenize_all()  # one batched tokenizer call rather than one per row
+    # The completion follows the prompt: no BOS in between.
     completions = tokenizer([p.completion for p in pairs], add_special_tokens=False)["input_ids"]
     examples, truncated, dropped = [], 0, 0
     for row, ids in enumerate(completions):
@@ -214,9 +215,11 @@ def encode_examples(
                     "max_length, or set on_long_example to 'truncate' or 'drop'"
                 )
             keep = max_length - len(prompt_ids)
+            # The prompt alone fills max_length: no completion token to learn.
             if on_long_example == "drop" or keep < 1:
                 dropped += 1
                 continue
+            # TRL's keep_start: the first max_length tokens, the EOS cut off.
             completion_ids = completion_ids[:keep]
             truncated += 1
         examples.append(SFTExample(tuple(prompt_ids), tuple(completion_ids), row))
@@ -286,6 +289,7 @@ def collate_examples(
     input_ids = torch.full((rows, width_p + width_l), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((rows, width_p + width_l), dtype=torch.long)
     for n, (context, target) in enumerate(parts):
+        # Left-padded: every target starts at column P, as in a rollout.
         start = width_p - len(context)
         input_ids[n, start:width_p] = torch.tensor(context, dtype=torch.long)
         input_ids[n, width_p:width_p + len(target)] = torch.tensor(target, dtype=torch.long)

@@ -42,6 +42,7 @@ from mtgrpo.tasks.prompts import ANSWER_FORMATS, THINK_PREFIX
 __all__ = ["REASONINGS", "SOLUTION_TEMPLATES", "solution_template", "solutions_from_rows"]
 
 SOLUTION_TEMPLATES: Registry[str] = Registry("solution template")
+# Nothing before <think>: the R1 format rule (module docstring)
 SOLUTION_TEMPLATES.add("think_answer", "<think>\n{reasoning}\n</think>\n{answer}",
                        aliases=("r1", "think"))
 SOLUTION_TEMPLATES.add("answer_only", "{answer}", aliases=("answer",))
@@ -96,7 +97,7 @@ def solution_template(template: str) -> str:
 
 def _metadata(row: Mapping[str, Any], number: int) -> dict[str, Any]:
     raw = row.get("metadata")
-    if raw is None or raw == "":
+    if raw is None or raw == "":  # an empty metadata cell (CSV) is no metadata
         return {}
     if isinstance(raw, str):
         try:
@@ -171,12 +172,15 @@ def solutions_from_rows(
         gold = _gold(row, number)
         metadata = _metadata(row, number)
         fmt = ANSWER_FORMATS.get(metadata.get("answer_format", default_format))
+        # Metadata's family first, else the task id's prefix ("countdown:easy")
         family = str(metadata.get("family") or str(row.get("task", "")).partition(":")[0])
         completion = text.format(
             reasoning=explain(metadata, family), answer=fmt.example(gold), gold=gold
         )
+        # The prompt opened the think block: the model continues inside it.
         if _prompt_opens_think(row["prompt"]) and completion.startswith(THINK_PREFIX):
             completion = completion[len(THINK_PREFIX):]
+        # The reward reads the last container: a template must not hide the gold.
         if fmt.extract(completion) != gold:
             raise ValueError(
                 f"row {number}: the completion {completion!r} does not read back the gold answer "

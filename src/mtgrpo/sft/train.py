@@ -142,6 +142,7 @@ def completion_cross_entropy(model: nn.Module, batch: SFTBatch) -> Tensor:
     by the step's target-token count for the token-mean loss.
     """
     scored = sequence_logprobs(
+        # The model's own distribution: SFT scores unscaled logits.
         model, batch.input_ids, batch.attention_mask, batch.target_length, temperature=1.0
     )
     return -(scored.logps * batch.target_mask).sum()  # logps: [N, L]
@@ -151,6 +152,7 @@ def _micro_batches(examples: Sequence[SFTExample], config: SFTConfig) -> list[li
     budget = config.max_tokens_per_microbatch
     return plan_micro_batches(
         example_lengths(examples, config.completion_only_loss),
+        # No token budget: micro-batches are capped by row count instead.
         budget if budget is not None else sys.maxsize,
         max_rows=None if budget is not None else config.per_device_train_batch_size,
     )
@@ -191,7 +193,9 @@ def _optimizer_step(
     start = time.perf_counter()
     loss_sum, targets, tokens = accumulate_step_gradients(model, examples, config, pad_token_id,
                                                           device)
+    # 0 turns clipping off; clip_gradients then only measures the norm.
     grad_norm = clip_gradients(model, config.max_grad_norm or None)
+    # The rate this step uses, read before scheduler.step() advances it.
     learning_rate = float(scheduler.get_last_lr()[0])
     optimizer.step()
     scheduler.step()
@@ -230,6 +234,7 @@ def step_schedule(
     ``total_steps`` steps."""
     step, epoch = 0, 0
     while True:
+        # Each epoch's order from (seed, epoch) alone.
         order = np.random.default_rng([seed, epoch]).permutation(num_examples)
         for start in range(0, num_examples, examples_per_step):
             if step == total_steps:
@@ -244,6 +249,7 @@ def _hold_out(
 ) -> tuple[list[SFTExample], list[SFTExample]]:
     if fraction == 0:
         return examples, []
+    # A nonzero fraction holds out at least one example.
     count = max(1, round(fraction * len(examples)))
     if count >= len(examples):
         raise ValueError(
@@ -254,12 +260,12 @@ def _hold_out(
     order = np.random.default_rng([seed, 1 << 20]).permutation(len(examples)).tolist()
     held = set(order[:count])
     train = [e for i, e in enumerate(examples) if i not in held]
-    return train, [examples[i] for i in sorted(held)]
+    return train, [examples[i] for i in sorted(held)]  # held-out examples in their input order
 
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
-    np.random.seed(seed % 2**32)
+    np.random.seed(seed % 2**32)  # numpy's legacy seed must fit in 32 bits
     torch.manual_seed(seed)
 
 
@@ -297,7 +303,7 @@ def _prepare_model(model: Any, tokenizer: Any, peft_config: Any, seed: int) -> t
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (
         model if isinstance(model, str | PathLike | Mapping) else loaded
     ))
-    _seed_everything(seed)
+    _seed_everything(seed)  # before apply_lora, so the adapter's random init is seeded too
     if peft_config is not None:
         loaded = apply_lora(loaded, peft_config)
     loaded.train()
@@ -333,6 +339,7 @@ def _save(model: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tuple[Any,
 
     def writer(target: Any) -> Any:
         def write(tmp: Path) -> None:
+            # Safetensors: loading the checkpoint never unpickles.
             target.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
 
@@ -340,6 +347,7 @@ def _save(model: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tuple[Any,
 
     adapter_dir = None
     if merge_lora:
+        # Before merging: merge_and_unload leaves no adapter to save.
         adapter_dir = write_atomically(out / "adapter", writer(model))
         model = model.merge_and_unload()
     return model, write_atomically(out / "model", writer(model)), adapter_dir
@@ -350,6 +358,7 @@ def _write_options(out: Path, config: SFTConfig, model: Any) -> None:
     if _is_peft(model):
         options["lora"] = model.peft_config["default"].to_dict()
     text = json.dumps(options, indent=2, sort_keys=True,
+                      # Peft stores target_modules as a set: written as a sorted list.
                       default=lambda o: sorted(o) if isinstance(o, set | frozenset) else str(o))
     (out / "sft_config.json").write_text(text + "\n", encoding="utf-8")
 
@@ -415,6 +424,7 @@ def _train_loop(
     """Run every optimizer step; returns ``(loss, target tokens)`` per step and the last
     eval loss."""
     device = next(model.parameters()).device
+    # No pad token (many causal LMs): pad with EOS, masked out anyway.
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
     total = config.total_steps(len(train))
@@ -438,7 +448,7 @@ def _train_loop(
             window.steps.append(stats)
             seen += len(indices)
             bar.update(step, status=f"loss {steps[-1][0]:.4f}  lr {stats.learning_rate:.3g}")
-            if step % config.logging_steps == 0 or step == total:
+            if step % config.logging_steps == 0 or step == total:  # the last step always logs
                 record = window.record(step, seen / len(train))
                 writer.write(record)
                 logger.info("step %d/%d  loss %.4f  lr %.3g", step, total, record["loss"],

@@ -32,8 +32,8 @@ from mtgrpo._files import write_text_atomically
 __all__ = ["CACHE_ENV", "CHUNK_SIZE", "CacheKey", "ItemCache", "cache_root"]
 
 CACHE_ENV = "MTGRPO_CACHE_DIR"
-CHUNK_SIZE = 64
-_FORMAT_VERSION = 1
+CHUNK_SIZE = 64  # positions per file; also the unit of background interleaving (suite._produce)
+_FORMAT_VERSION = 1  # in the digest: bumping it retires every older cache directory
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -66,6 +66,7 @@ class CacheKey:
 
     @property
     def dirname(self) -> str:
+        # One path component: separators and other odd characters become "_".
         level = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.level or "custom")
         return f"{level}-s{self.seed}-n{self.size}-{self.digest}"
 
@@ -79,6 +80,7 @@ class ItemCache:
         self.path = cache_root(root) / family / key.dirname
 
     def chunk_path(self, chunk: int) -> Path:
+        # Zero-padded start position: a directory listing sorts in position order.
         return self.path / f"chunk-{chunk * CHUNK_SIZE:09d}.jsonl"
 
     def read_chunk(self, chunk: int, expected: int) -> list[dict[str, Any]] | None:
@@ -87,18 +89,21 @@ class ItemCache:
         try:
             with path.open(encoding="utf-8") as handle:
                 items = [json.loads(line) for line in handle if line.strip()]
+        # json.JSONDecodeError is a ValueError: a corrupt chunk counts as missing.
         except (OSError, ValueError):
             return None
+        # A truncated file, or one written with another CHUNK_SIZE.
         return items if len(items) == expected else None
 
     def write_chunk(self, chunk: int, items: Sequence[dict[str, Any]]) -> Path:
         """Atomically write one chunk (and ``meta.json`` the first time)."""
         self.path.mkdir(parents=True, exist_ok=True)
         meta = self.path / "meta.json"
-        if not meta.exists():
+        if not meta.exists():  # meta.json is for humans; reads never depend on it
             write_text_atomically(
                 meta, json.dumps({**asdict(self.key), "chunk_size": CHUNK_SIZE}, indent=2)
             )
+        # Sorted keys: ranks writing the same chunk write the same bytes.
         lines = "".join(json.dumps(item, sort_keys=True) + "\n" for item in items)
         path = self.chunk_path(chunk)
         write_text_atomically(path, lines)

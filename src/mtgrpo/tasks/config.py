@@ -29,6 +29,7 @@ from mtgrpo.tasks.suite import SUITES, TaskSuite, check_split_sizes
 
 __all__ = ["TasksConfig"]
 
+# TaskSuite's own defaults, read from its signature so that the two never drift apart.
 _SUITE = {name: p.default for name, p in inspect.signature(TaskSuite).parameters.items()
           if p.default is not inspect.Parameter.empty}
 # The options handed to TaskSuite unchanged.
@@ -94,12 +95,12 @@ class TasksConfig:
             raise ValueError("tasks.tasks is empty; list at least one task id")
         else:
             for task in self.tasks:
-                resolve_task(task)
+                resolve_task(task)  # checked now, before any model loads (module docstring)
         PROMPT_FORMATS.canonical(self.prompt_format)
         ANSWER_FORMATS.canonical(self.answer_format)
         check_split_sizes({"train_size": self.train_size, "eval_size": self.eval_size,
                            "validation_size": self.validation_size}, self.max_retries)
-        self.scheme()
+        self.scheme()  # built only to validate the reward values
         if self.paper_test_per_task is not None and self.paper_test_per_task < 1:
             raise ValueError(f"tasks.paper_test_per_task={self.paper_test_per_task} must be >= 1 "
                              "(or null for every item)")

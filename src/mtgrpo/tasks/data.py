@@ -30,6 +30,7 @@ FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv")
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
+    # Bytes, so that a bad encoding is reported with its line number.
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
@@ -39,7 +40,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                     f"{path}:{number} is not UTF-8 (byte {error.start} of the line); JSONL is "
                     "UTF-8 text: re-encode the file (e.g. iconv -f latin1 -t utf-8)"
                 ) from None
-            if not line.strip():
+            if not line.strip():  # blank lines (a trailing newline) are not rows
                 continue
             try:
                 rows.append(json.loads(line))
@@ -70,8 +71,9 @@ def _read_by_suffix(path: Path) -> Any:
 
         return pq.read_table(path).to_pylist()
     if suffix == ".csv":
+        # As the csv module requires: a quoted field may hold a newline.
         with path.open(encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle))
+            return list(csv.DictReader(handle))  # every CSV value is a string
     raise ValueError(
         f"cannot load {str(path)!r}: unsupported file type {suffix!r}; "
         f"supported: {', '.join(FILE_SUFFIXES)}"
@@ -116,7 +118,8 @@ def _materialize(source: Any, split: str | None) -> tuple[list[Any], bool]:
             )
         source = _read_file(path)
     module = type(source).__module__ or ""
-    if module.startswith("datasets"):
+    if module.startswith("datasets"):  # duck-typed: datasets is never imported here
+        # A DatasetDict's column_names is a dict by split.
         if hasattr(source, "column_names") and isinstance(source.column_names, dict):
             source = _select_split(source, split, "the DatasetDict")
             return list(source.to_list() if hasattr(source, "to_list") else source), True
@@ -124,6 +127,7 @@ def _materialize(source: Any, split: str | None) -> tuple[list[Any], bool]:
     if isinstance(source, Mapping):
         rows, used = _from_mapping(source, split)
         return list(rows), used
+    # Bytes iterate as ints, not rows.
     if isinstance(source, Iterable) and not isinstance(source, str | bytes):
         return list(source), False
     raise TypeError(
@@ -201,6 +205,7 @@ def write_jsonl_splits(
     for split, rows in splits.items():
         path = out / f"{split}.jsonl"
         with path.open("w", encoding="utf-8") as handle:
+            # UTF-8 as is (ensure_ascii=False), readable in an editor.
             handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         written[split] = path
     return written

@@ -45,11 +45,12 @@ __all__ = [
     "calculate",
 ]
 
-MAX_CALCULATOR_CHARS = 200
-MAX_CALCULATOR_DEPTH = 16
+MAX_CALCULATOR_CHARS = 200  # tool input is model text: bounded parsing work
+MAX_CALCULATOR_DEPTH = 16  # bounds the recursion far below Python's recursion limit
 MAX_CALCULATOR_MAGNITUDE = Fraction(10) ** 15  # |every literal and intermediate value| <= this
 MAX_PYTHON_OUTPUT_CHARS = 2_000
 
+# Unsigned literals: a sign is a unary operator of the parser.
 _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|([-+*/()]))")
 
 
@@ -79,6 +80,7 @@ def calculate(expression: str) -> str:
 
 def _tokens(expression: str) -> list[str]:
     tokens, position = [], 0
+    # Each match eats leading spaces; trailing ones would be an empty token.
     stripped = expression.rstrip()
     while position < len(stripped):
         match = _TOKEN.match(stripped, position)
@@ -152,10 +154,12 @@ class _Parser:
         if token in ("*", "/", ")"):
             raise _CalculatorError(f"unexpected {token!r}")
         self.index += 1
+        # Exact: Decimal("0.1") is 1/10, which float("0.1") is not.
         return _bounded(Fraction(Decimal(token)))
 
 
 def _bounded(value: Fraction) -> Fraction:
+    # Exact Fractions would grow without bound over repeated products: every step is checked.
     if abs(value) > MAX_CALCULATOR_MAGNITUDE:
         raise _CalculatorError("number too large (the limit is 1e15 in magnitude)")
     return value
@@ -171,7 +175,7 @@ def _render(value: Fraction) -> str:
 
 def _number(text: Any) -> Fraction | None:
     """A number the model or the dataset wrote (``"1,234.5"``, ``42``), or None."""
-    if isinstance(text, bool):
+    if isinstance(text, bool):  # True is an int, not a number the model wrote
         return None
     try:
         number = text if isinstance(text, int) else \
@@ -194,6 +198,7 @@ class CalculatorEnv:
     def reset(self, **row: Any) -> str:
         """Take the row's problem; the instructions are appended to the prompt."""
         self.expected = row.get("answer")
+        # "nums": the column name countdown_reward accepts too.
         self.numbers = row.get("numbers", row.get("nums"))
         self.target = row.get("target")
         self.submitted: str | None = None
@@ -238,6 +243,7 @@ class CalculatorEnv:
         expected, given = _number(self.expected), _number(self.submitted)
         if expected is None:
             return float(self.submitted.strip() == str(self.expected).strip())
+        # A value copied from calculate()'s 12 decimals still matches.
         return float(given is not None and abs(given - expected) <= Fraction(1, 10**6))
 
 
@@ -271,6 +277,7 @@ class GuessTheNumberEnv:
             self.secret = int(row["secret"])
         else:
             seed = f"{row.get('seed', '')}|{row.get('prompt', '')}"
+            # A str seed is hashed with SHA-512: the same secret whatever PYTHONHASHSEED.
             self.secret = random.Random(seed).randint(self.low, self.high)
         self.guesses = 0
         self.found = False
@@ -294,7 +301,7 @@ class GuessTheNumberEnv:
         if self.guesses >= self.max_guesses:
             return "no guesses left"
         value = _number(number)
-        if value is None or value.denominator != 1:
+        if value is None or value.denominator != 1:  # 2.0 counts as 2; 2.5 is refused
             return f"error: {number!r} is not an integer; guess an integer"
         self.guesses += 1
         left = self.max_guesses - self.guesses
@@ -313,6 +320,7 @@ class GuessTheNumberEnv:
     def get_reward(self) -> float:
         if not self.found:
             return 0.0
+        # One guess allowed: no scale to reward, and no 0 / 0.
         if not self.reward_fewer_guesses or self.max_guesses == 1:
             return 1.0
         return 1.0 - 0.5 * (self.guesses - 1) / (self.max_guesses - 1)
@@ -352,7 +360,9 @@ class PythonEnv:
                   "syntax_error": "error: syntax error\n",
                   "killed": "error: killed (a resource limit)\n",
                   "sandbox_error": "error: the sandbox failed\n"}.get(result.status, "")
+        # The sandbox harness prefixes the program's own error with "program: ".
         stderr = result.stderr.replace("program: ", "", 1)
+        # The harness's per-test clock (test_timeout_seconds) ran out: a time-out too.
         if "TestTimeout" in stderr:
             status, stderr = "error: time limit exceeded\n", ""
         text = status + result.stdout + stderr

@@ -85,6 +85,7 @@ def calculator_episode(rng: random.Random, digits: Sequence[int] = (3, 2),
                        for d in digits)):
         raise ValueError(f"calculator digits {digits!r}: give two operand sizes from 1 to 6, "
                          "e.g. [3, 2]")
+    # Exactly d digits; a 1-digit operand may be 0.
     a, b = (rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1) for d in digits)
     expression = f"{a} {operator} {b}"
     answer = {"+": a + b, "-": a - b, "*": a * b}[operator]
@@ -169,11 +170,13 @@ class EnvironmentSpec:
 
 
 def _content_key(row: Mapping[str, Any]) -> str:
+    # The episode's content: its prompt is wording, not the problem (module docstring)
     return json.dumps({k: v for k, v in row.items() if k != "prompt"}, sort_keys=True,
                       default=str)
 
 
 def _resolve(name: Any, entry: Any) -> EnvironmentSpec:
+    # The name starts every row id, "<name>/<split>/<n>".
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise ValueError(f"environment name {name!r}: use a non-empty name without '/', e.g. "
                          "calculator")
@@ -207,7 +210,7 @@ def _resolve(name: Any, entry: Any) -> EnvironmentSpec:
             if value is not None and not callable(value):
                 raise ValueError(f"environments.{name}.{what}: {value!r:.80} is not callable")
     parameters = inspect.signature(episode).parameters
-    accepted = [p for p in list(parameters)[1:]
+    accepted = [p for p in list(parameters)[1:]  # the first parameter is the rng
                 if parameters[p].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                           inspect.Parameter.KEYWORD_ONLY)]
     unknown = [key for key in options if key not in accepted]
@@ -287,6 +290,7 @@ class EnvironmentsConfig:
     def _keys(rows: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
         keys: dict[str, set[str]] = {}
         for row in rows:
+            # The keys _rows adds: a stored row's key equals its drawn one.
             content = {k: v for k, v in row.items() if k not in ("id", "environment")}
             keys.setdefault(row["environment"], set()).add(_content_key(content))
         return keys
@@ -295,9 +299,11 @@ class EnvironmentsConfig:
               exclude: Mapping[str, set[str]]) -> list[dict[str, Any]]:
         rows = []
         for number, (name, spec) in enumerate(self.specs.items()):
+            # A str seed is hashed (SHA-512): the same stream whatever PYTHONHASHSEED.
             rng = random.Random(f"{seed}/{number}/{name}")
             taken = set(exclude.get(name, ()))
             found = 0
+            # Bounded: a too-small episode space fails here instead of looping.
             for _ in range(size * _DRAWS_PER_EPISODE):
                 row = spec.draw(rng)
                 key = _content_key(row)

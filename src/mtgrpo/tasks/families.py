@@ -81,8 +81,9 @@ __all__ = [
     "resolve_task",
 ]
 
+# very_hard: the papers' out-of-distribution level.
 LEVELS = ("easy", "medium", "hard", "very_hard")
-ARC_1D_MAX_SIZE = 40
+ARC_1D_MAX_SIZE = 40  # reasoning-gym 0.1.25's arc_1d can loop forever above (seen at 50, 100)
 
 # A generated item is a JSON-safe dict {"question": str, "answer": str, "metadata": dict}.
 ItemGenerator = Callable[[str, Mapping[str, Any], int, int, int], dict[str, Any]]
@@ -138,6 +139,7 @@ class TaskSpec:
 
     @property
     def config_json(self) -> str:
+        # Compact and key-sorted: one config, one string, one cache key.
         return json.dumps(self.config, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -175,6 +177,7 @@ def _to_dataset_config(dataset: str, config: Mapping[str, Any]) -> dict[str, Any
 
 
 @lru_cache(maxsize=64)
+# Config as a JSON string: hashable, as lru_cache needs.
 def _dataset(dataset: str, config_json: str, seed: int, size: int) -> Any:
     from reasoning_gym import create_dataset
 
@@ -189,11 +192,13 @@ def reasoning_gym_item(
 
     Dataset objects are cached per (dataset, config, seed, size) within a process.
     """
+    # The form of TaskSpec.config_json: one cached dataset per config.
     config_json = json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
     return _dataset(dataset, config_json, seed, size)[index]
 
 
 def _json_safe(value: Any) -> Any:
+    # Tuples become lists, other non-JSON values their str(): items are stored as JSON.
     return json.loads(json.dumps(value, default=str))
 
 
@@ -207,6 +212,7 @@ def generic_item(
         "question": question,
         "answer": str(item["answer"]),
         "metadata": {
+            # The content key: one question up to spacing and case is one problem.
             "question_key": hashlib.sha256(normalize_answer(question).encode()).hexdigest(),
             "source_metadata": _json_safe(item.get("metadata", {})),
         },
@@ -281,6 +287,7 @@ def countdown_correct(extracted: str, gold: str, metadata: Mapping[str, Any]) ->
 
     numbers = [int(n) for n in metadata["numbers"]]
     return bool(
+        # The papers' rule: each given number exactly once.
         countdown_check(extracted, numbers, metadata["target"], use_all_numbers=True).correct
     )
 
@@ -300,6 +307,7 @@ def _countdown_validate(config: Mapping[str, Any]) -> None:
 
 # ---------------------------------------------------------------------- zebra puzzles
 
+# The end of reasoning-gym's zebra question, where the answer instruction goes.
 _ZEBRA_TAIL = "as your final answer."
 
 
@@ -329,16 +337,18 @@ def zebra_question(item: Mapping[str, Any], answer_format: AnswerFormat) -> str:
     instruction = f"as your final answer and put it {answer_format.where}, for example: {example}."
     if question.endswith(_ZEBRA_TAIL):
         return question[: -len(_ZEBRA_TAIL)] + instruction
+    # A question without the expected tail (another reasoning-gym version) still says where.
     return f"{question}\nGive the name {answer_format.where}, for example: {example}."
 
 
 # ---------------------------------------------------------------------------- ARC 1D
 
+# Reasoning-gym's closing sentence, replaced by the papers' instruction.
 _ARC_TAIL = "Your final answer should be just the test output grid itself."
 _INT_TOKEN = re.compile(r"-?\d+")
 MAX_GRID_CELLS = 10_000  # grids are at most 40 cells (ARC_1D_MAX_SIZE)
 MAX_CELL_DIGITS = 100  # cells are colours 0-9
-_SEPARATORS = re.compile(r"[\s,]+")
+_SEPARATORS = re.compile(r"[\s,]+")  # commas and any whitespace, newlines included
 
 
 def parse_int_sequence(text: str) -> list[int] | None:
@@ -356,6 +366,7 @@ def parse_int_sequence(text: str) -> list[int] | None:
     tokens = [token for token in _SEPARATORS.split(body) if token]
     if not tokens or len(tokens) > MAX_GRID_CELLS:
         return None
+    # MAX_CELL_DIGITS + 1: room for a minus sign.
     if not all(len(token) <= MAX_CELL_DIGITS + 1 and _INT_TOKEN.fullmatch(token)
                for token in tokens):  # fmt: skip
         return None
@@ -392,6 +403,7 @@ def arc_correct(extracted: str, gold: str, metadata: Mapping[str, Any]) -> bool:
     :func:`parse_int_sequence`.
     """
     predicted = parse_int_sequence(extracted)
+    # An unparseable answer never matches, even an unparseable gold (None == None)
     return predicted is not None and predicted == parse_int_sequence(gold)
 
 
@@ -433,6 +445,8 @@ FAMILIES.add(
             lambda n: {
                 "min_numbers": n,
                 "max_numbers": n,
+                # The papers' test sets: numbers in 1..100, targets in 1..1000 (module docstring);
+                # reasoning-gym's default target range is 100..999.
                 "min_value": 1,
                 "max_value": 100,
                 "min_target": 1,
@@ -454,6 +468,7 @@ FAMILIES.add(
         generate=zebra_item,
         question=zebra_question,
         check=_exact_match,
+        # N houses and n attributes at level n, as in the papers' test sets.
         levels=_levels(lambda n: {"num_people": n, "num_characteristics": n}, (3, 4, 5, 6)),
         description="logic grid puzzle; answer the name of the person in house 1",
     ),
@@ -467,6 +482,7 @@ FAMILIES.add(
         generate=arc_item,
         question=arc_question,
         check=arc_correct,
+        # Every test-set grid has exactly n cells, and every question three worked examples.
         levels=_levels(lambda n: {"min_size": n, "max_size": n, "num_train": 3}, (10, 20, 30, 40)),
         validate=_arc_validate,
         description="infer a 1-D grid transformation from three examples",
@@ -492,7 +508,7 @@ def get_family(name: str) -> TaskFamily:
         question=_generic_question,
         check=_exact_match,
         validate=_composite_validate if name == "composite" else None,
-        content_key=_question_key,
+        content_key=_question_key,  # generic datasets are de-duplicated by their question text
         description=f"reasoning-gym dataset {name!r}, checked by normalised exact match",
     )
 
@@ -516,13 +532,16 @@ def _validate_config(family: TaskFamily, config: Mapping[str, Any]) -> dict[str,
             f"unknown config field(s) {unknown} for reasoning-gym dataset {family.dataset!r}; "
             f"valid fields: {', '.join(sorted(allowed))}"
         )
+    # Through JSON: equal to what the cache key and the workers see.
     normalized = json.loads(json.dumps(dict(config), sort_keys=True))
     if family.validate is not None:
         family.validate(normalized)
     try:
+        # A throwaway instance, only to run reasoning-gym's own checks.
         instance = config_cls(**_to_dataset_config(family.dataset, normalized), seed=0, size=1)
         if hasattr(instance, "validate"):
             instance.validate()
+    # Reasoning-gym's validate() asserts (CountdownConfig and others)
     except (AssertionError, TypeError, ValueError) as error:
         raise ValueError(
             f"invalid config {normalized} for reasoning-gym dataset {family.dataset!r}: {error}"
@@ -586,6 +605,7 @@ def resolve_task(task: str | Mapping[str, Any] | TaskSpec) -> TaskSpec:
         raise TypeError(
             f"a task is a task id string, a mapping or a TaskSpec; got {type(task).__name__}"
         )
+    # "family:level"; a generic dataset may have no level.
     family_name, _, level = task.strip().partition(":")
     family = get_family(family_name)
     if not level:

@@ -51,9 +51,9 @@ __all__ = [
     "write_message",
 ]
 
-DEFAULT_ITEM_TIMEOUT_S = 120.0
-_STARTUP_TIMEOUT_S = 120.0
-_ON_DEMAND = 0
+DEFAULT_ITEM_TIMEOUT_S = 120.0  # generous: every built-in level takes well under 2 s per item
+_STARTUP_TIMEOUT_S = 120.0  # an interpreter and numpy; never charged to an item
+_ON_DEMAND = 0  # PriorityQueue serves the lowest number first: background jobs are 1
 
 
 class ItemTimeoutError(RuntimeError):
@@ -68,7 +68,7 @@ class PoolClosedError(RuntimeError):
     """The pool was closed before the job ran."""
 
 
-_HEADER_BYTES = 8
+_HEADER_BYTES = 8  # big-endian payload length ahead of each pickle
 
 
 def write_message(stream: Any, payload: bytes) -> None:
@@ -81,6 +81,7 @@ def _read_exactly(stream: BinaryIO, count: int) -> bytes | None:
     chunks = []
     while count > 0:
         chunk = stream.read(count)
+        # An empty read is a closed pipe (the worker died or was killed): end of stream.
         if not chunk:
             return None
         chunks.append(chunk)
@@ -98,7 +99,7 @@ def read_message(stream: Any) -> bytes | None:
 
 def default_workers() -> int:
     """One worker per CPU core, leaving one core to the caller (at least one worker)."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    return max(1, (os.cpu_count() or 2) - 1)  # cpu_count() is None where it cannot be determined
 
 
 @dataclass(eq=False)
@@ -106,7 +107,7 @@ class _Job:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     future: Future = field(default_factory=Future)
-    claimed: bool = False
+    claimed: bool = False  # set by the supervisor that takes it; a promoted job is queued twice
 
 
 class _Worker:
@@ -139,7 +140,7 @@ class _Worker:
         while True:
             try:
                 payload = read_message(self.process.stdout)
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # ValueError: reading a pipe that kill() already closed
                 payload = None
             if payload is None:
                 self.replies.put(None)
@@ -216,6 +217,8 @@ class GenerationPool:
             raise ValueError(f"item_timeout_s must be > 0 seconds, got {item_timeout_s!r}")
         self.workers = workers
         self.item_timeout_s = float(item_timeout_s)
+        # (priority, sequence, job): the sequence keeps FIFO order within a priority and spares
+        # the queue from comparing two _Jobs (not orderable).
         self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._sequence = itertools.count()
         self._lock = threading.Lock()
@@ -247,6 +250,7 @@ class GenerationPool:
         with self._lock:
             entry = self._jobs.get(future)
         if entry is not None and entry[0] > _ON_DEMAND and not entry[1].claimed:
+            # The old entry stays queued; whichever copy is taken second is skipped by _claim.
             self._queue.put((_ON_DEMAND, next(self._sequence), entry[1]))
 
     def close(self) -> None:
@@ -259,6 +263,7 @@ class GenerationPool:
         for worker in live:
             worker.kill()
         for _ in self._threads:
+            # -1 sorts ahead of every job: each supervisor stops at once.
             self._queue.put((-1, next(self._sequence), None))
         for thread in self._threads:
             thread.join(timeout=10)
@@ -287,6 +292,7 @@ class GenerationPool:
         try:
             job.future.set_result(job.fn(*job.args))
         except Exception as error:
+            # As a worker's error, so the suite retries the item alike.
             job.future.set_exception(ItemFailedError(f"{type(error).__name__}: {error}"))
 
     def _start_threads(self) -> None:
@@ -319,7 +325,7 @@ class GenerationPool:
                         ItemFailedError(f"cannot start a worker process: {error}")
                     )
                     continue
-                if worker is None:
+                if worker is None:  # the pool closed while this worker started
                     job.future.set_exception(PoolClosedError("the generation pool was closed"))
                     continue
             worker = self._serve(worker, job)
@@ -346,6 +352,7 @@ class GenerationPool:
             reply = worker.run(job, self.item_timeout_s)
         except (EOFError, OSError) as error:
             self._retire(worker)
+            # close() kills workers mid-item: report that as closure, not as an item to retry.
             closed = self._closed
             failure = (
                 PoolClosedError("the generation pool was closed")
@@ -365,6 +372,7 @@ class GenerationPool:
             )
             return worker
         if reply is None:
+            # The generator may loop forever (arc_1d at large sizes): kill it rather than wait.
             self._retire(worker)
             with self._lock:
                 self.timeouts += 1

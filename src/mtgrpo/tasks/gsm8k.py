@@ -62,7 +62,7 @@ _FINAL_MARK = "####"
 _FINAL_NUMBER = re.compile(
     r"(?P<sign>[-+]?)\s*\$?\s*(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?P<frac>\.[0-9]+)?"
 )
-_CALCULATOR = re.compile(r"<<[^<>]*>>")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, e.g. <<48/2=24>>
 # A bare number as a model writes it inside the answer container: "72", "-4", "1,250", "$3.50".
 _BARE_NUMBER = re.compile(r"-?\s*\$?\s*(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?")
 
@@ -103,7 +103,7 @@ def parse_gsm8k_answer(answer: Any) -> tuple[str, str]:
             f"GSM8K answer ends with '#### {_shorten(final.strip())}', which is not one number; "
             "write the final answer as a number such as '#### 72', '#### -4' or '#### 1,250'"
         )
-    sign = "-" if match["sign"] == "-" else ""
+    sign = "-" if match["sign"] == "-" else ""  # a leading "+" is dropped (module docstring)
     number = sign + match["int"].replace(",", "") + (match["frac"] or "")
     solution = _CALCULATOR.sub("", reasoning).strip()
     return solution, number
@@ -166,6 +166,7 @@ def load_gsm8k(
     PROMPT_FORMATS.canonical(prompt_format)
     if not isinstance(task, str) or not task.strip():
         raise ValueError(f"task={task!r} must be a non-empty task label such as 'gsm8k'")
+    # True is an int: refused explicitly.
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit={limit!r} must be a positive integer or None (every problem)")
     raw, where = _read_source(source, split, config, cache_dir)
@@ -235,6 +236,7 @@ def _read_source(
 def _split_files(root: Path, split: str, config: str) -> list[Path]:
     """The files of ``split`` in a directory: ``<split>.<suffix>`` or ``<split>-*.<suffix>``,
     in ``root/<config>`` first, then in ``root``."""
+    # Huggingface-cli writes the hub's files under main/ (module docstring)
     for folder in (root / config, root):
         files = sorted(
             file for suffix in FILE_SUFFIXES
@@ -308,8 +310,10 @@ def answer_format_reward(
 
     def score(row: tuple[Any, str | None]) -> float | None:
         completion, fmt = row
+        # A row that asks for no container: n/a (None), not a format failure.
         return None if fmt is None else _format_score(completion_text(completion), styles[fmt])
 
+    # Model output is hostile input: an exception scores 0 for that row only.
     return score_each("answer_format_reward", zip(completions, answer_format, strict=True), score)
 
 
@@ -322,6 +326,7 @@ def _format_score(text: str, style: str) -> float:
     content = extract_answer(text, style)
     if content is None:
         return FORMAT_MISSING
+    # Bounded before the regex: longer text scores FORMAT_OTHER, never a number.
     if len(content) <= MAX_NUMBER_CHARS and _BARE_NUMBER.fullmatch(content.strip()):
         return FORMAT_NUMBER
     return FORMAT_OTHER
@@ -364,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         written = write_gsm8k(
+            # --eval-limit 0 keeps every test problem.
             args.out_dir, args.source, eval_limit=args.eval_limit or None, config=args.config,
             prompt_format=args.prompt_format, answer_format=args.answer_format,
         )

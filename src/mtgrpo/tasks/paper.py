@@ -122,6 +122,7 @@ def nearest_paper_level(task: str | Mapping[str, Any] | TaskSpec) -> str | None:
         config = resolve_task(task_id).config
         return sum(1 for key, value in spec.config.items() if config.get(key) == value)
 
+    # Max keeps the first of equals: PAPER_TASK_IDS runs easy to very_hard.
     return max(levels, key=shared)
 
 
@@ -145,7 +146,7 @@ def is_paper_test_source(source: str | Mapping[str, Any]) -> bool:
     if isinstance(metadata, str):
         try:
             metadata = json.loads(metadata)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # metadata that is not JSON cannot carry the papers' origin
             return False
     return isinstance(metadata, Mapping) and metadata.get("origin") == PAPER_TEST_ORIGIN
 
@@ -169,6 +170,7 @@ def _files(path: str | os.PathLike[str]) -> list[Path]:
     if root.is_file():
         return [root]
     if root.is_dir():
+        # Sorted: the row order is the same on every machine.
         files = sorted(root.glob("*.parquet"))
         if files:
             return files
@@ -186,6 +188,7 @@ def _wanted_tasks(tasks: Sequence[str] | None) -> set[str]:
     wanted = set()
     for task in tasks:
         family, _, level = str(task).partition(":")
+        # An alias resolves: zebra:hard -> zebra_puzzles:hard.
         task_id = f"{FAMILIES.canonical(family)}:{level}" if family in FAMILIES else str(task)
         if task_id not in PAPER_TASK_IDS:
             raise ValueError(
@@ -246,6 +249,7 @@ def _reasked_prompt(
 def _convert(raw: Mapping[str, Any], render: RenderOptions | None) -> dict[str, Any]:
     metadata = _metadata(raw)
     if metadata["family"] == "countdown":
+        # The files hold no solution; every released row is solvable (module docstring)
         answer = solve_countdown(metadata["numbers"], metadata["target"]) or ""
     else:
         answer = str(raw["reward_model"]["ground_truth"]["target"])
@@ -253,6 +257,7 @@ def _convert(raw: Mapping[str, Any], render: RenderOptions | None) -> dict[str, 
         prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in raw["prompt"]]
     else:
         prompt = _reasked_prompt(raw, metadata, render)
+        # Graded in the format it is re-asked in, not the release's \boxed{}.
         metadata["answer_format"] = render.answer_format
     return {
         "id": f"paper-test/{metadata['data_source']}/{metadata['index']}",
@@ -279,6 +284,7 @@ def _render_options(
                 "(e.g. prompt_format='paper', answer_format='boxed' for the released layout)"
             )
         return None
+    # An unset half takes the release's own: the paper template, \boxed{}.
     return RenderOptions(prompt_format or "paper", answer_format or "boxed", think_prefix,
                          system_prompt)  # fmt: skip
 

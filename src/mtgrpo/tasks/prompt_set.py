@@ -16,6 +16,7 @@ __all__ = ["PromptSet", "is_conversational", "is_lazy_split"]
 
 def is_lazy_split(rows: Any) -> bool:
     """A task suite's split (``len``, ``get(i)``, ``prompt_tasks``, ``task_ids``)."""
+    # Duck-typed: a SuiteSplit, and this module never imports the suite.
     return all(hasattr(rows, name) for name in ("get", "prompt_tasks", "task_ids", "__len__"))
 
 
@@ -164,10 +165,12 @@ class PromptSet:
                 "%d tokens (first: row %d, %d tokens)", limit, limit, index, len(ids),
             )
             self._warned_truncation = True
-        return ids[-limit:]
+        return ids[-limit:]  # left truncation, as TRL's processing class (truncation_side="left")
 
     def columns(self, indices: Sequence[int], repeat: int) -> dict[str, list[Any]]:
         """Every column but the prompt, one value per completion (each row ``repeat`` times)."""
         rows = [self.row(i) for i in indices]
+        # The union of the rows' columns, in first-seen order.
         keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k != self.prompt_column]
+        # One value per completion: a row's value repeated over its group.
         return {key: [row.get(key) for row in rows for _ in range(repeat)] for key in keys}

@@ -144,6 +144,7 @@ def _messages(content: str, think_prefix: bool, system_prompt: str | None) -> Me
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": content})
     if think_prefix:
+        # An unfinished assistant turn: rendered with continue_final_message=True.
         messages.append({"role": "assistant", "content": THINK_PREFIX})
     return messages
 

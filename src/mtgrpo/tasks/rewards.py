@@ -52,7 +52,7 @@ class RewardScheme:
     """Reward values: correct answer, wrong but well-formatted answer, anything else."""
 
     correct: float = 1.0
-    formatted: float = 0.1
+    formatted: float = 0.1  # the papers' reward for a wrong answer in the right container
     unformatted: float = 0.0
 
     def __post_init__(self) -> None:
@@ -78,6 +78,7 @@ def _parse_metadata(value: Any, row: int, name: str) -> dict[str, Any]:
         return dict(value)
     if isinstance(value, str):
         try:
+            # An empty metadata cell (a CSV column) is no metadata.
             parsed = json.loads(value) if value.strip() else {}
         except json.JSONDecodeError as error:
             raise ValueError(
@@ -95,6 +96,7 @@ def _family_of_task(task: Any) -> str | None:
     if not isinstance(task, str):
         return None
     prefix = task.partition(":")[0]
+    # Through aliases: "zebra:hard" belongs to zebra_puzzles.
     return FAMILIES.canonical(prefix) if prefix in FAMILIES else prefix
 
 
@@ -132,9 +134,10 @@ class TaskReward:
 
     def score(self, completion: Any, answer: str, metadata: Mapping[str, Any]) -> float:
         """The reward of one completion against its gold ``answer`` and ``metadata``."""
+        # The row's own container first: rows of the papers' test sets say boxed.
         answer_format = ANSWER_FORMATS.get(metadata.get("answer_format", self.answer_format))
         extracted = answer_format.extract(completion_text(completion))
-        if not extracted:
+        if not extracted:  # an empty container counts as no answer: unformatted
             return float(self.scheme.unformatted)
         correct = self.family.check(extracted, str(answer), metadata)
         return float(self.scheme.correct if correct else self.scheme.formatted)
@@ -169,11 +172,13 @@ class TaskReward:
             applies = self.applies(task, metadata)
             if applies:  # dataset errors, raised before any scoring
                 self._check_metadata(metadata, row)
+                # An unknown answer_format is a dataset error, raised here.
                 ANSWER_FORMATS.canonical(metadata.get("answer_format", self.answer_format))
             rows.append((completion, answer, metadata) if applies else None)
         from mtgrpo.rewards.guard import score_each  # not at import: generation workers
         # import this package and need none of the reward code
 
+        # Model output is hostile input: an exception scores that row unformatted (0.0).
         return score_each(self.__name__, rows, self._score_row,
                           fallback=float(self.scheme.unformatted))  # fmt: skip
 

@@ -16,6 +16,7 @@ __all__ = ["solve_countdown"]
 
 def _fold_steps(value: int, expr: str, n: int) -> list[tuple[int, str]]:
     """Values reachable by combining an intermediate result with one more number."""
+    # Left to right, + and - need no parentheses; * and / bind tighter, so the fold is wrapped.
     steps = [
         (value + n, f"{expr} + {n}"),
         (value - n, f"{expr} - {n}"),

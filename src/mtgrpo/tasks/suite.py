@@ -108,7 +108,8 @@ __all__ = [
     "split_seed",
 ]
 
-SPLIT_SEED_STRIDE = 10**9
+SPLIT_SEED_STRIDE = 10**9  # reasoning-gym's item i of seed s is Random(s + i)
+# The k of seed + k * SPLIT_SEED_STRIDE; renumbering reseeds every split.
 SPLITS = {"train": 0, "eval": 1, "validation": 2}
 
 
@@ -228,6 +229,7 @@ class TaskData:
         self.size = size
         self.render = render
         self.max_retries = max_retries
+        # Source indices [0, span): position p tries p, p + n, p + 2n, ...
         self.span = (max_retries + 1) * size
         self.exclude_keys = exclude_keys
         self.cache = cache
@@ -240,7 +242,7 @@ class TaskData:
         self._complete_chunks: set[int] = set()
         self._missing_chunks: set[int] = set()
         self._urgent: set[int] = set()
-        self._retries = threading.local()
+        self._retries = threading.local()  # the per-thread retry queue of _attempt (see there)
 
     def __len__(self) -> int:
         return self.size
@@ -251,7 +253,7 @@ class TaskData:
 
     @property
     def num_chunks(self) -> int:
-        return -(-self.size // CHUNK_SIZE)
+        return -(-self.size // CHUNK_SIZE)  # ceiling division: the last chunk may be short
 
     @property
     def ready_count(self) -> int:
@@ -279,15 +281,18 @@ class TaskData:
             stored = self._items.get(position)
         if stored is not None:
             return stored
+        # The cache holds whole chunks: one read fills the rest of this chunk as well.
         if self.load_chunk(position // CHUNK_SIZE):
             return self._items[position]
+        # On demand: overtakes queued background work (priority 1)
         future = self.future(position, priority=0)
-        self._promote(position)
+        self._promote(position)  # an attempt already queued in the background moves ahead too
         return future.result()
 
     def all_items(self) -> list[dict[str, Any]]:
         for chunk in range(self.num_chunks):
             self.load_chunk(chunk)
+        # Submit every missing position before waiting on any, so the workers run them in parallel.
         for position in range(self.size):
             if position not in self._items:
                 self.future(position, priority=0)
@@ -305,6 +310,7 @@ class TaskData:
                 return False
         positions = self.chunk_range(chunk)
         items = self.cache.read_chunk(chunk, expected=len(positions))
+        # Exactly its positions, in order; anything else is regenerated.
         valid = items is not None and [item.get("position") for item in items] == list(positions)
         with self._lock:
             if not valid:
@@ -357,9 +363,11 @@ class TaskData:
 
     def _submit_attempt(self, position: int, attempt: int, priority: int,
                         outer: Future) -> None:
+        # The replacement rule: p, p + n, p + 2n, ... (module docstring)
         source = position + attempt * self.size
         family = self.spec.family
         with self._lock:
+            # A promoted position's replacements keep its on-demand priority.
             if position in self._urgent:
                 priority = 0
         try:
@@ -403,6 +411,7 @@ class TaskData:
                 self._accept(position, source, item, outer)
                 return
             reason = "duplicates a problem of the evaluation split or of the excluded rows"
+        # Only per-item failures are retried; a closed pool or a bug fails the position at once.
         elif isinstance(error, ItemTimeoutError | ItemFailedError):
             reason = str(error)
         else:
@@ -445,6 +454,7 @@ class TaskData:
         if complete and self.cache is not None:
             try:
                 self.cache.write_chunk(chunk, items)
+            # A read-only or full disk costs the caching, not the run.
             except OSError as error:
                 warnings.warn(
                     f"could not write the task cache {self.cache.path}: {error}; continuing "
@@ -457,6 +467,7 @@ class TaskData:
 
 def _produce(datas: Sequence[TaskData], stop: threading.Event, window: int) -> None:
     """Background generation: chunks interleaved across tasks, ``window`` chunks in flight."""
+    # Chunk 0 of every task, then chunk 1 of every task, ...: no task waits for a slow one.
     order = [
         (data, chunk)
         for chunk in range(max((d.num_chunks for d in datas), default=0))
@@ -488,6 +499,7 @@ class SuiteSplit:
         self.tasks = list(datas)
         self.task_ids = [data.task_id for data in datas]
         sizes = [len(data) for data in datas]
+        # [num_tasks + 1]: task t holds ids [offsets[t], offsets[t + 1])
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.prompt_tasks = np.repeat(np.arange(len(datas)), sizes)  # [num_prompts]
         self._window = max(2, 2 * workers // CHUNK_SIZE + 2)
@@ -539,6 +551,7 @@ class SuiteSplit:
                 target=_produce,
                 args=(self.tasks, self._stop, self._window),
                 name=f"mtgrpo-{self.name}-producer",
+                # An unfinished background split never holds up the interpreter's exit.
                 daemon=True,
             )
             self._thread.start()
@@ -561,6 +574,7 @@ def problem_keys(spec: TaskSpec, rows: Iterable[Mapping[str, Any]]) -> set[str]:
         return keys
     for row in rows:
         metadata = row.get("metadata", {})
+        # A JSON string in a row (row schema); a dict is accepted too.
         metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
         if metadata.get("family") == spec.family.name:
             keys.add(key(metadata))
@@ -598,6 +612,7 @@ class TaskSuite:
         item_timeout_s: float = DEFAULT_ITEM_TIMEOUT_S,
         max_retries: int = 3,
     ) -> None:
+        # A lone task id is iterable too: it must come in a list.
         if isinstance(tasks, str | Mapping) or not tasks:
             raise ValueError(f"tasks must be a non-empty list of task ids/specs, got {tasks!r}")
         self.tasks = [resolve_task(task) for task in tasks]
@@ -617,6 +632,7 @@ class TaskSuite:
         self.cache_dir = cache_dir
         self.use_cache = use_cache
         self.max_retries = max_retries
+        # Lazy: no worker process starts until the first item is asked for.
         self._pool = GenerationPool(workers, item_timeout_s=item_timeout_s)
         self._splits: dict[str, SuiteSplit] = {}
         self._lock = threading.Lock()
@@ -649,8 +665,10 @@ class TaskSuite:
             existing = self._splits.get(name)
         if existing is not None:
             return existing
+        # Outside the lock: a training split builds the evaluation split first (_excluded_keys).
         datas = [self._task_data(spec, name) for spec in self.tasks]
         with self._lock:
+            # Threads racing here all get the first split stored.
             return self._splits.setdefault(name, SuiteSplit(name, datas, self._pool.workers))
 
     def _held_out_keys(self, spec: TaskSpec, split: str) -> set[str]:
@@ -662,6 +680,7 @@ class TaskSuite:
     def _excluded_keys(self, spec: TaskSpec, split: str) -> set[str]:
         """The problems ``split`` of ``spec`` leaves out (see the module docstring)."""
         if split == "eval":
+            # Drawn from the whole distribution: leaves out only exclude_eval rows.
             return problem_keys(spec, self.exclude_eval_rows)
         if spec.family.content_key is None:
             return set()
@@ -674,6 +693,7 @@ class TaskSuite:
 
     def _task_data(self, spec: TaskSpec, split: str) -> TaskData:
         excluded = frozenset(self._excluded_keys(spec, split))
+        # The excluded problems decide which source indices are accepted, so they key the cache.
         digest = (
             hashlib.sha256("\n".join(sorted(excluded)).encode()).hexdigest() if excluded else ""
         )
@@ -710,6 +730,7 @@ class TaskSuite:
     def reward_functions(self) -> list[TaskReward]:
         """One reward function per family in the suite (each returns None for other families)."""
         routing = self.reward_routing
+        # Tasks of one family share one function (reward_routing)
         unique = {id(fn): fn for fns in routing.values() for fn in fns}
         return list(unique.values())
 
@@ -741,6 +762,7 @@ def check_split_sizes(sizes: Mapping[str, int], max_retries: int) -> None:
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
     for name, size in sizes.items():
+        # False == 0, so a bool is refused explicitly.
         if name == "validation_size" and size == 0 and not isinstance(size, bool):
             continue  # no validation split
         _check_size(name, size, max_retries)
@@ -762,11 +784,13 @@ def _check_size(name: str, size: int, max_retries: int) -> None:
 SUITES: Registry[tuple[str, ...]] = Registry("task suite")
 SUITES.add(
     "mtgrpo3",
+    # The MT-GRPO paper's Experiment 1 (docs/recipes.md)
     ("countdown:medium", "zebra_puzzles:medium", "arc_1d:medium"),
     aliases=("paper3", "exp1"),
 )
 SUITES.add(
     "mtgrpo9",
+    # The MT-GRPO paper's Experiment 2: the three families at every level.
     tuple(
         f"{family}:{level}"
         for family in ("countdown", "zebra_puzzles", "arc_1d")

@@ -1,7 +1,7 @@
 """How :class:`~mtgrpo.trainer.GRPOTrainer` is put together: every check that can fail runs
 before a model loads, then the rewards, the accelerator, the prompts, the task weighting, the
-sampler and estimator, the optimizer and the generation backend, and the transformers
-``Trainer`` state (callbacks, ``state``, ``control``) are built in that order."""
+sampler and estimator, the optimizer and the generation backend, and the loop's ``state`` and
+flow (:mod:`~mtgrpo.trainer.flow`) are built in that order."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from mtgrpo.rollout import (
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
 from mtgrpo.trainer import deepspeed as zero
 from mtgrpo.trainer import hooks, sharding
+from mtgrpo.trainer.flow import Flow
 from mtgrpo.trainer.hub import HubUploader
 from mtgrpo.trainer.setup import (
     TrainingData,
@@ -77,7 +78,7 @@ class TrainerBuilding:
                                               dtype=torch.float32)
         # The advantage estimator with the run's settings bound: a pure function of
         # (rewards [N, R], G) the rollout worker calls once per round of scored groups, and the
-        # update again only for a batch-level estimator (GRPOTrainer._batch_advantages).
+        # update again only for a batch-level estimator (trainer.update.batch_advantages).
         self.estimate = functools.partial(
             compute_advantages, reward_weights=self.rewards.reward_weights,
             aggregation=args.advantage.multi_objective_aggregation,
@@ -272,13 +273,15 @@ class TrainerBuilding:
                              "must be built over the sharded parameters; pass optimizers=None "
                              "(and optim / optim_args) or drop fsdp")
 
-    def _build_trainer_surface(self, callbacks: list[Any] | None) -> None:
-        """TRL's state, callbacks, completion logs and reward-function hooks."""
-        from transformers import TrainerControl
-        from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+    def _make_flow(self) -> Flow:
+        """When the loop logs, evaluates and saves (:mod:`mtgrpo.trainer.flow`); the TRL
+        surface's flow also tells transformers callbacks (:mod:`mtgrpo.compat.trainer`)."""
+        return Flow(self.config)
 
+    def _build_loop_state(self) -> None:
+        """The loop's state and flow, completion logs and reward-function hooks."""
         args = self.config
-        # in optimizer steps: DefaultFlowCallback compares them with state.global_step
+        # in optimizer steps: the flow compares them with state.global_step
         intervals = {name: args.optimizer_interval(value, self.max_steps) for name, value in (
             ("logging", args.output.logging_steps), ("eval", args.evaluation.eval_steps),
             ("save", args.saving.save_steps))}
@@ -286,11 +289,7 @@ class TrainerBuilding:
             self.max_optimizer_steps, self.steps_per_epoch * args.optimizer_steps_per_step(),
             args.schedule.num_train_epochs, intervals, args.batch.per_device_train_batch_size,
             self.accelerator.is_main_process)
-        self.control = TrainerControl()
-        self.callback_handler = CallbackHandler(
-            # DefaultFlowCallback first, as transformers' Trainer: it sets should_log/evaluate/save
-            [DefaultFlowCallback, *(callbacks or [])], self.unwrapped, self.tokenizer,
-            self.optimizer, self.scheduler)
+        self.flow = self._make_flow()
         self.log_window = hooks.LogWindow()
         self.aux_loss_enabled = False  # TRL's; no MoE router loss is added
         self.num_generations = args.batch.num_generations

@@ -100,7 +100,7 @@ class Checkpointing:
                                   self.state.global_step)
         # no process runs ahead while the main process still writes the checkpoint
         self.accelerator.wait_for_everyone()
-        self.control = self.callback_handler.on_save(self.callback_args, self.state, self.control)
+        self.flow.save(self.state)
         return final if self.is_main_process else None
 
     def _whole_weights(self) -> dict[str, torch.Tensor] | None:

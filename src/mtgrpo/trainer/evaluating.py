@@ -95,8 +95,7 @@ class Evaluating:
             metrics = result.metrics()
             self._warn_answers(result)
             if result.groups:
-                advantages = self._batch_advantages(result.groups, g)  # [N]
-                batch, _, _ = self._local_policy_batch(result.groups, advantages, g)
+                _, batch, _, _ = self._policy_batch(result.groups)
                 metrics["loss"] = self.updater.evaluation_loss(batch)
                 values = np.concatenate([group.rewards for group in result.groups])  # [N, R]
                 scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))
@@ -145,6 +144,5 @@ class Evaluating:
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             out.update({f"{prefix}_{key}": value for key, value in metrics.items()})
         self._record(out)
-        self.control = self.callback_handler.on_evaluate(self.callback_args, self.state,
-                                                         self.control, metrics=out)
+        self.flow.evaluate(self.state, out)
         return out

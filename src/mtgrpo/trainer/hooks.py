@@ -1,12 +1,12 @@
-"""The transformers ``Trainer`` surface of :class:`~mtgrpo.trainer.GRPOTrainer`.
+"""The transformers ``Trainer``'s bookkeeping, kept by :class:`~mtgrpo.trainer.GRPOTrainer`.
 
 * ``trainer.state`` is a transformers ``TrainerState`` (``global_step``, ``epoch``,
-  ``max_steps``, ``log_history``, ``best_metric``, ...); it is stored in every checkpoint and
-  restored on resume, so ``log_history`` survives a restart.
-* Callbacks are transformers ``TrainerCallback`` objects driven by transformers'
-  ``CallbackHandler``, with transformers' ``DefaultFlowCallback`` first: it decides from
-  ``logging_strategy`` / ``eval_strategy`` / ``save_strategy`` and their step counts when
-  to log, evaluate and save, exactly as in the HF ``Trainer``; a callback may set
+  ``max_steps``, ``log_history``, ``best_metric``, ...); it is stored in every checkpoint
+  (``trainer_state.json``) and restored on resume, so ``log_history`` survives a restart.
+* The flow (:mod:`mtgrpo.trainer.flow`) decides from ``logging_strategy`` / ``eval_strategy`` /
+  ``save_strategy`` and their step counts when to log, evaluate and save, by the HF
+  ``Trainer``'s rules; TRL's surface (:class:`mtgrpo.compat.GRPOTrainer`) runs them through
+  transformers' ``CallbackHandler``, where a callback may also set
   ``control.should_training_stop``.
 * A log record holds the step's metrics under mtgrpo's names and TRL's
   (:data:`TRL_ALIASES`), with ``loss`` averaged over the steps since the previous log (the
@@ -15,8 +15,8 @@
 
 ``trainer.state`` counts optimizer steps, as TRL's: ``global_step``, ``max_steps``,
 ``logging_steps`` / ``eval_steps`` / ``save_steps`` and ``best_global_step``; a training step
-(one generation batch) advances ``global_step`` by ``optimizer_steps_per_step()``, calling
-``on_step_end`` once per optimizer step, so ``DefaultFlowCallback`` decides as in TRL's loop.
+(one generation batch) advances ``global_step`` by ``optimizer_steps_per_step()``, with one
+``step_end`` event per optimizer step, so the flow decides as in TRL's loop.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class RunRecords:
             })
         self._jsonl("rollouts.jsonl", records)
 
-    def _log_batch_rollouts(self, groups: list[ScoredGroup], advantages: torch.Tensor,
+    def _log_batch_rollouts(self, groups: list[ScoredGroup], advantages: np.ndarray,
                             generated: int) -> None:
         if not (self.config.output.log_completions and self.is_main_process):
             return

@@ -15,7 +15,8 @@ included) and every update reads :meth:`mtgrpo.algo.weighting.ValidationSignal.t
 A reward's path to the loss: reward function -> ``RewardSuite.score`` (``[N, R]``, NaN = not
 applicable) -> the rollout worker's ``estimate`` (``GRPOTrainer.estimate``, once per
 scored group: advantages and the zero-gradient verdict) -> ``ScoredGroup.advantages`` ->
-:func:`~mtgrpo.trainer.update.pad_policy_batch` -> ``policy_loss``.
+:func:`~mtgrpo.trainer.update.group_policy_batch` (numpy until here, float32 torch after) ->
+``policy_loss``.
 
 Everything algorithmic lives in :mod:`mtgrpo.algo`; this file wires it to a model, an
 optimizer and ``accelerate``: the step, the batch it trains on and the loop. The rest of the
@@ -23,8 +24,10 @@ trainer is mixed in from one module per concern: construction
 (:mod:`~mtgrpo.trainer.building`), evaluation (:mod:`~mtgrpo.trainer.evaluating`), checkpoints
 and resume (:mod:`~mtgrpo.trainer.checkpointing`), the engine's samples checked against the
 trainer (:mod:`~mtgrpo.trainer.generation_checks`), metrics records and rollout logs
-(:mod:`~mtgrpo.trainer.records`) and the transformers ``Trainer`` / TRL surface (``state``,
-callbacks, ``log``, best model, hub: :mod:`~mtgrpo.trainer.surface`).
+(:mod:`~mtgrpo.trainer.records`), and what the loop does when its flow
+(:mod:`~mtgrpo.trainer.flow`: when to log, evaluate, save and stop) says so: log records, best
+model, hub (:mod:`~mtgrpo.trainer.outputs`). TRL's surface (callbacks, ``log``, TRL's
+attribute names) is :class:`mtgrpo.compat.GRPOTrainer`'s.
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ from mtgrpo.config import FlatOptions, TrainConfig, native_config
 from mtgrpo.models.precision import model_width, resolve_bf16
 from mtgrpo.reporting import check_trackers_available
 from mtgrpo.rollout import (
-    GroupPayload,
     SamplingParams,
     Shard,
 )
@@ -79,14 +81,14 @@ from mtgrpo.trainer.metrics import (
     nothing_learned_message,
     trained_nothing,
 )
+from mtgrpo.trainer.outputs import RunOutputs
 from mtgrpo.trainer.records import RunRecords
 from mtgrpo.trainer.setup import (
     load_policy,
     training_rows,
 )
 from mtgrpo.trainer.stopping import StopRequests, TrainingInterrupted
-from mtgrpo.trainer.surface import TrainerSurface
-from mtgrpo.trainer.update import pad_policy_batch
+from mtgrpo.trainer.update import batch_advantages, group_policy_batch
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +108,10 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, RunRecords,
-                  TrainerSurface):
-    """Multi-task GRPO with TRL's ``GRPOTrainer`` interface.
+                  RunOutputs):
+    """Multi-task GRPO on the native configuration, with TRL's arguments by name. TRL's own
+    surface (callbacks, TRL's positional order and attribute names, ``log``) is
+    :class:`mtgrpo.compat.GRPOTrainer`'s, what ``from mtgrpo import GRPOTrainer`` gives.
 
     Args:
         model: a hub name, a local path (directory or ``.gguf`` file), a mapping
@@ -128,7 +132,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         processing_class: the tokenizer (default: loaded from ``model``).
         reward_processing_classes: TRL's: one tokenizer per reward function (a reward model
             uses its own; functions ignore theirs).
-        callbacks: transformers ``TrainerCallback`` objects or classes.
         optimizers: ``(optimizer, scheduler)`` to use instead of building them (either may
             be None).
         peft_config: a ``peft.LoraConfig`` or a dict of its fields; trains a LoRA adapter and
@@ -158,10 +161,9 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         eval_dataset: Any = None,
         processing_class: Any = None,
         reward_processing_classes: Any = None,
-        callbacks: list[Any] | None = None,
+        *,
         optimizers: tuple[Any, Any] = (None, None),
         peft_config: Any = None,
-        *,
         generation_backend: Any = None,
         run_config: Mapping[str, Any] | None = None,
         validation_dataset: Any = None,
@@ -175,6 +177,8 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         # surface's; every decision below reads the native tree
         self.args = args if args is not None else TrainConfig()
         self.config = args = native_config(self.args)
+        # transformers' flat names over the native tree: TRL's callbacks and the run's
+        # identity (what resume compares) read them
         self.callback_args = FlatOptions(args) if self.args is args else self.args
         ckpt.check_output_dir(args.output.output_dir)  # before any model loads
         self._agent = agent_setup(tools, environment_factory)
@@ -229,7 +233,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._build_prompts(data)
         self._build_algorithms()
         self._build_optimisation(generation_backend, optimizers)
-        self._build_trainer_surface(callbacks)
+        self._build_loop_state()
         self.step = 0
         self._accepted_changes: dict[str, Any] = {}  # settings a resume was allowed to change
         self._answer_warnings: set[tuple[str, str]] = set()  # (task, kind) already logged
@@ -319,19 +323,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
 
-    # ------------------------------------------------------------------ TRL's hooks
-    @staticmethod
-    def get_off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor,
-                            sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
-                            off_policy_threshold: float) -> torch.Tensor:
-        """TRL's off-policy sequence mask, ``[B, 1]`` (1.0 keep, 0.0 drop): see
-        :func:`mtgrpo.algo.token_weights.off_policy_mask`."""
-        from mtgrpo.algo.token_weights import off_policy_mask
-
-        keep = off_policy_mask(advantages.reshape(-1), per_token_logps, sampling_per_token_logps,
-                               mask, off_policy_threshold)
-        return keep.unsqueeze(-1).to(mask.dtype)
-
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor,
                               threshold: float) -> torch.Tensor:
         """TRL's high-entropy mask: tokens whose entropy is at least the ``threshold``
@@ -347,18 +338,6 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         return high_entropy_mask(entropies, mask, entropy_threshold(gathered, threshold))
 
     # ------------------------------------------------------------------ one step
-    def _batch_advantages(self, groups: list[ScoredGroup], group_size: int) -> torch.Tensor:
-        """``[len(groups) * G]``: the advantages the update trains on, each group's own (computed
-        when it was scored), except that a batch-level estimator (``scale_rewards="batch"``,
-        ``gdpo``) runs again because it normalises over the trained batch, which exists only
-        once the sampler has chosen it."""
-        args = self.config
-        if normalises_over_the_batch(args.advantage.multi_objective_aggregation,
-                                     args.advantage.scale_rewards):
-            return self.estimate(np.concatenate([g.rewards for g in groups]),
-                                 group_size).advantages
-        return torch.from_numpy(np.concatenate([g.advantages for g in groups]))
-
     def _local_groups(self, groups: list[ScoredGroup]) -> tuple[list[int], bool]:
         """This process's share of whole groups (indices), and whether it has any; a process
         without one takes group 0 as a fully masked padding group, so that collective
@@ -367,26 +346,21 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         local = list(range(start, stop))
         return (local, True) if local else ([0], False)
 
-    def _local_policy_batch(self, groups: list[ScoredGroup], advantages: torch.Tensor,
-                            group_size: int | None = None):
-        """This process's share of whole groups as a padded policy batch, and its task ids."""
-        g = group_size or self.config.batch.num_generations
+    def _policy_batch(self, groups: list[ScoredGroup]) -> tuple[np.ndarray, Any, np.ndarray,
+                                                                bool]:
+        """The advantages of ``groups`` ``[B*G]`` (:func:`batch_advantages`), this process's
+        share of the groups as a policy batch, its rows' task ids, and whether it has rows."""
+        args = self.config
+        again = normalises_over_the_batch(args.advantage.multi_objective_aggregation,
+                                          args.advantage.scale_rewards)
+        advantages = batch_advantages(groups, self.estimate if again else None)
         local, has_rows = self._local_groups(groups)
-        weight = [has_rows] * (len(local) * g)
-        payloads: list[GroupPayload] = [groups[i].payload for i in local]
-        if self.config.rollout.mask_truncated_completions:
-            finished = [f for p in payloads for f in p.finished]
-            weight = [w and f for w, f in zip(weight, finished, strict=True)]
-        rows = torch.cat([advantages[i * g:(i + 1) * g] for i in local])
-        batch = pad_policy_batch(
-            [ids for p in payloads for ids in p.row_prompt_ids],
-            [c for p in payloads for c in p.completion_ids], rows,
-            self.tokenizer.pad_token_id, completion_weight=weight,
-            device=self.accelerator.device, sampling_logps=self._engine_logps(payloads),
-            tool_masks=[m for p in payloads for m in (p.tool_mask or [None] * g)],
-        )
-        tasks = np.repeat([groups[i].task for i in local], g)
-        return batch, tasks, has_rows
+        batch = group_policy_batch(
+            groups, advantages, local, self.tokenizer.pad_token_id, has_rows=has_rows,
+            mask_truncated=args.rollout.mask_truncated_completions,
+            device=self.accelerator.device, sampling_logps=self._engine_logps)
+        tasks = np.repeat([groups[i].task for i in local], groups[0].group_size)
+        return advantages, batch, tasks, has_rows
 
     def _improvement(self, tasks: np.ndarray, before: np.ndarray, after: np.ndarray,
                      has_rows: bool) -> np.ndarray:
@@ -410,8 +384,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             metrics["update_skipped"] = 1.0
             # nothing was trained, so no change was measured
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
-        advantages = self._batch_advantages(groups, self.config.batch.num_generations)  # [B*G]
-        batch, tasks, has_rows = self._local_policy_batch(groups, advantages)
+        advantages, batch, tasks, has_rows = self._policy_batch(groups)  # advantages [B*G]
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
                                   # fewer when TRL's max_steps ends inside this batch
@@ -434,12 +407,13 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """Build a batch, update the policy, then the task weights; return the step's metrics.
 
         The calls (every advantage is computed once, by the rollout worker as its group is
-        scored; :meth:`_batch_advantages` says when the trained batch needs another pass)::
+        scored; :func:`~mtgrpo.trainer.update.batch_advantages` says when the trained batch
+        needs another pass)::
 
             weights = self.weighting.weights                                   # z [K]
             built = self.sampler.build(weights, B, self.rollouts)              # SampledBatch
-            advantages = self._batch_advantages(built.groups, G)               # [B*G]
-            out = self.updater.update(pad_policy_batch(..., advantages), ...)  # (in _update)
+            advantages = batch_advantages(built.groups)                        # [B*G]
+            out = self.updater.update(group_policy_batch(..., advantages), ...)  # (_update)
             self.weighting.update(TaskStats.from_rollouts(rows of built.generated, ...))
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
@@ -514,16 +488,14 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._idle_steps = self._idle_streak = 0  # steps that trained nothing (all, in a row)
         last: dict[str, Any] = {}
         try:
-            self.control = self.callback_handler.on_train_begin(self.callback_args, self.state,
-                                                                self.control)
+            self.flow.train_begin(self.state)
             last = self._loop()
         finally:
             self._close_outputs()
         summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
                                       args.batch.num_generations, self.log_window.run_losses)
         self._record({**hooks.with_trl_names(last), **summary})
-        self.control = self.callback_handler.on_train_end(self.callback_args, self.state,
-                                                          self.control)
+        self.flow.train_end(self.state)
         if args.saving.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
         if args.saving.push_to_hub:  # every process: a sharded model is gathered first
@@ -538,10 +510,10 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         return hooks.TrainOutput(last, self.state.global_step, summary["train_loss"], summary)
 
     def _loop(self) -> dict[str, Any]:
-        """The training steps, with the callbacks' events between them."""
+        """The training steps, with the flow's events between them."""
         from mtgrpo.trainer.progress import TrainingProgress
 
-        args, handler, view, last = self.config, self.callback_handler, self.callback_args, {}
+        args, flow, last = self.config, self.flow, {}
         shown = self.is_main_process and not args.output.disable_tqdm
         self._bar_is_live = shown and use_bar()
         with TrainingProgress(self.max_steps, self.step, enabled=shown) as bar, \
@@ -551,20 +523,21 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                 self.evaluate()
             while self.step < self.max_steps and not self.control.should_training_stop:
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_begin(view, self.state, self.control)
-                self.control = handler.on_step_begin(view, self.state, self.control)
+                    flow.epoch_begin(self.state)
+                flow.step_begin(self.state)
                 last = self._profiled_step() if args.output.profile and not last \
                     else self.training_step()
                 self.state.epoch = self.step / self.steps_per_epoch
                 self.log_window.add_step(last, args.output.logging_nan_inf_filter)
                 self._watch_learning(last)
                 self._after_step()
-                # the callbacks see each optimizer step of the batch, as in TRL's loop
+                # the flow (and TRL's callbacks) see each optimizer step of the batch, as in
+                # TRL's loop
                 while self.state.global_step < self._optimizer_steps_after(self.step):
                     self.state.global_step += 1
-                    self.control = handler.on_step_end(view, self.state, self.control)
+                    flow.step_end(self.state)
                 if self.step % self.steps_per_epoch == 0:
-                    self.control = handler.on_epoch_end(view, self.state, self.control)
+                    flow.epoch_end(self.state)
                 self._log_save_evaluate(last)
                 bar.advance(self.step, last)
                 # every process stops at the same step: one leaving alone would hang the collectives

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +22,7 @@ from torch import Tensor
 from mtgrpo._config_types import parse_bytes
 from mtgrpo.algo.engine_correction import EngineCorrection, importance_weights
 from mtgrpo.algo.losses import LossOptions, loss_value_needs_logps
+from mtgrpo.algo.sampling import ScoredGroup
 from mtgrpo.algo.token_weights import AdaptiveEntropy, entropy_threshold, high_entropy_mask
 from mtgrpo.config import TrainConfig
 from mtgrpo.policy import (
@@ -36,9 +37,10 @@ from mtgrpo.policy import (
     resolve_logprob_path,
     sequence_logprobs,
 )
+from mtgrpo.rollout.worker import Estimate
 
-__all__ = ["PolicyUpdater", "UpdateOutput", "engine_correction", "loss_options",
-           "pad_policy_batch"]
+__all__ = ["PolicyUpdater", "UpdateOutput", "batch_advantages", "engine_correction",
+           "group_policy_batch", "loss_options", "pad_policy_batch"]
 
 
 def engine_correction(args: TrainConfig) -> EngineCorrection | None:
@@ -68,10 +70,48 @@ logger = logging.getLogger(__name__)
 _UNBOUNDED_TOKENS = 1 << 62
 
 
+def batch_advantages(groups: Sequence[ScoredGroup], estimate: Estimate | None = None
+                     ) -> np.ndarray:
+    """``[len(groups) * G]`` float64: the advantages the update trains on, each group's own
+    (the rollout worker computed them when it scored the group), or ``estimate`` run again over
+    these groups when given: a batch-level estimator (``scale_rewards="batch"``, ``gdpo``)
+    normalises over the trained batch, which exists only once the sampler has chosen it."""
+    if estimate is not None:
+        rewards = np.concatenate([g.rewards for g in groups])  # [B*G, R]
+        return estimate(rewards, groups[0].group_size).advantages
+    return np.concatenate([g.advantages for g in groups])
+
+
+def group_policy_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray, local: list[int],
+                       pad_token_id: int, *, has_rows: bool = True,
+                       mask_truncated: bool = False, device: torch.device | None = None,
+                       sampling_logps: Callable[[list[Any]], list[list[float]] | None]
+                       | None = None) -> PolicyBatch:
+    """The groups ``local`` (indices into ``groups``; ``advantages [len(groups) * G]``) as one
+    padded :class:`PolicyBatch`. ``has_rows=False``: a padding batch every row of which is
+    masked out (a process without a group of its own still joins the collectives);
+    ``mask_truncated``: TRL's ``mask_truncated_completions``; ``sampling_logps(payloads)``: the
+    engine's log-probs of the rows, for its importance correction."""
+    g = groups[0].group_size
+    payloads = [groups[i].payload for i in local]
+    weight = [has_rows] * (len(local) * g)
+    if mask_truncated:
+        finished = [f for p in payloads for f in p.finished]
+        weight = [w and f for w, f in zip(weight, finished, strict=True)]
+    return pad_policy_batch(
+        [ids for p in payloads for ids in p.row_prompt_ids],
+        [c for p in payloads for c in p.completion_ids],
+        np.concatenate([advantages[i * g:(i + 1) * g] for i in local]), pad_token_id,
+        completion_weight=weight, device=device,
+        sampling_logps=None if sampling_logps is None else sampling_logps(payloads),
+        tool_masks=[m for p in payloads for m in (p.tool_mask or [None] * g)],
+    )
+
+
 def pad_policy_batch(
     prompt_ids: list[list[int]],
     completion_ids: list[list[int]],
-    advantages: Tensor,
+    advantages: np.ndarray | Tensor,
     pad_token_id: int,
     *,
     completion_weight: list[bool] | None = None,
@@ -84,6 +124,7 @@ def pad_policy_batch(
     ``completion_weight[i] = False`` masks row ``i`` out of the loss entirely (a truncated
     completion under ``mask_truncated_completions``, or a padding row). ``tool_masks[i]``:
     row ``i``'s tool mask (1 = a model token; None: every token is the model's).
+    ``advantages [n]``: the rewards' path is numpy up to here, where it becomes float32 torch.
     """
     n = len(prompt_ids)
     p = max(len(ids) for ids in prompt_ids)
@@ -118,7 +159,8 @@ def pad_policy_batch(
     return PolicyBatch(
         prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device),
         completion_ids=completion.to(device), completion_mask=completion_mask.to(device),
-        advantages=advantages.to(device=device, dtype=torch.float32), sampling_logps=engine,
+        advantages=torch.as_tensor(advantages).to(device=device, dtype=torch.float32),
+        sampling_logps=engine,
         tool_mask=tools,
     )
 

@@ -124,6 +124,7 @@ def with_observation(prompt: Sequence[Mapping[str, Any]], observation: Any) -> l
     if observation is None:
         return messages
     content = messages[-1].get("content", "")
+    # text and content blocks do not concatenate: the text side becomes a text block
     if isinstance(observation, list) and isinstance(content, str):
         content = [{"type": "text", "text": content}]
     if isinstance(observation, str) and isinstance(content, list):

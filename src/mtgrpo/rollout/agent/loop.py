@@ -222,6 +222,7 @@ class ToolLoop:
 
     @staticmethod
     def _budgeted(params: SamplingParams, tokens: int) -> SamplingParams:
+        # at least 1: SamplingParams refuses max_new_tokens < 1
         return replace(params, max_new_tokens=max(1, min(params.max_new_tokens, tokens)))
 
     def _take_turn(self, rollout: _Rollout, out: GenerationOutput, row: int,

@@ -54,6 +54,7 @@ class ParsedTurn:
     def message(self) -> dict[str, Any]:
         """The turn as an assistant message (with ``tool_calls`` when it made well-formed ones)."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        # a malformed call lacks the name or arguments a template renders
         calls = [call.message() for call in self.calls if not call.malformed]
         if calls:
             message["tool_calls"] = calls

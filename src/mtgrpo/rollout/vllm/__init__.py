@@ -24,7 +24,7 @@ def backend_from_config(args: Any, model: Any, tokenizer: Any) -> Any:
     options: dict[str, Any] = {}  # TRL's generation options, as TRL hands them to vLLM
     if args.rollout.min_p is not None:
         options["min_p"] = args.rollout.min_p
-    if args.rollout.repetition_penalty != 1.0:
+    if args.rollout.repetition_penalty != 1.0:  # 1.0 is no penalty, vLLM's default
         options["repetition_penalty"] = args.rollout.repetition_penalty
     options.update(args.rollout.generation_kwargs or {})
     common = {"structured_outputs_regex": args.vllm.vllm_structured_outputs_regex,
@@ -68,6 +68,7 @@ def _dtype_name(model: Any) -> str:
     import torch
 
     dtype = next(model.parameters()).dtype
+    # explicit: vLLM's "auto" runs a float32 checkpoint in float16
     return {torch.float32: "float32", torch.bfloat16: "bfloat16",
             torch.float16: "float16"}.get(dtype, "auto")
 

@@ -123,9 +123,11 @@ class VLLMServerBackend:
             request = urllib.request.Request(self.url + path, data=body, method=method,
                                              headers={"Content-Type": content_type})
             try:
+                # never 0: a socket timeout of 0 is non-blocking mode, which fails at once
                 remaining = max(deadline - time.monotonic(), 0.5)
                 with urllib.request.urlopen(request, timeout=remaining) as response:
                     return json.loads(response.read() or b"{}")
+            # the server answered: a refusal is not retried, unlike a connection failure
             except urllib.error.HTTPError as error:
                 try:
                     message = json.loads(error.read()).get("error", "")
@@ -181,6 +183,7 @@ class VLLMServerBackend:
                 "structured_outputs_regex": self.regex, "options": self.sampling_options}
         out = self._request("POST", "/generate", json.dumps(body).encode())
         held = out.get("weights_version")
+        # None: nothing pushed yet, so the server holds no weights of this policy
         if self.weights_version is None or held != self.weights_version:
             raise StaleEngineError(
                 f"the vLLM server at {self.url} generated with weights version {held}, but "
@@ -190,6 +193,7 @@ class VLLMServerBackend:
                 "resume pushes the weights again)"
             )
         return GenerationOutput(
+            # rows grouped by prompt, as the server answers
             prompt_ids=[list(p) for p in prompts for _ in range(group)],
             completion_ids=out["completion_ids"], finished=out["finished"],
             logprobs=out["logprobs"], weights_version=held,
@@ -224,6 +228,7 @@ class VLLMServerBackend:
                 return self._request("POST", "/update_weights", json.dumps(
                     {"path": str(path), "version": version}).encode())
             finally:
+                # the server has loaded it (or failed): the file holds memory in /dev/shm
                 path.unlink(missing_ok=True)
         return self._request("POST", f"/update_weights?version={version}", pack_weights(named),
                              content_type="application/octet-stream")

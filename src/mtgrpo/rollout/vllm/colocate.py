@@ -40,6 +40,7 @@ __all__ = ["VLLMColocateBackend", "model_directory"]
 
 def model_directory(model: Any) -> str:
     """Where the engine loads the architecture from: the (base) model's ``name_or_path``."""
+    # a peft model: the base model's directory holds the architecture
     owner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     path = getattr(owner, "name_or_path", None) or getattr(
         getattr(owner, "config", None), "_name_or_path", None)
@@ -115,6 +116,7 @@ class VLLMColocateBackend:
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
         out = sample(self.engine, prompts, params, group, stop_ids, self.regex,
                      self.sampling_options)
+        # rows grouped by prompt, as sample returns them: G rows of each prompt in turn
         return GenerationOutput(
             prompt_ids=[list(p) for p in prompts for _ in range(group)],
             completion_ids=out["completion_ids"], finished=out["finished"],

@@ -130,10 +130,11 @@ class EngineOptions:
             text = _read_config(self.model)
         except ValueError:
             return budget
-        text = text.get("text_config", text)
+        text = text.get("text_config", text)  # multimodal configs nest the language model's
         heads = text.get("num_attention_heads") or 1
+        # no head_dim: transformers' default, hidden_size / heads
         head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
-        kv_heads = text.get("num_key_value_heads") or heads
+        kv_heads = text.get("num_key_value_heads") or heads  # none given: one KV head per head
         layers = text.get("num_hidden_layers") or 1
         tokens = (self.max_num_seqs or 256) * (self.max_model_len
                                                or text.get("max_position_embeddings") or 2048)
@@ -234,6 +235,7 @@ def weights_version(engine: Any) -> int | None:
     value = engine.llm_engine.get_weight_version()
     try:
         return int(value)
+    # vLLM's engine starts with the version "default", before any push
     except (TypeError, ValueError):
         return None
 

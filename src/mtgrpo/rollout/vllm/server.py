@@ -111,7 +111,7 @@ class GenerationServer:
 
 def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+        protocol_version = "HTTP/1.1"  # keep-alive: one connection carries many requests
 
         def log_message(self, format: str, *args: Any) -> None:
             # http.server writes every request to stderr; here they are debug records
@@ -121,6 +121,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            # under keep-alive, the length is how the client finds the end of the body
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -138,7 +139,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
         def _answer(self, work: Any) -> None:
             try:
                 self._send(200, work())
-            except (ValueError, TypeError, KeyError) as error:
+            except (ValueError, TypeError, KeyError) as error:  # a bad request: the client's fault
                 self._send(400, {"error": str(error)})
             except Exception as error:
                 logger.exception("request failed")
@@ -177,6 +178,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             if "version" not in query:
                 raise ValueError("POST /update_weights?version=V: the version is missing")
+            # parse_qs maps each name to the list of its values
             return server.update_weights(unpack_weights(self._body()),
                                          int(query["version"][0]))
 

@@ -1,9 +1,9 @@
-"""The transformers ``Trainer`` and TRL ``GRPOTrainer`` surface of
-:class:`~mtgrpo.trainer.GRPOTrainer`, apart from the algorithm: callbacks, ``log`` and
-``log_history``, the flags ``DefaultFlowCallback`` sets (log, evaluate, save, stop), the best
-model, the reference-model sync, ``push_to_hub`` and TRL's attribute names. The trainer's
-state it reads (``args``, ``state``, ``control``, ``callback_handler``, ``log_window``, ...) is
-built by the trainer (``_build_trainer_surface``)."""
+"""What :class:`~mtgrpo.trainer.GRPOTrainer` does at the switches of its flow
+(:mod:`~mtgrpo.trainer.flow`): log records (``state.log_history``, metrics.jsonl, the
+trackers), evaluation, checkpoints, the best model and its reload, the reference-model sync,
+``push_to_hub``; and the hooks reward functions log through (``log_extra``, ``log_metric``).
+The state it reads (``state``, ``flow``, ``log_window``, ...) is built by the trainer
+(``_build_loop_state``)."""
 
 from __future__ import annotations
 
@@ -23,28 +23,18 @@ from mtgrpo.trainer.metrics import step_line
 logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger, as before
 
 
-class TrainerSurface:
+class RunOutputs:
     """Mixed into :class:`~mtgrpo.trainer.GRPOTrainer` (see the module docstring)."""
 
     @property
-    def entropy_coef(self) -> float:
-        """The entropy bonus coefficient now (TRL's attribute; adaptive when configured)."""
-        return self.updater.entropy.coef
+    def control(self) -> Any:
+        """The flow's switches (``should_log``, ``should_evaluate``, ``should_save``,
+        ``should_training_stop``), transformers' ``TrainerControl`` names."""
+        return self.flow.control
 
-    @entropy_coef.setter
-    def entropy_coef(self, value: float) -> None:
-        self.updater.entropy.coef = float(value)
-
-    def add_callback(self, callback: Any) -> None:
-        """Add a transformers ``TrainerCallback`` (an instance or a class)."""
-        self.callback_handler.add_callback(callback)
-
-    def pop_callback(self, callback: Any) -> Any:
-        """Remove a callback (an instance or a class) and return it."""
-        return self.callback_handler.pop_callback(callback)
-
-    def remove_callback(self, callback: Any) -> None:
-        self.callback_handler.remove_callback(callback)
+    @control.setter
+    def control(self, value: Any) -> None:
+        self.flow.control = value
 
     def _log_completion_extra(self, column: str, values: list[Any]) -> None:
         """``log_extra(column, values)`` from a reward function: a column of the completion
@@ -83,18 +73,11 @@ class TrainerSurface:
             return uploader.upload(folder, commit_message=commit_message)
 
     def _record(self, logs: Mapping[str, Any]) -> None:
-        """Append to ``state.log_history`` and call the callbacks' ``on_log``."""
+        """Append to ``state.log_history``: the flow's ``on_log`` event."""
         entry = {**logs, "step": self.state.global_step}
         entry.setdefault("epoch", self.state.epoch)
         self.state.log_history.append(entry)
-        self.control = self.callback_handler.on_log(self.callback_args, self.state, self.control,
-                                                    logs=dict(logs))
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's ``log``: record ``logs`` in ``state.log_history``, metrics.jsonl and the
-        trackers, and call ``on_log``."""
-        self._write(logs, "train")
-        self._record({**logs, "epoch": self.state.epoch})
+        self.flow.log(self.state, dict(logs))
 
     def _after_step(self) -> None:
         """TRL's per-step extras: the reference-model sync and the CUDA cache."""
@@ -112,7 +95,7 @@ class TrainerSurface:
             torch.cuda.empty_cache()
 
     def _log_save_evaluate(self, metrics: dict[str, Any]) -> None:
-        """Act on the flags the callbacks set (the last step is always logged)."""
+        """Act on the flow's switches (the last step is always logged)."""
         control = self.control
         if control.should_log or self.step == self.max_steps or control.should_training_stop:
             record = self.log_window.record(metrics, self.state.epoch)
