@@ -56,6 +56,7 @@ def checked_keywords(cls: type, fix: str | None = None) -> type:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     fix = fix or f"correct the name ({cls.__name__}'s options are listed in docs/configuration.md)"
 
+    # wraps: inspect.signature and help() follow __wrapped__ to the generated parameters
     @functools.wraps(generated)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
         refuse_unknown([key for key in kwargs if key not in names], names, cls.__name__,
@@ -74,6 +75,7 @@ def coerce_numbers(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in values.items():
         if not isinstance(value, str) or name not in hints:
             continue
+        # a union's members, or the bare type
         kinds = set(typing.get_args(hints[name])) or {hints[name]}
         for kind in (int, float):  # int first: "8" stays an int
             if kind in kinds:
@@ -98,6 +100,7 @@ def build_section(cls: type, values: Any, where: str) -> Any:
 def check_option_types(config: Any, section: str = "") -> None:
     """Raise ``TypeError`` naming the first option of the dataclass ``config`` whose value
     does not have its annotated type, the value, the expected type and the fix."""
+    # resolved: under `from __future__ import annotations` field.type is a string
     hints = typing.get_type_hints(type(config))
     for option in dataclasses.fields(config):
         value, expected = getattr(config, option.name), hints[option.name]

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["aside_path", "temporary_path", "write_atomically", "write_text_atomically"]
+__all__ = ["aside_path", "old_path", "temporary_path", "write_atomically",
+           "write_text_atomically"]
 
 
 def aside_path(directory: Path, prefix: str) -> Path:
@@ -51,7 +52,8 @@ def temporary_path(final: Path, pid: int | None = None) -> Path:
 def write_atomically(final: Path, write: Callable[[Path], object], *,
                      staged: bool = False) -> Path:
     """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to the directory ``final`` (replacing an
-    old one). ``tmp_dir`` is :func:`temporary_path`, so what a crash leaves is recognisable
+    old one, which is moved aside first and deleted once the new one is in place). ``tmp_dir``
+    is :func:`temporary_path`, so what a crash leaves is recognisable
     (:func:`mtgrpo.trainer.checkpoint.remove_stale_temporaries`). ``staged``: ``tmp_dir``
     exists already and holds what other processes wrote into it (DeepSpeed's partitions), kept."""
     tmp = temporary_path(final)
@@ -63,7 +65,19 @@ def write_atomically(final: Path, write: Callable[[Path], object], *,
     except BaseException:  # a failed write (a full disk) leaves nothing half-written behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # the old copy is renamed aside, not deleted, before the new one takes its name: a crash
+    # between the two renames leaves it whole (``.<name>.old-<pid>``, put back by
+    # remove_stale_temporaries), where deleting it first could leave a half-deleted directory
+    old = old_path(final)
+    shutil.rmtree(old, ignore_errors=True)
     if final.exists():
-        shutil.rmtree(final)
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def old_path(final: Path) -> Path:
+    """``.<name>.old-<pid>`` beside ``final``: where :func:`write_atomically` moves the copy it
+    replaces until the new one is in place."""
+    return final.with_name(f".{final.name}.old-{os.getpid()}")

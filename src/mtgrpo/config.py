@@ -170,6 +170,7 @@ def _warn_about_loss_combinations(loss_type: str, level: str) -> None:
 class OutputConfig:
     """Where the run writes and what it logs: the run directory, metrics, trackers, completions."""
 
+    # defaults: transformers' TrainingArguments' (TRL 1.16 keeps them) unless a comment says
     output_dir: str = _help("Run directory: metrics, checkpoints, report.", default="runs/mtgrpo")
     run_name: str | None = _help("Name shown by trackers (default: output_dir's name).",
                                  default=None)
@@ -190,6 +191,7 @@ class OutputConfig:
     report_at_end: bool = _help(
         "When train() ends, the main process writes the report/ figures and prints the run "
         "summary (as mtgrpo train does); false: neither.", default=True)
+    # TRL's "none", in the normalised form: __post_init__ drops "none" from the list
     report_to: str | list[str] = _help(
         "Trackers besides metrics.jsonl: any of tensorboard, wandb, trackio (or 'none').",
         default_factory=list)
@@ -216,6 +218,7 @@ class OutputConfig:
 class SavingConfig:
     """Checkpoints, resuming, the best model and uploads to the Hugging Face Hub."""
 
+    # defaults: transformers' TrainingArguments' unless a comment says
     save_strategy: SaveInterval = _help(
         "When to checkpoint: steps (every save_steps, and at the end), epoch, best (when "
         "metric_for_best_model improves) or no (never).", default="steps")
@@ -223,7 +226,8 @@ class SavingConfig:
         # transformers' default is 500; 50 keeps a short run resumable (docs/coming-from-trl.md)
         "Checkpoint every N training steps (0: only at the end; below 1: that fraction of all "
         "steps).", default=50)
-    save_total_limit: int | None = _help("Keep only the newest N checkpoints (None: all).",
+    # transformers' None keeps every checkpoint; 2 with save_steps=50 (docs/coming-from-trl.md)
+    save_total_limit: int | None = _help("Keep only the newest N checkpoints (None or <= 0: all).",
                                          default=2)
     save_only_model: bool = _help(
         "Checkpoints hold the model only (no optimizer, scheduler, sampler or RNG state): "
@@ -275,6 +279,7 @@ class EvaluationConfig:
         "below 1: that fraction of all steps).", default=None)
     eval_delay: float = _help("Evaluate only from this step (or epoch, with "
                               "eval_strategy=epoch) on.", default=0)
+    # transformers' default is False (docs/coming-from-trl.md lists the difference)
     eval_on_start: bool = _help("Also evaluate before the first step (when evaluating).",
                                 default=True)
     num_generations_eval: int | None = _help(
@@ -289,6 +294,7 @@ class EvaluationConfig:
 class ComputeConfig:
     """How the policy is loaded and computed: precision, device, gradient checkpointing, dropout."""
 
+    # defaults: TRL 1.16's GRPOConfig's unless a comment or the help says
     model_init_kwargs: dict[str, Any] = _help(
         "Loading options when the model is given by name: dtype, attn_implementation, "
         "trust_remote_code, revision, gguf_file (TRL's field).", default_factory=dict)
@@ -344,6 +350,7 @@ class DistributedConfig:
 class OptimizationConfig:
     """The optimizer and its learning-rate schedule."""
 
+    # defaults: TRL 1.16's GRPOConfig's (transformers' TrainingArguments' where TRL keeps them)
     learning_rate: float = _help("Peak learning rate.", default=1e-6)  # TRL's; transformers': 5e-5
     optim: str = _help(
         "Optimizer, by transformers' name (adamw_torch_fused, adamw_torch, adafactor, sgd, "
@@ -376,6 +383,7 @@ class OptimizationConfig:
 class ScheduleConfig:
     """How long the run trains, in what unit it counts, and the seeds and order of its prompts."""
 
+    # defaults: TRL 1.16's GRPOConfig's for the fields it has (step_unit is mtgrpo's)
     max_steps: int = _help(
         "Training steps, one generation batch each (-1: derived from num_train_epochs and "
         "the dataset's size).", default=-1)
@@ -406,6 +414,7 @@ class ScheduleConfig:
 class BatchConfig:
     """Batch shape: completions per prompt, prompts per step, micro-batches and packing."""
 
+    # defaults: TRL 1.16's GRPOConfig's for the fields TRL has
     num_generations: int = _help("G: completions per prompt.", default=8)
     prompts_per_step: int | None = _help(
         "B: prompts per training step (default: derived from the TRL batch fields).",
@@ -453,6 +462,7 @@ class RolloutConfig:
                                 default="truncate")
     # TRL's default is 512; 256 is CPU-friendly (docs/coming-from-trl.md)
     max_completion_length: int = _help("Maximum new tokens per completion.", default=256)
+    # from here on: TRL 1.16's defaults wherever GRPOConfig has the field
     temperature: float = _help("Sampling temperature (also applied to training log-probs).",
                                default=1.0)
     top_p: float = _help("Nucleus sampling threshold.", default=1.0)
@@ -625,6 +635,7 @@ class AdvantageConfig:
     """From rewards to advantages: channel weights, aggregation, scaling, unscorable
     completions, accuracy."""
 
+    # TRL 1.16's defaults for reward_weights, multi_objective_aggregation and scale_rewards
     reward_weights: list[float] | None = _help("One weight per reward channel (default 1).",
                                                default=None)
     multi_objective_aggregation: str = _help(

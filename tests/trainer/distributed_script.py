@@ -1,5 +1,6 @@
 """One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
-DeepSpeed: its ZeRO stage); the main process writes what it saw."""
+DeepSpeed: its ZeRO stage; ``--one-group``: a batch of one group with a gradient, loss ``grpo``,
+plain SGD, so a process trains a padding group); the main process writes what it saw."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from mtgrpo import GRPOTrainer
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
     fsdp = "full_shard" if "--fsdp" in sys.argv[3:] else None
-    args = trainer_helpers.args(out, max_steps=1, prompts_per_step=6, save_rollouts=True,
+    # SGD without clipping: the step is proportional to the gradient (Adam's first step is
+    # nearly its sign, and clipping to norm 1 would equalise two gradients of norm > 1)
+    batch = {"prompts_per_step": 1, "loss_type": "grpo", "optim": "sgd", "max_grad_norm": 0.0,
+             "batch_construction": "dynamic"} if "--one-group" in sys.argv[3:] else \
+        {"prompts_per_step": 6, "batch_construction": "ratio_preserving",
+         "batch_construction_params": {"max_resample_rounds": 1}}
+    args = trainer_helpers.args(out, max_steps=1, save_rollouts=True,
                                 task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},
-                                batch_construction="ratio_preserving",
-                                batch_construction_params={"max_resample_rounds": 1}, fsdp=fsdp)
+                                fsdp=fsdp, **batch)
     trainer = GRPOTrainer(model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward],
                           args=args, train_dataset=trainer_helpers.rows(),
                           generation_backend="scripted_backend:ScriptedBackend")
+    initial = None if trainer.sharded or trainer.zero is not None else \
+        {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
     trainer.train()
     # a sharded (or DeepSpeed) model's whole weights are gathered on the main process (every
     # process calls)
@@ -35,7 +43,11 @@ def main() -> None:
                   "sharded_head": type(trainer.unwrapped.lm_head.weight).__name__,
                   # ZeRO-3: outside a forward each process holds an empty partition
                   "head_numel": trainer.unwrapped.lm_head.weight.numel(),
-                  "zero_stage": None if trainer.zero is None else trainer.zero.stage}
+                  "zero_stage": None if trainer.zero is None else trainer.zero.stage,
+                  # how far the step moved the weights: sum of |w - w0|
+                  "moved": None if initial is None else sum(
+                      float((p.detach() - initial[n]).abs().double().sum())
+                      for n, p in weights.items())}
         with open(f"{out}/result.json", "w") as handle:
             json.dump(result, handle)
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None

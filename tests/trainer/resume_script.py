@@ -57,6 +57,7 @@ def main() -> None:
                 "num_generations_validation": 2} if options.validation else {}
     args = trainer_helpers.args(
         options.output_dir, max_steps=options.max_steps, save_steps=2, save_total_limit=None,
+        save_rollouts=True, log_completions=True,
         task_weighting="mt_grpo", task_weighting_params={"lam": 0.5, "optimizer": "adam"},
         batch_construction="ratio_preserving",
         batch_construction_params={"max_resample_rounds": 2},

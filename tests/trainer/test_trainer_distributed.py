@@ -53,8 +53,8 @@ def _accelerate_launch(script: Path, processes: int, *argv: str) -> None:
     assert done.returncode == 0, "\n".join([*raised[-8:], done.stderr[-3000:]])
 
 
-def _launch(model: Path, out: Path, processes: int) -> dict:
-    _accelerate_launch(SCRIPT, processes, str(model), str(out))
+def _launch(model: Path, out: Path, processes: int, *options: str) -> dict:
+    _accelerate_launch(SCRIPT, processes, str(model), str(out), *options)
     result = json.loads((out / "result.json").read_text())
     result["rollouts"] = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     return result
@@ -77,6 +77,20 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
     assert one["weights"] != pytest.approx([0.5, 0.5], abs=1e-3)  # the update did move them
     # the same update: DDP averages gradients, the loss normaliser is the whole batch's
     assert two["param_sum"] == pytest.approx(one["param_sum"], rel=1e-6)
+
+
+def test_a_process_without_a_group_does_not_dilute_the_loss(tiny_model_dir, tmp_path):
+    # one group on two processes: process 1 trains a fully masked padding group, whose rows
+    # are no sequences of the batch; grpo's per-sequence mean must divide by the real ones
+    with ThreadPoolExecutor(2) as pool:
+        one, two = pool.map(
+            lambda n: _launch(tiny_model_dir, tmp_path / f"world{n}", n, "--one-group"), (1, 2))
+    assert (one["world"], two["world"]) == (1, 2)
+    # the same groups generated (DAPO's dynamic sampling keeps one with a gradient)
+    assert [r["prompt_id"] for r in one["rollouts"]] == [r["prompt_id"] for r in two["rollouts"]]
+    assert one["moved"] > 0.0
+    # SGD moves the weights in proportion to the gradient: counting the padding rows halved it
+    assert two["moved"] == pytest.approx(one["moved"], rel=1e-4)
 
 
 # ---------------------------------------------------------------- generation/logprob_mismatch_*

@@ -64,6 +64,13 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_model_dir, tmp_
     side_files = list(crashed.glob("metrics.after-step-4.*.jsonl"))
     assert len(side_files) == 1
     assert '"step": 5' in side_files[0].read_text()
+    # the rollout logs likewise: each step's records once, as the uninterrupted run wrote them
+    for log in ("rollouts.jsonl", "completions.jsonl"):
+        records = [json.loads(line) for line in (crashed / log).read_text().splitlines()]
+        assert sorted({r["step"] for r in records}) == [1, 2, 3, 4, 5, 6]
+        assert records == [json.loads(line) for line in (full / log).read_text().splitlines()]
+        stem = log.removesuffix(".jsonl")
+        assert '"step": 5' in next(crashed.glob(f"{stem}.after-step-4.*.jsonl")).read_text()
 
     final_full = load_file(str(full / "checkpoint-6" / "trainable.safetensors"))
     final_resumed = load_file(str(crashed / "checkpoint-6" / "trainable.safetensors"))
@@ -147,3 +154,57 @@ def test_stale_checkpoint_temporaries_are_removed_and_nothing_else(tmp_path):
     assert written.name == "checkpoint-5"
     assert remove_stale_temporaries(tmp_path) == []  # a finished write leaves nothing
     assert remove_stale_temporaries(tmp_path / "missing") == []
+
+
+def test_a_replaced_checkpoint_survives_a_crash_between_the_renames(tmp_path, monkeypatch):
+    import pytest
+
+    from mtgrpo import _files
+    from mtgrpo.trainer.checkpoint import remove_stale_temporaries
+
+    final = tmp_path / "checkpoint-4"
+    _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("old"))
+    _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("new"))  # a replacement
+    assert (final / "f").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # nothing aside left
+    renames = []
+    real_replace = os.replace
+
+    def crash_on_second(source, target):  # the process dies after moving the old copy aside
+        renames.append(Path(target).name)
+        if len(renames) == 2:
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(_files.os, "replace", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_atomically(final, lambda tmp: (tmp / "f").write_text("newer"))
+    monkeypatch.undo()
+    assert not final.exists()
+    assert renames == [f".checkpoint-4.old-{os.getpid()}", "checkpoint-4"]
+    removed = remove_stale_temporaries(tmp_path)  # the next start: the old copy comes back
+    assert [p.name for p in removed] == [f".checkpoint-4.tmp-{os.getpid()}"]
+    assert (final / "f").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+    # a copy left aside after the new one took the name is removed, the new one kept
+    (tmp_path / ".checkpoint-4.old-77").mkdir()
+    assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".checkpoint-4.old-77"]
+    assert (final / "f").read_text() == "new"
+
+
+def test_a_checkpoint_limit_of_zero_or_less_keeps_every_checkpoint(tmp_path):
+    from mtgrpo.trainer.checkpoint import rotate_checkpoints
+
+    def checkpoints() -> list[str]:
+        return sorted((p.name for p in tmp_path.iterdir()), key=lambda n: int(n.split("-")[1]))
+
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    for limit in (None, 0, -1):  # transformers' rule: no deletion
+        rotate_checkpoints(tmp_path, limit)
+        assert checkpoints() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    rotate_checkpoints(tmp_path, 2, keep=tmp_path / "checkpoint-2")  # the best one stays
+    assert checkpoints() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    rotate_checkpoints(tmp_path, 1)
+    assert checkpoints() == ["checkpoint-6"]

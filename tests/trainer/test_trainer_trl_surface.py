@@ -239,6 +239,35 @@ def test_model_options(tiny_model_dir, tmp_path):
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(trainer.args.learning_rate)
 
 
+def test_the_logged_learning_rate_is_the_one_the_step_used(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, max_steps=3, learning_rate=0.01,
+                       lr_scheduler_type="linear")
+    trainer.train()
+    total = trainer.state.max_steps  # optimizer steps (TRL's count)
+    per_step = total // 3
+    logged = [r["learning_rate"] for r in read_metrics(tmp_path, split="train")]
+    # transformers' linear schedule: optimizer step i uses 0.01 * (total - i) / total; the last
+    # optimizer step of training step k is i = k * per_step - 1
+    expected = [0.01 * (total - (k * per_step - 1)) / total for k in (1, 2, 3)]
+    assert logged == pytest.approx(expected, rel=1e-6)
+    assert logged[0] > logged[-1] > 0.0  # the last step's rate is not the finished schedule's 0
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_disable_dropout_reaches_the_lora_adapters(disable, tiny_model_dir, tmp_path):
+    from peft import LoraConfig
+
+    trainer = GRPOTrainer(str(tiny_model_dir), [vowels],
+                          args=common.args(tmp_path, max_steps=1, num_generations=3,
+                                           prompts_per_step=2, disable_dropout=disable),
+                          train_dataset=single_task_rows(),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.2))
+    rates = [m.p for name, m in trainer.unwrapped.named_modules()
+             if isinstance(m, torch.nn.Dropout) and "lora_dropout" in name]
+    assert rates  # the adapters carry dropout modules
+    assert set(rates) == ({0.0} if disable else {0.2})  # TRL disables them after get_peft_model
+
+
 def test_sync_ref_model_mixes_the_reference_towards_the_policy(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, max_steps=2, beta=0.1, sync_ref_model=True,
                        ref_model_mixup_alpha=0.25, ref_model_sync_steps=2)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_OUT = "runs/compare"
-DEFAULT_THRESHOLDS = "0.3,0.4,0.5"
+DEFAULT_THRESHOLDS = "0.3,0.4,0.5"  # ALGORITHMS.md §6: steps to 30/40/50 % worst-task accuracy
 DEFAULT_SMOOTHING = 0.6
 
 
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run directories written by `mtgrpo train` (each holds "
                         "metrics.jsonl)")
     parser.add_argument("--baseline", metavar="RUN_DIR",
+                        # "%%": argparse %-formats help strings
                         help="run that Δm%% is measured against: one of the RUN_DIRs (path or "
                         "label) or another run directory, added as the first row")
     parser.add_argument("--labels", metavar="A,B,...",

@@ -76,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="JSONL/JSON/parquet/CSV file with prompt and task columns")
     parser.add_argument("--rewards", help="reward names or module:function, comma-separated "
                         "(required with --data; added to the task rewards with --tasks)")
+    # ALGORITHMS.md §6: the papers' evaluation, 8 samples per test prompt at temperature 1.0
     parser.add_argument("--num-samples", type=int, default=8, metavar="N",
                         help="completions sampled per prompt; a task's accuracy is the mean "
                         "over them (the papers: 8)")
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "paper")
     parser.add_argument("--answer-format", help="answer_tag (default, or the config's) or boxed")
     parser.add_argument("--baseline", metavar="RESULTS_JSON",
+                        # "%%": argparse %-formats help strings
                         help="results.json of a baseline model, for Δm%%")
     parser.add_argument("--backend", default="auto", help="generation backend (auto, hf, ...)")
     parser.add_argument("--out", default="runs/eval", metavar="DIR",
@@ -131,7 +133,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
 
         # train_size=1: only the held-out split is read; the training split is never drawn.
         suite = TaskSuite(_task_list(args.tasks), seed=args.seed or 0, train_size=1,
-                          eval_size=args.eval_size or 200,
+                          eval_size=args.eval_size or 200,  # ALGORITHMS.md §6: 200 per task
                           prompt_format=args.prompt_format or "plain",
                           answer_format=args.answer_format or "answer_tag")
     else:

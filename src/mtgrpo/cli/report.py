@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_SMOOTHING = 0.6
-DEFAULT_THRESHOLDS = "0.3,0.4,0.5"
+DEFAULT_THRESHOLDS = "0.3,0.4,0.5"  # ALGORITHMS.md §6: steps to 30/40/50 % worst-task accuracy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

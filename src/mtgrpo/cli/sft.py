@@ -119,6 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--lora", action="store_true", help="train a LoRA adapter")
+    # 16 and 32: TRL 1.16 ModelConfig's lora_r and lora_alpha
     lora.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     lora.add_argument("--lora-alpha", type=float, default=32,
                       help="LoRA alpha (default: %(default)s)")

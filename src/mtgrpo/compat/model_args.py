@@ -21,7 +21,7 @@ __all__ = ["ModelConfig", "get_peft_config"]
 class ModelConfig:
     """TRL's ``ModelConfig``: which model to load and, with ``use_peft``, its LoRA adapter."""
 
-    #  None = None|defaults: TRL 1.16's ModelConfig, field for field
+    # defaults: TRL 1.16's ModelConfig's; torch_dtype and trust_remote_code are not its fields
     model_name_or_path: str | None = None
     model_revision: str = "main"
     dtype: str | None = "float32"  # TRL's default

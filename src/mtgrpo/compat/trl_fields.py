@@ -195,6 +195,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _is_default(value: Any, default: Any) -> bool:
+    # by identity: == against None may answer elementwise (an array) or be overridden
     if value is None or default is None:
         return value is default
     try:

@@ -49,10 +49,13 @@ def plan_micro_batches(
     for row in order:
         candidate = [max(w, part) for w, part in zip(widths, table[row], strict=True)]
         fits = (len(current) + 1) * sum(candidate) <= max_tokens_per_micro_batch
+        # rows come longest first, so the open micro-batch's width only grows: this row is the one
+        # that would carry the padding
         padded = sum(table[row]) < (1 - max_padding) * sum(candidate)
         if current and (not fits or padded
                         or (max_rows is not None and len(current) >= max_rows)):
             plan.append(sorted(current))
+            # the new micro-batch's width is this row's own
             current, candidate = [], list(table[row])
         current.append(row)
         widths = candidate

@@ -192,8 +192,11 @@ class _GradIntoParameter(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> None:
         parameter: Tensor = ctx.parameter  # type: ignore[attr-defined]
         if parameter.grad is None:
+            # a copy with the parameter's strides, as torch's AccumulateGrad lays out a new
+            # .grad (its gradient layout contract, autograd/functions/accumulate_grad.h)
             parameter.grad = torch.empty_like(parameter).copy_(grad)
         else:
+            # in place, as AccumulateGrad adds into an existing .grad outside double backward
             parameter.grad.add_(grad)
 
 

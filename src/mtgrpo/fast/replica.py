@@ -111,17 +111,20 @@ def _plain_copy(source: nn.Module, dtype: torch.dtype) -> nn.Module:
             "dtype would not compute alike (a cast to float32, a logging hook); generate "
             "from the policy itself (the static backend's dtype=None, or bf16 false)"
         )
+    # deepcopy's memo keeps tied weights (head and input embedding) one tensor in the copy
     replica = copy.deepcopy(source)
     for name, module in list(replica.named_modules()):
         if isinstance(module, BaseTunerLayer):
             _check_lora(name, module)
             parent_name, _, child = name.rpartition(".")
             parent = replica.get_submodule(parent_name) if parent_name else replica
+            # the adapter's base nn.Linear in its place; refresh() writes the merged weight into it
             setattr(parent, child, module.get_base_layer())
     for module in replica.modules():
         module.__dict__.pop("forward", None)  # accelerate's mixed-precision forward
         module.__dict__.pop("_original_forward", None)
     for param in replica.parameters():  # buffers (rotary frequencies) keep their precision
+        # .data, not a new Parameter: a tied weight is one Parameter, cast once for both modules
         param.data = param.data.to(dtype)
     return replica.eval().requires_grad_(False)
 
@@ -168,6 +171,7 @@ def _copy_weights(pair: _Pair) -> None:
     frequencies, are constants copied with the module)."""
     if not pair.lora:
         for name, tensor in pair.replica.named_parameters(recurse=False):
+            # copy_ casts into the replica's own tensor: its address, which graphs replay on, stays
             tensor.copy_(getattr(pair.source, name))
         return
     weight, bias = merged_lora(pair.source)
@@ -186,6 +190,7 @@ def merged_lora(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
         return weight, bias  # merged: the base already holds them; disabled: none apply
     variants = getattr(layer, "lora_variant", {})
     for adapter in layer.active_adapters:
+        # an active adapter need not target this layer: peft's merge skips it the same way
         if adapter not in layer.lora_A:
             continue
         if adapter in variants:  # DoRA and other variants: peft's safe merge
@@ -193,6 +198,7 @@ def merged_lora(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
         else:
             # peft's own delta (scaling * B @ A), added to a copy: the layer is never modified
             weight += layer.get_delta_weight(adapter).to(weight.dtype)
+        # peft's merge: base bias + lora_B's bias * scaling (tuners/lora/layer.py)
         if getattr(layer, "lora_bias", {}).get(adapter, False):
             bias = bias + layer.lora_B[adapter].bias * layer.scaling[adapter]
     return weight, bias

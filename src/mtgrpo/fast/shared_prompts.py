@@ -40,6 +40,8 @@ def shared_prompt_rows(
     if (
         config is None
         or getattr(config, "model_type", None) not in PROMPT_SHARING_MODEL_TYPES
+        # Mistral's config sets sliding_window (4096 by default); Qwen2's use_sliding_window flag
+        # decides whether its window applies (transformers 5.24 configuration_qwen2)
         or (getattr(config, "sliding_window", None) is not None
         and getattr(config, "use_sliding_window", True))
         # checkpointed layers keep no cache for the completions to attend to
@@ -62,7 +64,9 @@ def distinct_prompts(
     # pad ids zeroed (they are never attended to), the mask kept (where padding is matters)
     prompts = torch.cat([input_ids[:, :width] * attention_mask[:, :width],
                          attention_mask[:, :width]], dim=1)
+    # torch.unique sorts the rows: each prompt's first row is recovered below with "amin"
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    # N, above every row index: amin's starting value
     first = torch.full((unique.shape[0],), input_ids.shape[0], dtype=torch.long,
                        device=input_ids.device)
     first = first.scatter_reduce(0, inverse, torch.arange(input_ids.shape[0],

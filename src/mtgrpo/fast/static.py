@@ -174,6 +174,7 @@ class _DecodeBuffers:
     def select(self, rows: Tensor) -> _DecodeBuffers:
         """A copy holding only ``rows`` (``[m]`` indices); ``column`` and ``step`` are shared."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
+        # one column and one step counter for all rows: every row feeds one token per step
         shared = {"column", "step"}
         return _DecodeBuffers(**{
             name: value if name in shared else value.index_select(0, rows)
@@ -210,6 +211,7 @@ class _Slot:
     programs: dict[tuple[SamplingRule, tuple[int, ...]], _StepProgram] = field(default_factory=dict)
 
     def program(self, rule: SamplingRule, stop_ids: tuple[int, ...]) -> _StepProgram:
+        # a graph records the rule's branches and the stop-id tensor: one program per pair
         key = (rule, stop_ids)
         if key not in self.programs:
             device = self.buffers.tokens.device
@@ -234,11 +236,14 @@ class _Slot:
         buffers.step.zero_()
         buffers.lengths.zero_()
         buffers.done.zero_()
+        # bucket-padding rows start done: they emit pad and never keep the all-done check waiting
         buffers.done[real_rows:] = True
 
     def snapshot(self) -> list[tuple[Tensor, Tensor]]:
         """Copies of every tensor a step changes, except outputs and cache contents (a step
         writes those at the current column and step, which a restore rewinds)."""
+        # transformers 5.24 StaticLayer.update advances its cumulative_length tensor in place: the
+        # model_forward decoder's warm-up steps move it, so a rewind must restore it too
         counters = [layer.cumulative_length for layer in self.cache.layers]
         return [(t, t.clone()) for t in [*self.buffers.state(), *counters]]
 
@@ -261,8 +266,10 @@ def _emit(
     active = ~buffers.done  # [n]
     tokens = torch.where(active, sampled.tokens, pad_token_id)  # [n]
     logprobs = torch.where(active, sampled.logprobs, 0.0)  # [n]
+    # the column is a device tensor, not a Python int: a replayed graph writes the next column
     buffers.out_tokens.index_copy_(1, buffers.step, tokens[:, None])
     buffers.out_logprobs.index_copy_(1, buffers.step, logprobs[:, None])
+    # `active` is taken before this token's stop check: a stop token is counted in the length
     buffers.lengths.add_(active)
     buffers.done.logical_or_((tokens[:, None] == program.stop_ids).any(-1))
     buffers.tokens.copy_(tokens[:, None])
@@ -285,6 +292,7 @@ def _decode_step(
         slot.cache, buffers.tokens, buffers.positions, buffers.mask, buffers.column, visible
     )
     _emit(buffers, program, logits, pad_token_id)
+    # advanced in place (not rebound): a captured graph replays on these tensors' addresses
     buffers.positions.add_(1)
     buffers.column.add_(1)
 
@@ -449,6 +457,8 @@ class StaticGenerator:
             self._weights_layout(device, graphs),
         ):
             if graphs:
+                # before any slot is reused: a graph recorded on old parameter addresses
+                # would replay on memory the model no longer owns
                 self._forget_stale_graphs()
             for sub_batch in length_buckets(lengths, self.max_batch_size, group_size):
                 pieces = _prompt_runs(sub_batch, group_size)
@@ -522,6 +532,7 @@ class StaticGenerator:
         """
         input_ids, attention_mask = self._left_pad(prompts, len(prompts), width)  # [u, P]
         source = _expansion_index(samples, slot.buffers.done.shape[0], self.device)  # [n]
+        # the mask per decoded row: each row hides its own prompt's left padding
         slot.start(attention_mask.index_select(0, source), real_rows=sum(samples))
         return self._decoder.prefill_shared(
             slot.cache, input_ids, attention_mask, position_ids_from_attention_mask(attention_mask),
@@ -564,6 +575,7 @@ class StaticGenerator:
 
     def _sync_every(self, device: torch.device) -> int:
         on_cpu = device.type == "cpu"
+        # docs/fast_generation.md: 16 on an accelerator, every step on the CPU (a free read)
         return self.sync_every or (1 if on_cpu else _ACCELERATOR_SYNC_EVERY)
 
     def _decode_loop(self, step: Callable[[], None], done: Tensor, max_new_tokens: int) -> int:
@@ -571,6 +583,7 @@ class StaticGenerator:
         ``done`` on the host once per ``sync_every`` steps. Returns the tokens emitted."""
         sync_every = self._sync_every(done.device)
         emitted = 1  # the prefill's token
+        # bool() here is the loop's only host synchronisation, once per burst of `sync_every` steps
         while emitted < max_new_tokens and not bool(done.all()):
             burst = min(sync_every, max_new_tokens - emitted)
             for _ in range(burst):
@@ -608,10 +621,13 @@ class StaticGenerator:
             if active == 0:
                 break
             # a CPU step's cost grows with its rows; HF generate keeps finished rows to the end
+            # compact_below 0.9 measured: docs/fast_generation.md (0.9 fastest of 0.75-1.0);
+            # benchmarks/results/step_time_vs_trl_cpu.md: 0.8 / 0.97 / 1.0 inconclusive under load
             if active < decoded and active <= self.compact_below * decoded:
                 live, rows = _compacted(slot, live, rows)
             burst = min(sync_every, max_new_tokens - emitted)
             for offset in range(burst):
+                # the prompt's columns, the tokens emitted so far and this step's fed token
                 visible = width + emitted + offset
                 if windowed:  # attend to the window's columns: contiguous tensors
                     visible = widen_cache(live.cache, visible)
@@ -633,16 +649,20 @@ class StaticGenerator:
         while len(self._slots) >= self.max_cached_shapes:
             # least recently used first: OrderedDict keeps use order (move_to_end above)
             self._slots.popitem(last=False)
+        # StaticLayer allocates its tensors lazily at the first update (transformers 5.24
+        # cache_utils): the keys' dtype and device come from the prefill's own states
         cache = StaticCache(config=self._lm.config, max_cache_len=columns)
         slot = _Slot(cache, _DecodeBuffers.allocate(rows, columns, dtype, device))
         self._slots[key] = slot
         return slot
 
     def _slot_key(self, rows: int, columns: int) -> tuple[Any, ...]:
+        # the dtype and device too: a model moved or cast gets new caches and buffers
         return rows, columns, model_dtype(self._lm), self.device
 
     def _left_pad(self, batch: list[list[int]], rows: int, width: int) -> tuple[Tensor, Tensor]:
         """Left-padded ids and mask ``[n, P]``; bucket-padding rows get one pad token."""
+        # one real token each: the packed prefill refuses a prompt without one (packed_layout)
         prompts = batch + [[self.pad_token_id]] * (rows - len(batch))
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((rows, width), dtype=torch.long)
@@ -660,6 +680,7 @@ class StaticGenerator:
             return nullcontext()
         if wanted is True:
             return transposed()
+        # only measured on the CPU (docs/fast_generation.md: 0.85-0.93 s -> 0.78-0.83 s per call)
         if device.type == "cpu":  # "auto"
             return transposed(max_bytes=_AUTO_TRANSPOSE_MAX_BYTES)
         return nullcontext()
@@ -697,12 +718,16 @@ def _compacted(full: _Slot, live: _Slot, rows: Tensor | None) -> tuple[_Slot, Te
         rows = torch.arange(live.buffers.done.shape[0], device=keep.device)
     else:
         full.buffers.write_rows(rows, live.buffers)
+    # transformers' reorder_cache index_selects new, smaller tensors: the slot no longer has its
+    # shape, and the caller drops it after the call
     live.cache.reorder_cache(keep)
     return _Slot(live.cache, live.buffers.select(keep)), rows[keep]
 
 
 # Cache-window granularity of eager decoding (StaticGenerator._decode_compacting): each widening
 # copies the cache once; attention reads at most this many masked columns more than needed.
+# measured: benchmarks/results/step_time_vs_trl_cpu.md (2026-12-02, AMD EPYC), a window of
+# 16 columns 0.88x the generate time of none, 8 and 32 columns 0.93x and 0.89x
 WINDOW_COLUMNS = 16
 
 
@@ -722,6 +747,8 @@ def widen_cache(cache: Any, columns: int) -> int:
         for name in ("keys", "values"):
             old = getattr(layer, name)
             kept = min(old.shape[2], target)
+            # zeros, not empty: the masked columns still enter both products, and a NaN left in them
+            # would survive the mask (NaN * 0 weight is NaN)
             new = old.new_zeros(old.shape[0], old.shape[1], target, old.shape[3])
             new[:, :, :kept] = old[:, :, :kept]
             setattr(layer, name, new)
@@ -796,6 +823,7 @@ def _read_back(
 
 
 def _round_up(value: int, multiple: int) -> int:
+    # ceiling division on ints (no float rounding for large values)
     return -(-value // multiple) * multiple
 
 
@@ -853,6 +881,7 @@ def _preserved_rng(device: torch.device) -> Iterator[None]:
     """Restore the RNG of ``device`` (and the CPU's) afterwards: warm-up steps draw numbers."""
     accelerator = device.type != "cpu"
     with torch.random.fork_rng(
+        # torch's fork_rng always saves the CPU generator; devices=[] forks no accelerator's
         devices=[device.index or 0] if accelerator else [],
         device_type=device.type if accelerator else None,
     ):

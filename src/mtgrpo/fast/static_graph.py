@@ -52,11 +52,13 @@ def capture_step(step: Callable[[], None], *, warmup_steps: int) -> CapturedStep
     raises when the step is not capturable (a host synchronisation, a CPU tensor created
     inside the step, ...); the caller falls back to eager execution.
     """
+    # the warm-up on a side stream, as the PyTorch "CUDA Graphs" documentation's recipe does
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup_steps):
             step()
+    # the capture starts after the warm-up's writes have landed
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # "thread_local": CUDA calls that other threads of the trainer make meanwhile (a reward

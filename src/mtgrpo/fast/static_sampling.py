@@ -113,6 +113,7 @@ class SamplingRule:
         if self.greedy:
             tokens = scores.argmax(-1)  # [n]
             if not self.with_logprobs:
+                # greedy without log-probs skips the [n, V] log-softmax (SampledTokens: zeros then)
                 return SampledTokens(tokens, torch.zeros_like(scores[:, 0]))
             logprobs = torch.log_softmax(scores, dim=-1)
             return SampledTokens(tokens, logprobs.gather(-1, tokens[:, None])[:, 0])

@@ -120,6 +120,7 @@ def enable_activation_checkpointing(model: Any, kwargs: dict[str, Any] | None = 
     ``gradient_checkpointing_enable``."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if callable(enable):
+        # transformers 5.23 on; the old name still works there but warns until 6.0
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

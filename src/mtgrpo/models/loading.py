@@ -437,6 +437,7 @@ def load_model(
         source.location,
         gguf_file=source.gguf_file,
         revision=source.revision,
+        # transformers 5's keyword (torch_dtype is its deprecated alias, modeling_utils warns)
         dtype=torch_dtype,
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,

@@ -138,6 +138,8 @@ def make_lora_config(
     # peft's per-architecture default adapts fewer projections (q and v for Llama)
     if options.get("target_modules") is None:
         options["target_modules"] = _default_target_modules(model)
+    # peft's LoraConfig.__post_init__ checks the combinations (e.g. layers_to_transform with a
+    # str target_modules)
     return LoraConfig(**options)
 
 

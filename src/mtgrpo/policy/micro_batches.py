@@ -134,6 +134,7 @@ def _prompt_spans(prompt_mask: Tensor) -> Tensor:
     Every row has a prompt token (checked by ``PolicyBatch``), so ``argmax`` (the first
     maximal entry) finds the first one.
     """
+    # through uint8: torch's argmax does not take bool input
     first = prompt_mask.bool().to(torch.uint8).argmax(1)  # [N]
     return prompt_mask.shape[1] - first
 

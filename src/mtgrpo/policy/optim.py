@@ -34,10 +34,10 @@ __all__ = [
     "no_decay_parameter_names",
 ]
 
-# The name patterns transformers' Trainer (5.x, `get_decay_parameter_names`) exempts from
-# weight decay, matched on the lower-cased parameter name.
 logger = logging.getLogger(__name__)
 
+# The name patterns transformers' Trainer (5.x, `get_decay_parameter_names`) exempts from
+# weight decay, matched on the lower-cased parameter name.
 _NO_DECAY_PATTERNS = tuple(
     re.compile(pattern)
     for pattern in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
@@ -54,6 +54,8 @@ def no_decay_parameter_names(model: nn.Module) -> set[str]:
     """
     exempt: set[str] = set()
     for module_name, module in model.named_modules():
+        # transformers exempts nn.LayerNorm by type; RMSNorm classes (LlamaRMSNorm, ...) too
+        # here, whatever their parameters are named
         is_norm = (
             isinstance(module, nn.LayerNorm | nn.RMSNorm) or "norm" in type(module).__name__.lower()
         )
@@ -108,6 +110,7 @@ def build_optimizer(
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # a LoRA adapter leaves the no-decay group empty: the norms and biases stay frozen
     groups = [group for group in groups if group["params"]]
     # transformers' default optimizer on torch >= 2.8; built here, so a bad device can fall back
     if optim == "adamw_torch_fused" and not optim_args:

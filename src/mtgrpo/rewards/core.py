@@ -184,6 +184,7 @@ def _weight_tuple(
     return result
 
 
+# eq=False: identity equality and hashing, so two wrappers of one function are two channels
 @dataclass(frozen=True, eq=False)
 class RewardFunction:
     """A reward function with its name, declared channels, weights and gates.
@@ -226,6 +227,7 @@ class RewardFunction:
             raise ValueError(f"a reward function name must be a non-empty string, got {name!r}")
         channels = _channel_tuple(self.channels, name)
         weights = _weight_tuple(self.weights, 1 if channels is None else len(channels), name)
+        # frozen: the normalised values are stored past the dataclass's __setattr__
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "channels", channels)
         object.__setattr__(self, "weights", weights)

@@ -108,6 +108,7 @@ def _in_main_thread(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
             return
         # again and again: a call that swallows one RewardTimeout is hit by the next
         while not finished.is_set():
+            # to the main thread: its blocking system call returns EINTR, so sleep and I/O end
             signal.pthread_kill(target, _SIGNAL)
             finished.wait(REPEAT_SECONDS)
 

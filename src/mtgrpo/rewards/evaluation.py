@@ -162,6 +162,7 @@ class _EventLoopThread:
             # one failing function must not cancel the others; each error is reported by name
             return await asyncio.gather(*awaitables, return_exceptions=True)
 
+        # the time limit is the awaitables' own: RewardSuite.score wraps each in with_deadline
         return asyncio.run_coroutine_threadsafe(gather(), loop).result()
 
 
@@ -301,6 +302,7 @@ def _channel_row(value: Any, channels: tuple[str, ...]) -> list[float]:
 
 def _as_list(output: Any) -> list[Any] | None:
     if isinstance(output, torch.Tensor):
+        # torch refuses .numpy() on a tensor that requires grad or lives on a GPU
         output = output.detach().cpu().numpy()
     if isinstance(output, np.ndarray):
         return list(output) if output.ndim >= 1 else None  # 0-d: one value, not one per completion

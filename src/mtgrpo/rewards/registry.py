@@ -89,6 +89,7 @@ def _with_options(fn: Any, name: str, options: dict[str, Any]) -> Any:
             f"reward {name!r} has no option(s) {unknown}; its options: {settings} (dataset "
             "columns reach a reward function from the data, not from the run file)"
         )
+    # keyword-bound: TRL's get_callable_name unwraps a partial, so the column keeps fn's name
     bound = functools.partial(fn, **options)
     functools.update_wrapper(bound, fn)
     return bound

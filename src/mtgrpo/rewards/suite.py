@@ -81,6 +81,7 @@ class RewardScores:
         assert self.applied.shape == self.values.shape
         for name in ("errors", "timeouts"):
             if getattr(self, name) is None:
+                # frozen dataclass: the default is stored past its __setattr__
                 object.__setattr__(self, name, np.zeros(self.values.shape, dtype=bool))
             assert getattr(self, name).shape == self.values.shape
 
@@ -96,7 +97,9 @@ class RewardScores:
         if rows is not None:
             values, applied = values[rows], applied[rows]
         count = applied.sum(axis=0)  # [R]
+        # zeros where not applied: one NaN would make the whole sum NaN
         total = np.where(applied, values, 0.0).sum(axis=0, dtype=np.float64)  # [R]
+        # max(count, 1): no 0/0 warning; those columns are NaN by the where
         means = np.where(count > 0, total / np.maximum(count, 1), math.nan)
         return dict(zip(self.channel_names, means.tolist(), strict=True))
 
@@ -411,6 +414,7 @@ class RewardSuite:
         else:
             raise ValueError(f"unknown reward channel {channel!r}; channels: {self._channel_names}")
         # the function whose column block holds the index
+        # side="right": an index equal to a block's start belongs to that block
         owner = int(np.searchsorted(self._offsets, index, side="right")) - 1
         return None if self._routes is None else self._routes[owner]
 
@@ -527,6 +531,7 @@ class RewardSuite:
                 kwargs = batch.kwargs(rows)
                 try:
                     with collect_scoring_errors() as failed:
+                        # called at once: the loop variables the lambda reads are this iteration's
                         ended, out = call_with_deadline(lambda: rf.fn(**kwargs),  # noqa: B023
                                                         self._timeouts[owner])  # fmt: skip
                 except Exception as exc:
@@ -534,6 +539,7 @@ class RewardSuite:
                     raise function_failure(rf, batch, rows, exc) from exc
                 start, stop = self._offsets[owner], self._offsets[owner + 1]
                 if failed:
+                    # failed holds rows of the call (as the function saw them): mapped back here
                     errors[[rows[i] for i in failed], start:stop] = True
                 if not ended:
                     self._note_timeout(owner, batch, rows, timeouts)

@@ -109,6 +109,7 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         devices=[device.index or 0] if accelerator else [],
         device_type=device.type if accelerator else None,
     ):
+        # torch.manual_seed seeds the CPU's and every accelerator's generator
         torch.manual_seed(seed)
         yield
 

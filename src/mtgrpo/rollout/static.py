@@ -112,6 +112,7 @@ class StaticCacheBackend:
         prompts = check_prompt_ids(prompt_ids, self.engine.vocab_size)
         group_size = check_num_samples(num_samples)
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
+        # eval mode: no dropout while sampling (the caller's mode comes back afterwards)
         with _eval_mode(self.model), _seeded(params.seed, self.engine.device):
             out = self.engine.generate(
                 prompts, SamplingRule.from_params(params), num_samples=group_size,
@@ -157,11 +158,13 @@ class StaticCacheBackend:
             if model_or_state is not self.model:
                 self.engine.attach(model_or_state)
         elif isinstance(model_or_state, Mapping):
+            # copied in place: parameter addresses, and so captured graphs, stay valid
             load_partial_state(self.model, model_or_state)
         else:
             raise TypeError(
                 f"update_weights takes a model or a state dict, got {type(model_or_state).__name__}"
             )
+        # a bfloat16 replica copies the new weights now, not at the next generate
         self.engine.weights_changed()
         self.weights_version = version
 

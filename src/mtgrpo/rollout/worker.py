@@ -78,6 +78,7 @@ class Shard:
         """Contiguous share ``[start, stop)`` of ``total`` items for this process."""
         # contiguous shares in rank order: the gather gives the groups back in the prompts' order
         per, extra = divmod(total, self.world)
+        # the first `extra` ranks take one item more: shares differ by at most one
         start = self.rank * per + min(self.rank, extra)
         return start, start + per + (1 if self.rank < extra else 0)
 
@@ -193,6 +194,7 @@ class RolloutWorker:
             out = self.backend.generate([self.prompts.tokens(ids[k]) for k in indices], params, g)
             self._check_version(out)
             outputs.append((indices, out))
+        # one sampling setting: the backend's rows are already in ids' order
         if len(outputs) == 1:
             return outputs[0][1]
         rows: list[Any] = [None] * len(ids)
@@ -301,6 +303,7 @@ class RolloutWorker:
                 reward_errors=scores.errors[rows],
                 logprobs=None if out.logprobs is None else out.logprobs[rows],
                 tool_mask=None if made.tool_mask is None else made.tool_mask[rows],
+                # kept only when an environment's observation made the rollouts' prompts differ
                 row_prompts=None if all(p == prompts[0] for p in prompts) else prompts,
             )
             groups.append(ScoredGroup(
@@ -337,4 +340,5 @@ def _model_token_counts(completion_ids: Sequence[Sequence[int]],
 def _tool_frequencies(calls_key: str, failures_key: str, counts: np.ndarray) -> dict[str, float]:
     """``counts``: [rollouts, calls, failed calls] -> calls per rollout, failures per call."""
     rollouts, calls, failures = (int(c) for c in counts)
+    # TRL 1.16 GRPOTrainer: calls over rollouts, failures over calls (0 without calls)
     return {calls_key: calls / max(rollouts, 1), failures_key: failures / calls if calls else 0.0}

@@ -46,6 +46,7 @@ class SFTConfig:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Replace an earlier SFT run in output_dir instead of refusing."})
+    # TRL 1.16 SFTConfig's defaults from here on where TRL has the field (module docstring)
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate."})
     num_train_epochs: float = field(
         default=3.0, metadata={"help": "Passes over the training examples (may be fractional)."})
@@ -65,11 +66,11 @@ class SFTConfig:
         metadata={"help": "Prompts longer than this keep their last tokens, as GRPO's "
                           "max_prompt_length does (set it to the GRPO run's); None: no limit."})
     max_length: int | None = field(
-        default=1024,
+        default=1024,  # TRL 1.16 SFTConfig's max_length
         metadata={"help": "Longest example in tokens (prompt + completion + EOS); None: no "
                           "limit."})
     on_long_example: str = field(
-        default="truncate",
+        default="truncate",  # TRL's truncation_mode="keep_start"
         metadata={"help": "An example over max_length: truncate (keep its first max_length "
                           "tokens, TRL's keep_start), drop, or error."})
     lr_scheduler_type: str = field(
@@ -85,6 +86,7 @@ class SFTConfig:
         # transformers' TrainingArguments default.
         default=42, metadata={"help": "Seed of the data order, the eval split and LoRA init."})
     logging_steps: int = field(
+        # TRL 1.16 SFTConfig's logging_steps
         default=10, metadata={"help": "Write a metrics.jsonl record every N optimizer steps."})
     bf16: bool | None = field(
         default=None, metadata={"help": "bfloat16 autocast for the forward passes; None (auto): "

@@ -55,11 +55,13 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # fd 1 itself to stderr: output written by C code cannot reach the protocol either
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     parent_path = read_message(requests)
     if parent_path is None:
         return
+    # first: a module resolves to the same file as in the parent
     sys.path[:0] = [entry for entry in pickle.loads(parent_path) if entry not in sys.path]
     write_message(replies, pickle.dumps(("ready", os.getpid())))
     while (job := read_message(requests)) is not None:

@@ -169,6 +169,7 @@ def _render(value: Fraction) -> str:
     """An integer as is; otherwise at most 12 decimals, trailing zeros dropped."""
     if value.denominator == 1:
         return str(value.numerator)
+    # Decimal's default 28 digits hold 16 integer digits (the 1e15 bound) and the 12 decimals
     text = f"{Decimal(value.numerator) / Decimal(value.denominator):.12f}".rstrip("0")
     return text.rstrip(".") or "0"
 

@@ -301,7 +301,7 @@ class EnvironmentsConfig:
         for number, (name, spec) in enumerate(self.specs.items()):
             # A str seed is hashed (SHA-512): the same stream whatever PYTHONHASHSEED.
             rng = random.Random(f"{seed}/{number}/{name}")
-            taken = set(exclude.get(name, ()))
+            taken = set(exclude.get(name, ()))  # a copy: the caller's key sets stay as given
             found = 0
             # Bounded: a too-small episode space fails here instead of looping.
             for _ in range(size * _DRAWS_PER_EPISODE):

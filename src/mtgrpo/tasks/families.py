@@ -363,6 +363,7 @@ def parse_int_sequence(text: str) -> list[int] | None:
     body = text.strip()
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
+    # split() leaves "" where the text starts or ends with a separator
     tokens = [token for token in _SEPARATORS.split(body) if token]
     if not tokens or len(tokens) > MAX_GRID_CELLS:
         return None
@@ -538,6 +539,7 @@ def _validate_config(family: TaskFamily, config: Mapping[str, Any]) -> dict[str,
         family.validate(normalized)
     try:
         # A throwaway instance, only to run reasoning-gym's own checks.
+        # seed and size belong to a split: placeholders, only to build the config
         instance = config_cls(**_to_dataset_config(family.dataset, normalized), seed=0, size=1)
         if hasattr(instance, "validate"):
             instance.validate()

@@ -117,7 +117,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mtgrpo.tasks._worker"],
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # stderr inherited: a generator's prints reach ours
         )
         self.replies: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="mtgrpo-gen-reader", daemon=True)
@@ -266,6 +266,7 @@ class GenerationPool:
             # -1 sorts ahead of every job: each supervisor stops at once.
             self._queue.put((-1, next(self._sequence), None))
         for thread in self._threads:
+            # bounded: a supervisor stuck on a worker must not hang close()
             thread.join(timeout=10)
         self._drain()
 
@@ -303,7 +304,7 @@ class GenerationPool:
                 thread = threading.Thread(
                     target=self._supervise,
                     name=f"mtgrpo-gen-{number}",
-                    daemon=True,
+                    daemon=True,  # a supervisor never holds up the interpreter's exit
                 )
                 self._threads.append(thread)
         for thread in self._threads:
@@ -312,7 +313,7 @@ class GenerationPool:
     def _supervise(self) -> None:
         worker: _Worker | None = None
         while True:
-            _, _, job = self._queue.get()
+            _, _, job = self._queue.get()  # until a job, or close()'s sentinel
             if job is None:
                 break
             if not self._claim(job):

@@ -301,6 +301,7 @@ def answer_format_reward(
             "answer_format_reward needs the dataset column 'answer_format' (boxed or "
             "answer_tag per row), which load_gsm8k writes; add the column to your rows"
         )
+    # a lone string has a len() too, of characters, not of completions
     if isinstance(completions, str) or len(answer_format) != len(completions):
         raise ValueError(
             f"answer_format_reward: {len(answer_format)} answer_format values for "

@@ -114,6 +114,7 @@ class PromptSet:
         if is_conversational(prompt):
             # A final assistant message is a prefix to continue (e.g. "<think>"), not a turn
             # to answer: render it open, without a new generation prompt.
+            # TRL 1.16's apply_chat_template (data_utils.py) chooses by the last role the same way
             open_turn = prompt[-1].get("role") == "assistant"
             return self.tokenizer.apply_chat_template(
                 list(prompt), tokenize=False, add_generation_prompt=not open_turn,
@@ -129,6 +130,7 @@ class PromptSet:
     def tokens(self, index: int) -> list[int]:
         cached = self._tokens.get(index)
         if cached is None:
+            # no special tokens added: a chat template has already written its own
             ids = self.tokenizer(self.render(index), add_special_tokens=False)["input_ids"]
             cached = self._tokens[index] = self._fit(index, list(ids))
         return cached

@@ -117,6 +117,7 @@ ANSWER_FORMATS: Registry[AnswerFormat] = Registry("answer format")
 ANSWER_FORMATS.add(
     "answer_tag",
     AnswerFormat(
+        # spaced inside the tags as TinyZero's example is: "<answer> (1 + 2) / 3 </answer>"
         "answer_tag", "in <answer> </answer> tags", "<answer> ", " </answer>", extract_tagged
     ),
     aliases=("answer", "tag", "tags"),
@@ -135,6 +136,7 @@ def _plain(question: str, think_prefix: bool, system_prompt: str | None) -> Prom
             "use prompt_format='chat' to pass system_prompt"
         )
     text = _PLAIN_TEMPLATE.format(question=question)
+    # TinyZero's R1 template ends the same way: "Let me solve this step by step.\n<think>"
     return f"{text}\n{THINK_PREFIX}" if think_prefix else text
 
 

@@ -118,6 +118,7 @@ class TaskReward:
         self.family = get_family(family) if isinstance(family, str) else family
         self.scheme = scheme or RewardScheme()
         self.answer_format = ANSWER_FORMATS.canonical(answer_format)
+        # the reward's column and metrics take __name__ (TRL's get_callable_name)
         self.__name__ = f"{self.family.name}_reward"
 
     def __repr__(self) -> str:
@@ -212,6 +213,7 @@ def reward_routing(
     routing: dict[str, list[TaskReward]] = {}
     for spec in tasks:
         name = spec.family.name
+        # one object per family: the reward suite makes one channel of one function object
         if name not in by_family:
             by_family[name] = TaskReward(spec.family, scheme=scheme, answer_format=answer_format)
         routing[spec.task_id] = [by_family[name]]

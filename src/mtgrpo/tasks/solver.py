@@ -23,6 +23,7 @@ def _fold_steps(value: int, expr: str, n: int) -> list[tuple[int, str]]:
         (value * n, f"({expr}) * {n}"),
         (n - value, f"{n} - ({expr})"),
     ]
+    # exact division only: the fold stays in integers
     if n != 0 and value % n == 0:
         steps.append((value // n, f"({expr}) / {n}"))
     if value != 0 and n % value == 0:
@@ -39,9 +40,11 @@ def _fold_search(
 ) -> str | None:
     if not rest:
         return expr if value == target else None
+    # rest stays sorted (ints is), so one state has one key
     if (value, rest) in failed:
         return None
     for k, n in enumerate(rest):
+        # an equal number already tried here leads to the same states
         if n in rest[:k]:
             continue
         for step_value, step_expr in _fold_steps(value, expr, n):
@@ -71,6 +74,7 @@ def _tree_search(
 ) -> str | None:
     if len(values) == 1:
         return values[0][1] if values[0][0] == target else None
+    # failure depends on the values alone, not on how they were written
     key = tuple(sorted(value for value, _ in values))
     if key in failed:
         return None
@@ -97,6 +101,7 @@ def solve_countdown(numbers: Sequence[int], target: int | float) -> str | None:
     if not numbers:
         raise ValueError("countdown needs at least one number")
     ints = tuple(sorted(int(n) for n in numbers))
+    # the fold search works in integers: a fractional target needs the tree search
     if float(target).is_integer():
         failed: set[tuple[int, tuple[int, ...]]] = set()
         for k, first in enumerate(ints):
@@ -107,6 +112,7 @@ def solve_countdown(numbers: Sequence[int], target: int | float) -> str | None:
                 return found
     values = [(Fraction(n), str(n)) for n in ints]
     found = _tree_search(values, Fraction(target), set())
+    # every combination is parenthesised: the outermost pair adds nothing
     if found is not None and len(ints) > 1:
         return found[1:-1]
     return found

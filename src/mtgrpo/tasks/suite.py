@@ -194,7 +194,7 @@ class RenderOptions:
             "task": spec.task_id,
             "prompt": prompt,
             "answer": item["answer"],
-            "metadata": json.dumps(metadata, sort_keys=True),
+            "metadata": json.dumps(metadata, sort_keys=True),  # one text per metadata
             "split": split,
         }
 
@@ -240,7 +240,7 @@ class TaskData:
         self._futures: dict[int, Future] = {}
         self._attempts: dict[int, Future] = {}
         self._complete_chunks: set[int] = set()
-        self._missing_chunks: set[int] = set()
+        self._missing_chunks: set[int] = set()  # not in the cache: read once, then generated
         self._urgent: set[int] = set()
         self._retries = threading.local()  # the per-thread retry queue of _attempt (see there)
 
@@ -287,7 +287,7 @@ class TaskData:
         # On demand: overtakes queued background work (priority 1)
         future = self.future(position, priority=0)
         self._promote(position)  # an attempt already queued in the background moves ahead too
-        return future.result()
+        return future.result()  # each attempt ends within item_timeout_s (workers=0: no limit)
 
     def all_items(self) -> list[dict[str, Any]]:
         for chunk in range(self.num_chunks):
@@ -317,6 +317,7 @@ class TaskData:
                 self._missing_chunks.add(chunk)
                 return False
             for item in items:
+                # an item another thread stored meanwhile wins: one item per position, ever
                 self._items.setdefault(item["position"], item)
             self._complete_chunks.add(chunk)
             self.stats.loaded += len(items)
@@ -384,6 +385,7 @@ class TaskData:
             outer.set_exception(error)
             return
         with self._lock:
+            # the latest attempt: what _promote moves ahead of background work
             self._attempts[position] = inner
         inner.add_done_callback(
             functools.partial(self._attempt_done, position, attempt, priority, outer)
@@ -443,6 +445,7 @@ class TaskData:
         stored = {"position": position, "source_index": source, **item}
         chunk = position // CHUNK_SIZE
         with self._lock:
+            # the first item stored for a position is the one every reader gets
             stored = self._items.setdefault(position, stored)
             self.stats.generated += 1
             complete = chunk not in self._complete_chunks and all(
@@ -482,6 +485,7 @@ def _produce(datas: Sequence[TaskData], stop: threading.Event, window: int) -> N
             continue
         pending.append([data.future(p, priority=1) for p in data.chunk_range(chunk)])
         while len(pending) >= window and not stop.is_set():
+            # the oldest chunk must finish before another is queued: at most `window` in flight
             wait(pending.popleft())
     while pending and not stop.is_set():
         wait(pending.popleft())
@@ -502,6 +506,7 @@ class SuiteSplit:
         # [num_tasks + 1]: task t holds ids [offsets[t], offsets[t + 1])
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.prompt_tasks = np.repeat(np.arange(len(datas)), sizes)  # [num_prompts]
+        # chunks in flight: about two items per worker, plus two chunks
         self._window = max(2, 2 * workers // CHUNK_SIZE + 2)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -597,7 +602,7 @@ class TaskSuite:
         *,
         seed: int = 0,
         train_size: int = 10_000,
-        eval_size: int = 200,
+        eval_size: int = 200,  # ALGORITHMS.md §6: 200 test prompts per task
         validation_size: int = 0,
         prompt_format: str = "plain",
         answer_format: str = "answer_tag",

@@ -62,6 +62,8 @@ class AgentSetup:
                 raise ValueError(
                     "reward_weights with a routing table and environments that own their "
                     "reward: give the weights in the table (RewardFunction(fn, weights=...))")
+            # under "*", the routing table's every-task key: an environment's reward applies
+            # to whichever task its rollouts belong to
             table = dict(reward_funcs)
             shared = table.get("*", [])
             table["*"] = [*(shared if isinstance(shared, list | tuple) else [shared]), *extra]

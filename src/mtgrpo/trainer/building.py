@@ -196,6 +196,7 @@ class TrainerBuilding:
     def _build_optimisation(self, generation_backend: Any, optimizers: tuple[Any, Any]) -> None:
         args = self.config
         self.ref_model = None
+        # copied before sharding and accelerate.prepare: a whole model, not shards or a wrapper
         if args.loss.beta > 0 and not self.is_peft:
             # the initial policy, frozen, as TRL's reference (LoRA: the adapter-disabled model)
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -214,6 +215,7 @@ class TrainerBuilding:
             )
         self.scheduler = scheduler or build_scheduler(
             optimizer, args.optimization.lr_scheduler_type,
+            # stepped once per optimizer step (PolicyUpdater), so both count those
             total_steps=self.max_optimizer_steps,
             warmup_steps=args.resolved_warmup_steps(self.max_steps),
             scheduler_kwargs=args.optimization.lr_scheduler_kwargs,
@@ -228,6 +230,7 @@ class TrainerBuilding:
         if zero.launched(self.accelerator):
             self.zero = zero.ZeroEngine(self.model)
         if self.ref_model is not None:
+            # no gradients, so no DDP wrapper: only placed (TRL prepares it in evaluation mode)
             self.ref_model.to(self.accelerator.device)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         # sharded: the engine is built on, and runs with, every shard gathered (a first gather

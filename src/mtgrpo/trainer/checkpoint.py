@@ -54,6 +54,7 @@ __all__ = [
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _TEMPORARY = re.compile(r"^\.checkpoint-\d+\.tmp-\d+$")
+_REPLACED = re.compile(r"^\.(checkpoint-\d+)\.old-\d+$")  # _files.old_path
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -76,11 +77,14 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def rotate_checkpoints(output_dir: str | Path, limit: int | None,
                        keep: Path | None = None) -> None:
-    """Delete all but the newest ``limit`` checkpoints (``None`` keeps all); ``keep`` (the
-    best checkpoint) is never deleted."""
-    if limit is None:
+    """Delete all but the newest ``limit`` checkpoints (``None`` or ``limit <= 0`` keeps all,
+    as transformers' ``rotate_checkpoints``); ``keep`` (the best checkpoint) is never
+    deleted."""
+    if limit is None or limit <= 0:
         return
     checkpoints = list_checkpoints(output_dir)
+    # oldest first; the newest `limit` stay, the best one on top of them (transformers'
+    # rotate_checkpoints counts the best one within the limit)
     for old in checkpoints[: max(len(checkpoints) - limit, 0)]:
         if keep is not None and old.resolve() == keep.resolve():
             continue
@@ -89,13 +93,24 @@ def rotate_checkpoints(output_dir: str | Path, limit: int | None,
 
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     """Remove the ``.checkpoint-<step>.tmp-<pid>`` directories an interrupted save left in
-    ``output_dir`` (call it before a run writes checkpoints); the removed paths."""
+    ``output_dir`` (call it before a run writes checkpoints); the removed paths. A checkpoint
+    that save was replacing (``.checkpoint-<step>.old-<pid>``) is put back under its name when
+    the save stopped before the new one took it, and removed otherwise."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
     stale = [child for child in root.iterdir() if _TEMPORARY.match(child.name) and child.is_dir()]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
+    for child in list(root.iterdir()):
+        replaced = _REPLACED.match(child.name)
+        if replaced is None or not child.is_dir():
+            continue
+        if (root / replaced.group(1)).exists():
+            shutil.rmtree(child, ignore_errors=True)
+            stale.append(child)
+        else:
+            child.rename(root / replaced.group(1))
     return stale
 
 
@@ -105,6 +120,7 @@ def save_trainable(model: torch.nn.Module, path: Path,
     model's, gathered by :func:`mtgrpo.trainer.sharding.full_model_state`)."""
     from safetensors.torch import save_file
 
+    # frozen parameters are left out: the resuming run loads the same model (run identity)
     tensors = {
         # safetensors refuses non-contiguous tensors
         name: (p if state is None else state[name]).detach().to("cpu").contiguous()
@@ -143,6 +159,7 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
     """Copy saved trainable parameters into ``model``; every trainable one must be present."""
     saved = read_checked_trainable(model, path)
     params = dict(model.named_parameters())
+    # in place, under no_grad: the optimizer holds these very Parameter objects
     with torch.no_grad():
         for name, tensor in saved.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
@@ -155,6 +172,7 @@ def rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
+        # every visible device's generator (transformers' get_rng_state_all in a distributed run)
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

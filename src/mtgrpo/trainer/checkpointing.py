@@ -34,6 +34,8 @@ class Checkpointing:
     def _trainer_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
+            # one RNG file per rank, and B, steps per epoch and max_steps depend on it: resume
+            # needs the same count
             "world_size": self.world,
             "task_names": self.task_names,
             "weighting": self.weighting.state_dict(),
@@ -82,6 +84,7 @@ class Checkpointing:
                     torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
                     for rank, state in enumerate(rng_states):
                         torch.save(state, tmp / f"rng_state_{rank}.pt")
+                # the file list_checkpoints and the SIGTERM save take as a complete checkpoint
                 (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state()))
 
             # named before the rotation below, which never deletes the best checkpoint
@@ -100,6 +103,7 @@ class Checkpointing:
                                   self.state.global_step)
         # no process runs ahead while the main process still writes the checkpoint
         self.accelerator.wait_for_everyone()
+        # transformers' order: on_save right after _save_checkpoint, the files on disk
         self.flow.save(self.state)
         return final if self.is_main_process else None
 
@@ -166,6 +170,7 @@ class Checkpointing:
                 f" run (fsdp={'full_shard' if state.get('sharded') else 'unset'}); resume with "
                 "the same fsdp setting")
         self._check_layout(checkpoint, state)
+        # every check above runs before anything is loaded: a refused resume changes nothing
         if self.zero is not None:
             _read(checkpoint / zero.CHECKPOINT_FOLDER, lambda p: self.zero.load(p.parent))
         elif self.sharded:
@@ -187,12 +192,16 @@ class Checkpointing:
         if "hf_state" in state:
             self._restore_state(state["hf_state"])
         self.step = int(state["step"])
+        # TRL's count from the training steps done, capped by this run's max_steps
         self.state.global_step = self._optimizer_steps_after(self.step)
+        # this process's own stream (seeded seed + rank), so sampling continues where it stopped
         _read(checkpoint / f"rng_state_{self.rank}.pt",
               lambda p: ckpt.load_rng_state(p.parent, self.rank))
         if self.is_main_process:
-            # records past the checkpoint's step would otherwise appear twice
-            MetricsWriter.rewind(self.output_dir / "metrics.jsonl", self.step)
+            # records past the checkpoint's step would otherwise appear twice (moved aside,
+            # never deleted); the rollout logs carry the step their records belong to too
+            for log in ("metrics.jsonl", "rollouts.jsonl", "completions.jsonl"):
+                MetricsWriter.rewind(self.output_dir / log, self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 
     def _check_layout(self, checkpoint: Path, state: Mapping[str, Any]) -> None:
@@ -225,6 +234,7 @@ class Checkpointing:
         for name, value in saved.items():
             if hasattr(self.state, name):  # skips what this transformers lacks
                 setattr(self.state, name, value)
+        # this run's, not the checkpoint's: max_steps is no identity field, a resume may extend it
         self.state.max_steps = self.max_optimizer_steps
 
     def _write_config(self) -> None:
@@ -253,6 +263,7 @@ def _read(path: Path, load: Any) -> Any:
     except FileNotFoundError:
         raise
     except Exception as error:
+        # check_trainable's mismatch is a wrong model, not a damaged file
         if isinstance(error, ValueError) and "does not match the model" in str(error):
             raise
         raise ckpt.damaged_checkpoint(path, error) from error

@@ -41,6 +41,8 @@ class Evaluating:
         last, out = self.validation.last_step, {}
         if last is None or (self.step % self.validation_every == 0 and last < self.step):
             begin = time.perf_counter()
+            # eval mode (no dropout), as transformers' evaluation loop; train mode comes back
+            # even when generation fails
             self.unwrapped.eval()
             try:
                 result = self._sample_held_out(self.validation_prompts,
@@ -63,6 +65,7 @@ class Evaluating:
         return SamplingParams(
             max_new_tokens=args.rollout.max_completion_length,
             temperature=args.evaluation.eval_temperature,
+            # greedy at temperature 0: top_p 1.0 and top_k 0 are transformers' "no warper" values
             top_p=args.rollout.top_p if args.evaluation.eval_temperature > 0 else 1.0,
             top_k=args.rollout.top_k if args.evaluation.eval_temperature > 0 else 0,
         )
@@ -95,8 +98,9 @@ class Evaluating:
             metrics = result.metrics()
             self._warn_answers(result)
             if result.groups:
-                _, batch, _, _ = self._policy_batch(result.groups)
-                metrics["loss"] = self.updater.evaluation_loss(batch)
+                # the training batch's layout and advantages, so eval_loss is TRL's loss
+                _, batch, _, has_rows = self._policy_batch(result.groups)
+                metrics["loss"] = self.updater.evaluation_loss(batch, has_rows)
                 values = np.concatenate([group.rewards for group in result.groups])  # [N, R]
                 scalar = scalar_rewards(values, np.asarray(self.rewards.reward_weights))
                 metrics.update(channel_metrics(self.rewards.channel_names, values, scalar))

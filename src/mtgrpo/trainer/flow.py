@@ -81,6 +81,7 @@ class Flow:
     def event(self, name: str, state: Any, **details: Any) -> None:
         """Apply event ``name``'s resets and rules (``details``: its logs or metrics)."""
         control = self.control
+        # the resets are transformers 5.24 CallbackHandler.on_*'s, made before any callback runs
         if name == "on_train_begin":
             control.should_training_stop = False
         elif name == "on_epoch_begin":
@@ -88,6 +89,7 @@ class Flow:
         elif name == "on_step_begin":
             control.should_log = control.should_evaluate = control.should_save = False
         elif name == "on_step_end":
+            # DefaultFlowCallback.on_step_end's rules; the handler itself resets nothing here
             self._after_optimizer_step(state)
         elif name == "on_epoch_end":
             self._after_epoch(state)
@@ -101,6 +103,8 @@ class Flow:
     def _after_optimizer_step(self, state: Any) -> None:
         control, step = self.control, state.global_step
         output, evaluation = self.config.output, self.config.evaluation
+        # state.logging_steps / eval_steps / save_steps, as DefaultFlowCallback: absolute
+        # optimizer-step counts (a ratio below 1 resolved), not the config's values
         if step == 1 and output.logging_first_step:
             control.should_log = True
         if output.logging_strategy == "steps" and step % state.logging_steps == 0:

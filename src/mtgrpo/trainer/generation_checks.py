@@ -99,10 +99,12 @@ class GenerationChecks:
         if not has_rows:
             nothing = np.zeros(0, dtype=np.float32)
             return nothing, nothing
+        # a group without the engine's log-probs stands for one missing row: enough to say None
         rows = [row for i in local for row in (groups[i].payload.logprobs or [None])]
         if any(row is None for row in rows):
             return None
         assert len(rows) == old_logps.shape[0], (len(rows), tuple(old_logps.shape))
+        # on the host: the pairs travel as NumPy arrays through gather_object (pickled)
         engine = torch.zeros_like(old_logps, device="cpu")  # [n, L]
         for i, row in enumerate(rows):
             engine[i, : len(row)] = torch.tensor(row, dtype=engine.dtype)

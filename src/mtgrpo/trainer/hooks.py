@@ -95,8 +95,10 @@ class LogWindow:
 
     def add_step(self, metrics: Mapping[str, Any], nan_inf_filter: bool) -> None:
         loss = metrics.get("loss")
+        # a step whose update was skipped (no informative group) has no loss: in neither mean
         if isinstance(loss, float):
             self.losses.append(loss)
+            # logging_nan_inf_filter (transformers'): a NaN or inf loss stays out of train_loss
             if math.isfinite(loss) or not nan_inf_filter:
                 self.run_losses.append(loss)
 

@@ -64,7 +64,10 @@ def task_metrics(
     row_tasks = np.concatenate([np.full(g.group_size, g.task) for g in generated]) if generated \
         else np.zeros(0, dtype=np.int64)
     correct = np.concatenate([g.correct for g in generated]) if generated else np.zeros(0)
+    # ALGORITHMS.md §4: J_k is the accuracy of every generated rollout, before filtering
     accuracy = task_accuracy(row_tasks, correct, len(task_names))  # [K] J_k
+    # ALGORITHMS.md §5's per-step report: target z, realised composition after filtering,
+    # filter rate per task
     batch = report.batch_counts.astype(np.float64)
     out: dict[str, Any] = {}
     for t, name in enumerate(task_names):

@@ -20,7 +20,7 @@ from mtgrpo.trainer import hooks, sharding
 from mtgrpo.trainer.hub import HubUploader, default_repo_id
 from mtgrpo.trainer.metrics import step_line
 
-logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger, as before
+logger = logging.getLogger("mtgrpo.trainer.trainer")  # the trainer's logger
 
 
 class RunOutputs:
@@ -74,6 +74,8 @@ class RunOutputs:
 
     def _record(self, logs: Mapping[str, Any]) -> None:
         """Append to ``state.log_history``: the flow's ``on_log`` event."""
+        # transformers' Trainer.log: the record with the optimizer step, appended to
+        # log_history, then on_log
         entry = {**logs, "step": self.state.global_step}
         entry.setdefault("epoch", self.state.epoch)
         self.state.log_history.append(entry)
@@ -82,6 +84,7 @@ class RunOutputs:
     def _after_step(self) -> None:
         """TRL's per-step extras: the reference-model sync and the CUDA cache."""
         args = self.config
+        # in training steps, the config's unit (TRL's SyncRefModelCallback counts global_step)
         if args.loss.sync_ref_model and self.ref_model is not None and \
                 self.step % args.loss.ref_model_sync_steps == 0:
             alpha = args.loss.ref_model_mixup_alpha
@@ -90,6 +93,7 @@ class RunOutputs:
                                         self.unwrapped.parameters(), strict=True):
                     # TR-DPO's soft update, as TRL's SyncRefModelCallback
                     ref.mul_(1 - alpha).add_(current.detach(), alpha=alpha)
+        # in training steps too (transformers' training_step counts global_step)
         every = args.compute.torch_empty_cache_steps
         if every and self.step % every == 0 and torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -105,10 +109,13 @@ class RunOutputs:
                 logger.info("%s", step_line(self.step, self.max_steps, record))
             self._print_completions()
             control.should_log = False
+        # transformers' _maybe_log_save_evaluate order: log, evaluate, then save, so a save
+        # sees the best metric this evaluation set
         if control.should_evaluate:
             control.should_evaluate = False
             if self.eval_sets:
                 self._track_best(self.evaluate())
+        # transformers' save_strategy='best': save exactly when the evaluation set a new best
         if self.config.saving.save_strategy == "best" and self._improved:
             control.should_save = True
         if control.should_training_stop and self.config.saving.save_strategy in ("steps", "epoch"):
@@ -131,6 +138,7 @@ class RunOutputs:
         value = metrics[key]
         if hooks.best_metric_improved(name, self.config.saving.greater_is_better, value,
                                       self.state.best_metric):
+            # save_checkpoint names best_model_checkpoint when it saves at best_global_step
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self._improved = True
 

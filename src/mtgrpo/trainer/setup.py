@@ -82,6 +82,7 @@ def training_rows(train: Any, evaluation: Any, task_column: str) -> TrainingData
     unchanged with the per-task machinery intact."""
     from mtgrpo.tasks import ensure_trainable, load_rows
 
+    # only the default column may be missing (TRL data); a task_column the user named must exist
     default = DEFAULT_TASK if task_column == "task" else None
 
     def rows_of(source: Any) -> Any:
@@ -219,13 +220,15 @@ def load_policy(model: Any, processing_class: Any, peft_config: Any, args: Train
         loaded if not isinstance(spec, str | Path | Mapping) else spec
     ), trust_remote_code=remote)
     is_peft = _is_peft(loaded)
-    if args.compute.disable_dropout:
-        disable_dropout(loaded)
     if args.compute.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(loaded)
     if peft_config is not None:
         loaded = apply_lora(loaded, peft_config)
         is_peft = True
+    # after the adapters are added, so LoRA's own dropout is off too (TRL 1.16 disables dropout
+    # after get_peft_model), and before the trainer copies the reference model, which inherits it
+    if args.compute.disable_dropout:
+        disable_dropout(loaded)
     if args.compute.gradient_checkpointing:
         enable_activation_checkpointing(
             # by default non-reentrant, as PyTorch recommends and TRL sets
@@ -302,6 +305,7 @@ def generation_options(args: TrainConfig) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.rollout.min_p is not None:
         options["min_p"] = args.rollout.min_p
+    # 1.0 is no penalty in transformers: only another value is passed (and needs generate)
     if args.rollout.repetition_penalty != 1.0:
         options["repetition_penalty"] = args.rollout.repetition_penalty
     if args.rollout.cache_implementation is not None:

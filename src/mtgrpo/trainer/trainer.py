@@ -215,6 +215,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         self._build_accelerator(peft_config, optimizers)
         _configure_logging(args, self.accelerator.is_main_process)
         _seed_everything(args.schedule.seed)  # same initialisation (e.g. LoRA) on every process
+        # transformers' full_determinism: seeded again, deterministic torch and cuDNN kernels
         if args.schedule.full_determinism:
             from transformers import enable_full_determinism
 
@@ -342,6 +343,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """This process's share of whole groups (indices), and whether it has any; a process
         without one takes group 0 as a fully masked padding group, so that collective
         operations stay in step."""
+        # contiguous shares in rank order, as the rollout worker splits its prompts
         start, stop = Shard(self.rank, self.world).bounds(len(groups))
         local = list(range(start, stop))
         return (local, True) if local else ([0], False)
@@ -359,6 +361,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             groups, advantages, local, self.tokenizer.pad_token_id, has_rows=has_rows,
             mask_truncated=args.rollout.mask_truncated_completions,
             device=self.accelerator.device, sampling_logps=self._engine_logps)
+        # [n]: the task of each of this process's rows, in the batch's row order
         tasks = np.repeat([groups[i].task for i in local], groups[0].group_size)
         return advantages, batch, tasks, has_rows
 
@@ -371,6 +374,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         k = len(self.task_names)
         if not rows:
             return np.full(k, math.nan)
+        # ALGORITHMS.md §4: I_k = J_GRPO,k(θ_{t+1}) − J_GRPO,k(θ_t) on the same samples
         t, b, a = (np.array(col) for col in zip(*rows, strict=True))
         return improvement_by_task(t, b, a, k, self.config.multitask.improvement_reduction)
 
@@ -382,13 +386,14 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             logger.warning("step %d: no informative group was generated; update skipped",
                            self.step + 1)
             metrics["update_skipped"] = 1.0
-            # nothing was trained, so no change was measured
+            # nothing was trained, so no change was measured (NaN: MT-GRPO's I_k is unknown)
             return np.full(len(self.task_names), math.nan) if self.needs_improvement else None
         advantages, batch, tasks, has_rows = self._policy_batch(groups)  # advantages [B*G]
         out = self.updater.update(batch, measure_after=self.needs_improvement,
                                   keep_old_logps=self.sampling_params.return_logprobs,
                                   # fewer when TRL's max_steps ends inside this batch
-                                  max_steps=self.max_optimizer_steps - self.state.global_step)
+                                  max_steps=self.max_optimizer_steps - self.state.global_step,
+                                  has_rows=has_rows)
         metrics.update(out.metrics)
         if out.old_logps is not None:
             metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
@@ -418,6 +423,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             self._push_weights()    # backend.update_weights(policy, self.step): generation follows
         """
         seconds = {"begin": time.perf_counter()}
+        # at the step's start, on the policy before this update; the weighting update reads it
         validated = self._validate_if_due()  # {} unless the weights read the validation split
         weights = self.weighting.weights  # [K]
         self.rollouts.reset()
@@ -429,12 +435,15 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         with _timed(seconds, "update"):
             improvement = self._update(built.groups, sum(g.group_size for g in generated), update)
         with _timed(seconds, "weighting"):
+            # every generated group, filtered ones included: ALGORITHMS.md §4 measures J_k
+            # before filtering
             advantages = np.concatenate([g.advantages for g in generated])  # [N]
             stats = self._weighting_stats(generated, advantages, improvement)
             self.weighting.update(stats)
         if self.validation is not None:  # the I_k the weights read, for the metrics
             improvement = stats.improvement if self.reads_improvement else None
         self.step += 1
+        # after the count: the engine's weight version is the number of steps done
         self._push_weights()
         metrics = self._step_metrics(built, weights, improvement, {**update, **validated},
                                      seconds)
@@ -477,6 +486,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             else args.saving.resume_from_checkpoint
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main_process:  # what a save interrupted by a kill left behind
+            # only the main process writes checkpoints, so only it cleans up after them
             ckpt.remove_stale_temporaries(self.output_dir)
         if target:
             self._resume(target)
@@ -492,10 +502,12 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
             last = self._loop()
         finally:
             self._close_outputs()
+        # this train() call's steps only: a resumed run's summary covers its own part
         summary = hooks.train_summary(start, self.step - first_step, self.prompts_per_step,
                                       args.batch.num_generations, self.log_window.run_losses)
         self._record({**hooks.with_trl_names(last), **summary})
         self.flow.train_end(self.state)
+        # after on_train_end here; transformers loads the best checkpoint just before it
         if args.saving.load_best_model_at_end and self.state.best_model_checkpoint:
             self._load_best_model()
         if args.saving.push_to_hub:  # every process: a sharded model is gathered first
@@ -522,11 +534,16 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                     and args.evaluation.eval_strategy != "no":
                 self.evaluate()
             while self.step < self.max_steps and not self.control.should_training_stop:
+                # an epoch is steps_per_epoch training steps; a resume inside one starts no epoch
                 if self.step % self.steps_per_epoch == 0:
                     flow.epoch_begin(self.state)
+                # once per training step: it resets the switches, which the step_end of any
+                # optimizer step of the batch may then set for _log_save_evaluate
                 flow.step_begin(self.state)
+                # `profile` traces only the first step of each train() call
                 last = self._profiled_step() if args.output.profile and not last \
                     else self.training_step()
+                # fractional, as transformers' state.epoch; eval_delay's epoch test reads it
                 self.state.epoch = self.step / self.steps_per_epoch
                 self.log_window.add_step(last, args.output.logging_nan_inf_filter)
                 self._watch_learning(last)
@@ -547,6 +564,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
 
     def _optimizer_steps_after(self, step: int) -> int:
         """``state.global_step`` once ``step`` training steps are done (TRL's count)."""
+        # capped: with step_unit 'optimizer' the last batch stops at max_steps
         return min(step * self.config.optimizer_steps_per_step(), self.max_optimizer_steps)
 
     def _watch_learning(self, metrics: Mapping[str, Any]) -> None:
@@ -570,6 +588,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         """After a SIGTERM/SIGINT: a checkpoint of the step just finished, then a
         :class:`~mtgrpo.trainer.stopping.TrainingInterrupted` that says how to resume."""
         checkpoint = self.output_dir / f"checkpoint-{self.state.global_step}"
+        # the flow may have saved this very step already
         if self.step > 0 and not (checkpoint / "trainer_state.json").is_file():
             self.save_checkpoint()
         name = signal.Signals(signum).name

@@ -67,6 +67,7 @@ def loss_options(args: TrainConfig, entropy_coef: float = 0.0) -> LossOptions:
 
 logger = logging.getLogger(__name__)
 
+# a token budget no micro-batch reaches: without max_tokens_per_microbatch only max_rows cuts
 _UNBOUNDED_TOKENS = 1 << 62
 
 
@@ -94,8 +95,10 @@ def group_policy_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray, lo
     engine's log-probs of the rows, for its importance correction."""
     g = groups[0].group_size
     payloads = [groups[i].payload for i in local]
+    # a padding group's rows all weigh 0: it runs the forwards and collectives, trains nothing
     weight = [has_rows] * (len(local) * g)
     if mask_truncated:
+        # TRL 1.16 zeroes a truncated row's completion_mask (loss and attention alike)
         finished = [f for p in payloads for f in p.finished]
         weight = [w and f for w, f in zip(weight, finished, strict=True)]
     return pad_policy_batch(
@@ -128,6 +131,7 @@ def pad_policy_batch(
     """
     n = len(prompt_ids)
     p = max(len(ids) for ids in prompt_ids)
+    # sequence_logprobs scores at least one completion column, even when every row is empty
     length = max(max((len(ids) for ids in completion_ids), default=1), 1)
     prompt = torch.full((n, p), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, p), dtype=torch.long)
@@ -141,6 +145,7 @@ def pad_policy_batch(
             completion[i, : len(co)] = torch.tensor(co, dtype=torch.long)
             completion_mask[i, : len(co)] = 1
     if completion_weight is not None:
+        # [n, 1]: broadcast over the columns, so a dropped row has no token left at all
         keep = torch.tensor(completion_weight, dtype=torch.long).unsqueeze(1)
         completion_mask = completion_mask * keep
     engine = None
@@ -151,6 +156,7 @@ def pad_policy_batch(
         engine = engine.to(device)
     tools = None
     if tool_masks is not None and any(m is not None for m in tool_masks):
+        # 1 by default: a row without a tool mask is every token the model's own
         tools = torch.ones((n, length), dtype=torch.long)
         for i, row in enumerate(tool_masks):
             if row is not None:
@@ -215,6 +221,8 @@ class PolicyUpdater:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        # the rate the last optimizer step used (read before the scheduler's step), logged
+        self.used_learning_rate = float("nan")
         self.accelerator = accelerator
         self.reference_model = reference_model
         self.reference = reference or contextlib.nullcontext
@@ -256,6 +264,8 @@ class PolicyUpdater:
             with torch.enable_grad():
                 return self._logps(model, row, entropy=self._needs_entropy)
 
+        # two lengths 0 < short < long for the two-point fit, each of at least one prompt and
+        # one completion token
         cost = activation_cost(model, forward, (max(2, width // 2), max(3, width)),
                                head_chunk=self.chunk_size, vocab=vocab)
         budget = parse_bytes(args.batch.max_memory_per_microbatch, "max_memory_per_microbatch")
@@ -314,11 +324,14 @@ class PolicyUpdater:
                 continue
             part = batch.select(rows)
             logps = self._logps(model, part).logps
+            # select() dropped the micro-batch's trailing padding columns: write back only those
+            # it kept; the rest stay 0, the log-prob of a padded position
             out[rows, : part.completion_length] = logps.float()
         return out
 
     def _with_logps(self, batch: PolicyBatch, need_old: bool) -> PolicyBatch:
         ref = None
+        # TRL 1.16: no reference forward at beta = 0, where the KL term is not computed
         if self.config.loss.beta > 0:
             with self.reference():
                 ref = self.score(batch, self.reference_model or self.model)
@@ -326,9 +339,12 @@ class PolicyUpdater:
         return replace(batch, old_logps=old, ref_logps=ref)
 
     # ------------------------------------------------------------------ the update
-    def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int):
-        # a collective every process runs: the normalisers are the whole batch's
-        local = torch.tensor([len(rows), int(batch.loss_mask[rows].sum())],
+    def _normalizer(self, batch: PolicyBatch, rows: list[int], micro_batches: int,
+                    has_rows: bool = True):
+        # a collective every process runs: the normalisers are the whole batch's; a padding
+        # batch's rows (has_rows False: a process without a group of its own) are no sequences
+        # of the batch, so they do not dilute the per-sequence mean of grpo, dr_grpo and sapo
+        local = torch.tensor([len(rows) if has_rows else 0, int(batch.loss_mask[rows].sum())],
                              dtype=torch.float64)
         world = self.accelerator.num_processes
         total = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
@@ -341,9 +357,11 @@ class PolicyUpdater:
         )
 
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
-                        logps_at_start: Tensor | None, entropies: list[Tensor]) -> float:
+                        logps_at_start: Tensor | None, entropies: list[Tensor],
+                        has_rows: bool = True) -> float:
         plan = self._plan(batch, rows)
-        normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro))
+        # filler passes are not micro-batches: bnpo divides by the real ones' count
+        normalizer = self._normalizer(batch, rows, sum(1 for micro in plan if micro), has_rows)
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
@@ -368,7 +386,11 @@ class PolicyUpdater:
                 entropies.append(scored.entropy.detach()[mask].float())
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
+        # the logged rate is the one this step used, read before the scheduler moves on
+        # (transformers 5.24's _inner_training_loop reads it before lr_scheduler.step())
+        self.used_learning_rate = float(self.scheduler.get_last_lr()[0])
         grad_norm = self._step()
+        # transformers' order: the optimizer, then the scheduler, once per optimizer step
         self.scheduler.step()
         if self.entropy.enabled:
             self.entropy.update(self._trained_entropy(outputs[first:]))
@@ -387,6 +409,7 @@ class PolicyUpdater:
         clipping."""
         if self.engine is not None:
             return self.engine.step()  # the engine zeroes the gradients itself
+        # max_grad_norm 0 measures without clipping, as transformers' `max_grad_norm > 0` test
         max_norm = self.config.optimization.max_grad_norm or None
         # FSDP's gradient norm must be reduced over the shards (clip_gradients' docstring)
         if self.accelerator.distributed_type.value == "FSDP":
@@ -432,18 +455,22 @@ class PolicyUpdater:
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
+        # contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
+        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped
         parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
         for part in parts:
             if len(part):
                 yield part.tolist()
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
-               keep_old_logps: bool = False, max_steps: int | None = None) -> UpdateOutput:
+               keep_old_logps: bool = False, max_steps: int | None = None,
+               has_rows: bool = True) -> UpdateOutput:
         """Train on ``batch``; optionally re-score it afterwards for MT-GRPO's ``I_k``.
         ``keep_old_logps``: return the rows' log-probs at θ_t (``UpdateOutput.old_logps``: the
         old log-probs of several updates, else those of the one update's forward pass, at no
         extra cost). ``max_steps``: take at most this many optimizer steps (the run's last
-        batch, when TRL's ``max_steps`` ends inside it)."""
+        batch, when TRL's ``max_steps`` ends inside it). ``has_rows=False``: ``batch`` is a
+        padding batch (:func:`group_policy_batch`), whose rows count in no normaliser."""
         # as TRL: one optimizer step per batch needs no old log-probs (the ratio starts at 1)
         multi = self.config.batch.num_iterations > 1 or self.config.updates_per_generation() > 1
         batch = self._with_logps(batch, need_old=multi)
@@ -455,12 +482,14 @@ class PolicyUpdater:
         entropies: list[Tensor] = []
         grad_norms = []
         self.model.train()
+        # TRL's order: every mini-batch of the batch, then the whole pass again (num_iterations)
         steps = [rows for _ in range(self.config.batch.num_iterations)
                  for rows in self._mini_batches(batch.num_rows)]
         for rows in steps[:max_steps]:
             # Without old log-probs there is exactly one optimizer step, whose forward
             # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
-            grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies))
+            grad_norms.append(self._optimizer_step(batch, rows, outputs, capture, entropies,
+                                                   has_rows))
         result = UpdateOutput(
             metrics=self._metrics(outputs, entropies, grad_norms),
             # at θ_t the ratio is 1, so each row's objective is its advantage
@@ -488,6 +517,7 @@ class PolicyUpdater:
 
     def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
                  grad_norms: list[float]) -> dict[str, float]:
+        # the micro-batches' fractions weighted by their tokens: the step's token-level figure
         tokens = torch.stack([o.num_tokens.float() for o in outputs])
         weights = tokens / tokens.sum().clamp(min=1)
 
@@ -496,13 +526,14 @@ class PolicyUpdater:
 
         steps = max(len(grad_norms), 1)
         metrics = {
-            # one device read for all micro-batches' losses (summed in float64, as before)
+            # each micro-batch's loss is its share of its optimizer step's (whole-batch
+            # normalisers): summed, then the mean over the optimizer steps; one device read
             "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
             "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
             "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
             "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
-            "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "learning_rate": self.used_learning_rate,  # the last optimizer step's
         }
         if outputs[0].mean_kl is not None:
             metrics["kl"] = weighted([o.mean_kl for o in outputs])
@@ -514,7 +545,7 @@ class PolicyUpdater:
         return metrics
 
     @torch.no_grad()
-    def evaluation_loss(self, batch: PolicyBatch) -> float:
+    def evaluation_loss(self, batch: PolicyBatch, has_rows: bool = True) -> float:
         """The loss on an evaluation batch at the current policy (ratio 1, no update).
 
         Where that value does not depend on the log-probabilities
@@ -528,7 +559,7 @@ class PolicyUpdater:
             batch = self._with_logps(batch, need_old=False)
         plan = self._plan(batch, list(range(batch.num_rows)))
         normalizer = self._normalizer(batch, list(range(batch.num_rows)),
-                                      sum(1 for rows in plan if rows))
+                                      sum(1 for rows in plan if rows), has_rows)
         total = 0.0
         for rows in plan:
             if not rows:  # a filler pass of a sharded model

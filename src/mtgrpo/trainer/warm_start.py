@@ -110,6 +110,7 @@ def warm_start_settings(run: RunConfig, model: str) -> dict[str, Any]:
 
 def warm_start_key(settings: dict[str, Any]) -> str:
     """The digest of :func:`warm_start_settings` that names the warm start's directory."""
+    # sort_keys: equal settings give one key whatever their order; str() for paths and such
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

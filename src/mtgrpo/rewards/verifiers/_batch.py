@@ -31,6 +31,7 @@ def optional_column(
 ) -> list[Any] | None:
     """The first column of ``names`` present in ``columns``, checked to have ``rows`` values."""
     for name in names:
+        # a column passed as None counts as absent: the next name is tried
         if name in columns and columns[name] is not None:
             values = columns[name]
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):

@@ -42,6 +42,7 @@ EQUAL, NOT_EQUAL = 10, 11
 
 
 def _die_with_parent(parent: int) -> None:
+    # CDLL(None): the C library already loaded in this process
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # the parent died before prctl took effect: no signal will come
     if os.getppid() != parent:
@@ -61,6 +62,7 @@ def serve(parent: int, max_children: int) -> None:
     while open_input or waiting or running:
         while waiting and len(running) < max_children:
             request = waiting.popleft()
+            # fork: the child starts with math-verify already imported, in a few ms
             pid = os.fork()
             if pid == 0:
                 _child(request, server)  # never returns: it ends in os._exit
@@ -77,6 +79,7 @@ def serve(parent: int, max_children: int) -> None:
                     for pid in running:  # the trainer has gone: nothing more to answer
                         os.kill(pid, signal.SIGKILL)
                 buffer += chunk
+                # the last piece is an unfinished line: kept for the next read
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     waiting.append(_request(line))
@@ -117,6 +120,7 @@ def _reap(running: dict[int, tuple[str, float]], answer: bool) -> None:
             os.kill(pid, signal.SIGKILL)
     while running:
         try:
+            # WNOHANG: reaping never blocks the loop that reads stdin
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
@@ -125,6 +129,7 @@ def _reap(running: dict[int, tuple[str, float]], answer: bool) -> None:
         entry = running.pop(pid, None)
         if entry is not None and answer:  # after end of stdin no one reads replies
             code = os.waitstatus_to_exitcode(status)
+            # a killed child's code is negative (-9): never EQUAL
             _reply(f"{entry[0]} {1 if code == EQUAL else 0}".encode())
 
 

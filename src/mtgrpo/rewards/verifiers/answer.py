@@ -46,9 +46,9 @@ __all__ = [
     "extract_tag",
 ]
 
-MAX_TEXT_CHARS = 1_000_000
+MAX_TEXT_CHARS = 1_000_000  # about 250k tokens: longer is degenerate output
 MAX_BOXED_CHARS = 10_000
-MAX_BOXED_CANDIDATES = 16
+MAX_BOXED_CANDIDATES = 16  # with MAX_BOXED_CHARS: at most 16 bounded scans per text
 MAX_NUMBER_CHARS = 1_000
 
 AnswerExtractor = Callable[[str], "str | None"]

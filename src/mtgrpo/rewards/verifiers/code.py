@@ -197,6 +197,7 @@ def _outcome(row: int, future: Future[float]) -> float:
 def _job(row: int, tests: Any, cases: Any, entry_point: Any) -> tuple[str, Any]:
     """("tests", (tests, entry point)) | ("io", cases) | ("syntax", None) for one row,
     validated."""
+    # an empty test file or list is no tests: the row is scored on syntax alone
     if tests is not None and not (isinstance(tests, (str, Sequence)) and len(tests) == 0):
         if entry_point is not None and not isinstance(entry_point, str):
             raise ValueError(f"code_reward: row {row}: entry_point must be a string, got "
@@ -252,6 +253,7 @@ def _score(text: str, job: tuple[str, Any], limits: SandboxLimits, all_or_nothin
     code = extract_code(text)
     if mode == "syntax":
         return syntax_reward(code)
+    # no program to run is a wrong answer (0.0), never "not applicable"
     if code is None:
         return 0.0
     result: SandboxResult

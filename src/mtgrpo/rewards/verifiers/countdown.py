@@ -55,7 +55,7 @@ __all__ = [
 
 MAX_EXPRESSION_CHARS = 1_000
 MAX_PAREN_DEPTH = 32
-MAX_LITERAL_DIGITS = 18
+MAX_LITERAL_DIGITS = 18  # with the length cap: exact arithmetic below a few thousand digits
 # the atol of reasoning-gym's np.isclose (its rtol is not applied)
 FLOAT_TARGET_TOLERANCE = Fraction(1, 10**6)
 
@@ -178,6 +178,7 @@ def _screen(expression: str) -> str:
             return f"integer literal longer than {MAX_LITERAL_DIGITS} digits"
         if char == "(":
             depth += 1
+            # checked here, before ast.parse, whose parser recurses once per level
             if depth > MAX_PAREN_DEPTH:
                 return f"parentheses nested deeper than {MAX_PAREN_DEPTH}"
         elif char == ")":
@@ -249,6 +250,7 @@ def _evaluate(tree: ast.expr) -> Fraction | None:
             stack.extend([(node, True), (node.right, False), (node.left, False)])
         else:
             assert isinstance(node, ast.BinOp)
+            # pop: each operand is read once, so only pending values stay in memory
             left, right = values.pop(id(node.left)), values.pop(id(node.right))
             symbol = _OPERATORS[type(node.op)]
             # a wrong answer, not a verifier error: raising would be counted by score_each
@@ -329,7 +331,7 @@ def _expression(text: str, require_format: bool) -> str | None:
         parsed = parse_think_answer(text)
         return None if parsed is None else parsed.answer
     tagged = extract_tag(text)
-    return tagged if tagged is not None else text
+    return tagged if tagged is not None else text  # a bare expression is an answer too
 
 
 def _column_target(target: Any) -> int | float:

@@ -53,6 +53,7 @@ def parse_think_answer(text: str) -> ThinkAnswer | None:
     # the tutorial appends <think> to the prompt, so a completion may start inside the block
     body = text[len(_THINK) :] if text.startswith(_THINK) else text
     end_think = body.find(_END_THINK)
+    # the first </think> ends the block: a second <think> before it breaks the format
     if end_think < 0 or _THINK in body[:end_think]:
         return None
     rest = body[end_think + len(_END_THINK) :]

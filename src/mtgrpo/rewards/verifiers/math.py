@@ -62,11 +62,14 @@ __all__ = [
 MAX_ANSWER_CHARS = 1_000  # bounds what a completion can make math-verify parse
 # \boxed{} first: the convention of MATH-style data
 DEFAULT_MATH_STYLES = ("boxed", "tag", "last_number")
+# the helper's RLIMIT_AS (_math_worker.serve); each forked check lowers its own to the next:
 WORKER_MEMORY_BYTES = 2 << 30
 CHECK_MEMORY_BYTES = 1 << 30  # per forked check: a batch's checks run side by side
+# a bound on the "ready" handshake (about 0.5 s normally): no wait without a timeout
 WORKER_STARTUP_SECONDS = 120.0
 WORKER_GRACE_SECONDS = 2.0  # on top of the per-sample limit, for the pipe round trip
 FAST_SECONDS = 0.02  # the in-process first try of each check; slower ones go to the helper
+# a batch of slow checks costs one time limit per MAX_PARALLEL_CHECKS of them (check_many)
 MAX_PARALLEL_CHECKS = max(16, min(32, 8 * (os.cpu_count() or 1)))
 DEADLINE_REPEAT_SECONDS = 0.05  # the timer re-fires until the check has stopped
 
@@ -181,7 +184,7 @@ def check_math_answer(
         _warm_up()
         try:
             return _with_deadline(lambda: _verify(gold, answer), timeout_seconds)
-        except _NoTimerError:
+        except _NoTimerError:  # not the main thread: the helper decides
             pass
         except (_Deadline, Exception):
             return False
@@ -211,11 +214,13 @@ def _warm_up() -> None:
     _verify("1", "1")
 
 
-# the same gold answer is parsed for each of a group's G completions
+# the same gold answer is parsed for each of a group's G completions; a tuple, because the
+# cached value is shared by every later call and must stay immutable
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> tuple[Any, ...]:
     from math_verify import parse
 
+    # None: math-verify's own signal.alarm would share ITIMER_REAL with _with_deadline's timer
     return tuple(parse(_latex(gold), parsing_timeout=None))
 
 
@@ -227,6 +232,7 @@ def _verify(gold: str, answer: str) -> bool:
     gold_parsed = _parse_gold(gold)
     if not gold_parsed:  # math-verify cannot read the gold: fall back to exact text
         return answer.strip() == gold.strip()
+    # math-verify turns any Exception into [] / False; _Deadline, a BaseException, gets through
     answer_parsed = parse(_latex(answer), parsing_timeout=None)
     return bool(verify(list(gold_parsed), answer_parsed, timeout_seconds=None))
 
@@ -274,11 +280,13 @@ def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
     try:
         return fn()
     finally:
+        # disarm first: a repeat firing during the restore below must not raise here
         armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         # a caller's own timer keeps the time it had left
         if old_delay > 0:
+            # floor above 0: a setitimer value of 0 would disarm it instead of firing it
             left = max(old_delay - (time.monotonic() - started), 1e-3)
             signal.setitimer(signal.ITIMER_REAL, left, old_interval)
 
@@ -288,8 +296,10 @@ class _MathPool:
     parallel, each in a child forked from a process where math-verify is already loaded."""
 
     def __init__(self) -> None:
+        # one request/reply stream: concurrent batches would interleave lines
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
+        # a forked copy of this object must not use the parent's pipes
         self._owner = os.getpid()
         self._buffer = b""
         self._requests = 0
@@ -310,6 +320,7 @@ class _MathPool:
             for gold, answer in pairs:
                 self._requests += 1
                 ids.append(str(self._requests))
+                # JSON keeps a completion's newlines inside its one request line
                 lines.append(json.dumps({"id": ids[-1], "gold": gold, "answer": answer,
                                          "timeout": timeout_seconds}))  # fmt: skip
             try:
@@ -329,7 +340,7 @@ class _MathPool:
                     break
                 rid, _, verdict = reply.decode().strip().partition(" ")
                 verdicts[rid] = verdict == "1"
-            return [verdicts.get(rid, False) for rid in ids]
+            return [verdicts.get(rid, False) for rid in ids]  # no reply: a wrong answer
 
     def _ensure(self) -> subprocess.Popen[bytes] | None:
         if self._owner != os.getpid():  # forked: the handle belongs to the parent process
@@ -351,8 +362,10 @@ class _MathPool:
 
     def start_in_background(self) -> None:
         """Start the helper without waiting (the first slow check then finds it warm)."""
+        # locked: a check or a start is under way and will find or start it
         if self.ready() or self._lock.locked():
             return
+        # daemon: a start in progress never holds up the interpreter's exit
         threading.Thread(target=self._warm, name="mtgrpo-math-warm", daemon=True).start()
 
     def _warm(self) -> None:
@@ -396,6 +409,7 @@ class _MathPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 return None
+            # os.read, not the file object: its buffer could hold lines that select() cannot see
             chunk = os.read(fd, 4096)
             if not chunk:
                 return None
@@ -406,6 +420,7 @@ class _MathPool:
     def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
+            # reaped: no zombie left behind
             self._process.wait()
             for stream in (self._process.stdin, self._process.stdout):
                 if stream is not None:

@@ -144,7 +144,7 @@ def reasoning_gym_reward(
                 return None
             answer = extract_answer(text, order)
             if answer is not None and len(answer) > MAX_SCORED_ANSWER_CHARS:
-                answer = None
+                answer = None  # scored as missing: the scorer never sees it
             return _checked_score(scorer, answer, entry)
 
         # a bad entry is the dataset's fault: it stops scoring instead of scoring 0
@@ -166,8 +166,10 @@ def _upstream_scorer(family: AuditedFamily) -> Scorer:
             f"{AUDITED_VERSION}. Re-read {family.name}'s score_answer before trusting it.",
             stacklevel=3,
         )
+    # the bound score_answer of the dataset built with its default config (factory.py)
     scorer = reasoning_gym.get_score_answer_fn(family.name)
     # a release that moved scoring elsewhere would run unaudited code on model output
+    # an inherited method keeps its defining class's name (ProceduralDataset.score_answer)
     if getattr(scorer, "__qualname__", None) != family.scorer_qualname:
         raise ValueError(
             f"reasoning-gym's scorer for {family.name!r} is {scorer.__qualname__}, not the "
@@ -233,11 +235,12 @@ def _entries(function: str, columns: Mapping[str, Any], rows: int) -> list[dict[
     for row in range(rows):
         meta = None if metadata is None else metadata[row]
         meta = {} if meta is None else _mapping(function, "metadata", meta)
+        # a full entry stored in the metadata column (module docstring)
         if "answer" in meta and "metadata" in meta:
             entries.append(meta)
             continue
         answer = None if answers is None else answers[row]
-        missing = answer is None and not meta
+        missing = answer is None and not meta  # no oracle, no metadata: not this family's row
         entries.append(None if missing else {"answer": answer, "metadata": meta})
     return entries
 

@@ -30,6 +30,7 @@ def demonstration_example(spec: EnvironmentSpec, row: Mapping[str, Any], tokeniz
                          "cannot teach it; add demonstration: pkg.module:function to its entry "
                          "or drop the sft section")
     environment = spec.factory()
+    # the routing column is no reset argument (TRL drops it where it routes rows)
     reset = {k: v for k, v in row.items() if k != "environment"}
     messages = with_observation(row["prompt"], environment.reset(**reset))
     tools = environment_methods(environment)

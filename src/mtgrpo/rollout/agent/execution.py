@@ -84,6 +84,7 @@ async def _call(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout
     if tool is None:
         return _failure(name, f"unknown tool {name!r}")
     try:
+        # checked before the call: a tool never starts with arguments its signature refuses
         inspect.signature(tool).bind(**call.arguments)
     except TypeError as exc:
         return _failure(name, str(exc))  # e.g. "missing a required argument: 'b'"
@@ -123,6 +124,7 @@ class EventLoop:
                 # a daemon: a tool still running never keeps the trainer's process alive
                 threading.Thread(target=self._loop.run_forever, name="mtgrpo-tools",
                                  daemon=True).start()
+        # the caller's thread waits here: one turn's calls finish before the next turn is generated
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
 
@@ -143,6 +145,7 @@ def run_tool_calls(
     if not calls:
         return []
 
+    # one thread per rollout at most: a rollout's own calls run one after the other
     pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(calls))),
                               thread_name_prefix="mtgrpo-tool")
 

@@ -194,6 +194,7 @@ class ToolLoop:
     def _first_turn(self, rollouts: list[_Rollout], params: SamplingParams,
                     group_size: int) -> int | None:
         groups = [rollouts[i: i + group_size] for i in range(0, len(rollouts), group_size)]
+        # one prompt per group, num_samples=G: the static backend prefills it once for the group
         if all(r.prompt_ids == g[0].prompt_ids for g in groups for r in g):
             out = self.backend.generate([g[0].prompt_ids for g in groups],
                                         self._budgeted(params, self.max_completion_length),

@@ -92,5 +92,6 @@ def parse_hermes_tool_calls(text: str) -> ParsedTurn:
     """Split ``text`` into content and ``<tool_call>`` blocks (an unclosed last block counts,
     as a turn cut at its stop token may leave one)."""
     calls = tuple(_read_call(match.group(1).strip()) for match in _BLOCK.finditer(text))
+    # a turn without calls keeps its text exactly as sampled
     content = _BLOCK.sub("", text).strip() if calls else text
     return ParsedTurn(content, calls)

@@ -56,6 +56,7 @@ class AgentRollouts:
         else:
             assert self.environments is not None
             tools = [self.environments.rollout_tools(e) for e in environments]
+            # reset before every rollout, pooled instances too (TRL's "construct once, reset often")
             messages = [with_observation(m, e.reset(**self._reset_arguments(row)))
                         for m, e, row in zip(messages, environments, rows, strict=True)]
         output = self.loop.run(messages, tools, params, group_size)

@@ -26,6 +26,7 @@ def backend_from_config(args: Any, model: Any, tokenizer: Any) -> Any:
         options["min_p"] = args.rollout.min_p
     if args.rollout.repetition_penalty != 1.0:  # 1.0 is no penalty, vLLM's default
         options["repetition_penalty"] = args.rollout.repetition_penalty
+    # last, as TRL 1.16 applies generation_kwargs over its own sampling fields
     options.update(args.rollout.generation_kwargs or {})
     common = {"structured_outputs_regex": args.vllm.vllm_structured_outputs_regex,
               "sampling_options": options}

@@ -75,6 +75,7 @@ class VLLMServerBackend:
         tokenizer: Any = None,
         *,
         url: str = "http://127.0.0.1:8000",
+        # TRL 1.16's vllm_server_timeout default
         timeout: float = 240.0,
         transport: str = "auto",
         eos_token_ids: Sequence[int] | None = None,
@@ -102,6 +103,7 @@ class VLLMServerBackend:
                 "and `vllm serve` use another protocol)"
             )
         vocab = model.get_input_embeddings().num_embeddings
+        # a larger vocabulary could sample ids the policy cannot embed
         if int(self.info["vocab_size"]) > vocab:
             raise ValueError(
                 f"the server at {self.url} serves {self.info['model']} with a vocabulary of "
@@ -147,6 +149,7 @@ class VLLMServerBackend:
                         "restart it and resume from the last checkpoint (vllm_server_timeout "
                         "sets how long to wait)"
                     ) from None
+                # about one retry a second, never sleeping past the deadline
                 time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
 
     def _wait_until_up(self) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def model_directory(model: Any) -> str:
         try:
             from huggingface_hub import snapshot_download
 
+            # local_files_only: no network here; a miss falls through to vLLM's own lookup
             return snapshot_download(str(path), local_files_only=True)
         except Exception:  # not cached: vLLM resolves the name itself
             return str(path)
@@ -113,6 +114,7 @@ class VLLMColocateBackend:
                 f"{self.weights_version}: another trainer pushed into the shared engine, or a "
                 "weight push failed; push the policy (update_weights) before generating"
             )
+        # dict.fromkeys: duplicates dropped, the first-seen order kept
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + params.stop_token_ids))
         out = sample(self.engine, prompts, params, group, stop_ids, self.regex,
                      self.sampling_options)
@@ -129,6 +131,7 @@ class VLLMColocateBackend:
         check_weights_version(version)
         if isinstance(model_or_state, torch.nn.Module):
             self.model = model_or_state
+            # pushed inside the block: views of the merged weights, unmerged when it ends
             with merged_named_weights(model_or_state) as named:
                 load_weights(self.engine, named, version)
         elif isinstance(model_or_state, dict):

@@ -182,6 +182,7 @@ def check_model_servable(options: EngineOptions) -> None:
             )
 
 
+# keyed by the frozen (hashable) options: equal options share one started engine
 _ENGINES: dict[EngineOptions, Any] = {}
 _LOCK = threading.Lock()
 
@@ -252,6 +253,7 @@ def load_weights(engine: Any, named: Sequence[tuple[str, torch.Tensor]], version
         "weights_iterator": iter(named), "is_checkpoint_format": True})
     engine.llm_engine.apply_model(_refresh_tied_head)
     # cached prefixes hold keys and values computed with the old weights
+    # TRL 1.16 resets it after every weight sync too (generation/vllm_generation.py)
     engine.reset_prefix_cache()
     engine.llm_engine.set_weight_version(str(version))
 
@@ -314,6 +316,7 @@ def sample(engine: Any, prompts: list[list[int]], params: SamplingParams, n: int
             completions.append(list(output.token_ids))
             finished.append(output.finish_reason == "stop")  # "length" (max_tokens): clipped
             if output.logprobs is not None:
+                # each step's dict holds the sampled token (logprobs=0 above asks for it alone)
                 logprobs.append([float(step[token].logprob) for step, token
                                  in zip(output.logprobs, output.token_ids, strict=True)])
     return {"completion_ids": completions, "finished": finished,

@@ -173,6 +173,7 @@ def _handler(server: GenerationServer) -> type[BaseHTTPRequestHandler]:
         def _update(self, url: Any) -> dict[str, Any]:
             if self.headers.get("Content-Type", "").startswith("application/json"):
                 body = self._json()
+                # the client removes the file once this request is answered
                 named = unpack_weights(Path(body["path"]).read_bytes())
                 return server.update_weights(named, body.get("version"))
             query = parse_qs(url.query)

@@ -37,15 +37,20 @@ def merged_named_weights(model: torch.nn.Module) -> Iterator[list[tuple[str, tor
     """``[(transformers name, tensor)]`` of the policy as vLLM loads it; a LoRA adapter is
     merged for the duration of the block (the tensors are views: copy them inside it)."""
     if not _is_peft(model):
+        # named_parameters yields a tied weight once, as vLLM's loader expects (TRL 1.16 relies
+        # on the same in generation/vllm_generation.py)
         yield [(name, p.detach()) for name, p in model.named_parameters()]
         return
     prefix = getattr(model, "prefix", "lora_")
     with torch.no_grad():
+        # merged for the read, as TRL 1.16 pushes a peft policy (docs/engines.md: faster than a
+        # vLLM LoRA request on the measured model)
         model.merge_adapter()
         try:
             named = []
             for name, param in model.named_parameters():
                 # peft's wrapped names back to the checkpoint's, by which vLLM loads
+                # the renames of TRL 1.16's _iter_named_params (generation/vllm_generation.py)
                 name = name.removeprefix("base_model.model.").replace(".base_layer", "")
                 # adapter factors, modules_to_save originals: merged already, no checkpoint names
                 if prefix in name or "original_module" in name:
