@@ -329,8 +329,9 @@ def test_loss_type_aliases_follow_the_algorithm_reference() -> None:
 
 
 def test_normalizer_validation_and_combine_errors() -> None:
-    with pytest.raises(ValueError, match="num_sequences must be >= 1"):
+    with pytest.raises(ValueError, match="num_sequences must be > 0"):
         LossNormalizer(num_sequences=0, num_tokens=3)
+    assert LossNormalizer(num_sequences=0.5, num_tokens=3).num_sequences == 0.5  # a DP share
     out = policy_loss(torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"must cover rows 0\.\.2 exactly once"):
         combine_loss_outputs([out], [[0, 1]], num_rows=3)

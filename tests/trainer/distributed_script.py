@@ -1,6 +1,7 @@
 """One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
 DeepSpeed: its ZeRO stage; ``--one-group``: a batch of one group with a gradient, loss ``grpo``,
-plain SGD, so a process trains a padding group); the main process writes what it saw."""
+plain SGD, so a process trains a padding group; ``--uneven``: shares of 8 and 4 rows in 6
+optimizer steps, top_entropy_quantile); the main process writes what it saw."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ def main() -> None:
              "batch_construction": "dynamic"} if "--one-group" in sys.argv[3:] else \
         {"prompts_per_step": 6, "batch_construction": "ratio_preserving",
          "batch_construction_params": {"max_resample_rounds": 1}}
-    args = trainer_helpers.args(out, max_steps=1, save_rollouts=True,
+    if "--uneven" in sys.argv[3:]:
+        # 3 groups of 4 rows: 8 rows on one process, 4 on the other, in 6 optimizer steps (two
+        # empty on the second), micro-batches of 1 row and the entropy quantile's gather in each
+        batch.update(prompts_per_step=3, steps_per_generation=6, per_device_train_batch_size=1,
+                     top_entropy_quantile=0.5, max_steps=12)  # TRL's optimizer steps: 2 batches
+    batch.setdefault("max_steps", 1)
+    args = trainer_helpers.args(out, save_rollouts=True,
                                 task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},
                                 fsdp=fsdp, **batch)
     trainer = GRPOTrainer(model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward],

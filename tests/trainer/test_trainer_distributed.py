@@ -77,6 +77,33 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
     assert one["weights"] != pytest.approx([0.5, 0.5], abs=1e-3)  # the update did move them
     # the same update: DDP averages gradients, the loss normaliser is the whole batch's
     assert two["param_sum"] == pytest.approx(one["param_sum"], rel=1e-6)
+    _same_logged_figures(tmp_path / "world1", tmp_path / "world2")
+
+
+def _same_logged_figures(one: Path, two: Path) -> None:
+    """The step's logged figures are the whole batch's on any number of processes (each
+    process's share gathered, not the main process's alone), to float32 agreement."""
+    from mtgrpo.reporting import read_metrics
+
+    first, second = read_metrics(one, split="train")[0], read_metrics(two, split="train")[0]
+    keys = ("loss", "clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "entropy")
+    assert all(isinstance(first[k], float) for k in keys)
+    for key in keys:
+        assert_close_f32(second[key], first[key], ulps=64, msg=key)
+
+
+def test_uneven_shares_take_every_optimizer_step_together(tiny_model_dir, tmp_path):
+    # one process has rows for 4 of the 6 optimizer steps of a batch: it takes the other two
+    # with filler passes (the gradient all-reduce, the normaliser's reduce and, with
+    # top_entropy_quantile, the quantile's gather in every micro-batch), else every process
+    # would wait for it; the schedule follows the optimizer steps taken
+    two = _launch(tiny_model_dir, tmp_path / "world2", 2, "--uneven")
+    assert two["world"] == 2
+    from mtgrpo.reporting import read_metrics
+
+    steps = read_metrics(tmp_path / "world2", split="train")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in steps)
 
 
 def test_a_process_without_a_group_does_not_dilute_the_loss(tiny_model_dir, tmp_path):
@@ -91,6 +118,7 @@ def test_a_process_without_a_group_does_not_dilute_the_loss(tiny_model_dir, tmp_
     assert one["moved"] > 0.0
     # SGD moves the weights in proportion to the gradient: counting the padding rows halved it
     assert two["moved"] == pytest.approx(one["moved"], rel=1e-4)
+    _same_logged_figures(tmp_path / "world1", tmp_path / "world2")
 
 
 # ---------------------------------------------------------------- generation/logprob_mismatch_*

@@ -88,14 +88,16 @@ class LossNormalizer:
     ``"bnpo"`` only.
     """
 
-    num_sequences: int
-    num_tokens: int
+    num_sequences: float
+    num_tokens: float
     max_completion_length: int | None = None
     num_micro_batches: int = 1
 
     def __post_init__(self) -> None:
-        if self.num_sequences < 1:
-            raise ValueError(f"num_sequences must be >= 1, got {self.num_sequences}")
+        # under data parallelism the count is the batch's divided by the processes, which
+        # may be a fraction (one group of 2 rows over 4 processes: 0.5)
+        if not self.num_sequences > 0:
+            raise ValueError(f"num_sequences must be > 0, got {self.num_sequences}")
         if self.num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {self.num_tokens}")
         if self.max_completion_length is not None and self.max_completion_length < 1:

@@ -290,10 +290,24 @@ class PolicyUpdater:
             max_padding=1.0 if packed else self.config.batch.max_padding_fraction,
         )
         plan = [[rows[i] for i in micro] for micro in plan]
-        if self.sharded:  # filler passes (empty row lists) up to the longest plan of any process
+        if self.accelerator.num_processes == 1:
+            return plan
+        if self.sharded or self._gathers_entropy:
+            # a collective in every micro-batch (the shards' gathers, the entropy quantile's):
+            # filler passes (empty row lists) up to the longest plan of any process
             count = torch.tensor([len(plan)], device=self.accelerator.device)
             plan += [[] for _ in range(int(self.accelerator.gather(count).max()) - len(plan))]
+        elif not plan:
+            # no rows in this optimizer step's part: one filler pass, whose backward joins the
+            # gradient all-reduce the other processes' last micro-batch starts
+            plan = [[]]
         return plan
+
+    @property
+    def _gathers_entropy(self) -> bool:
+        """The high-entropy token mask's quantile is taken over every process's tokens, one
+        gather per micro-batch (TRL's top_entropy_quantile)."""
+        return self.config.loss.top_entropy_quantile < 1.0 and self.accelerator.num_processes > 1
 
     @staticmethod
     def _filler(batch: PolicyBatch) -> PolicyBatch:
@@ -353,7 +367,8 @@ class PolicyUpdater:
             num_sequences=max(float(total[0]) / world, 1e-12),
             num_tokens=float(total[1]) / world,
             max_completion_length=self.config.rollout.max_completion_length,
-            num_micro_batches=micro_batches,
+            # a step whose part is empty on this process computes no loss with it
+            num_micro_batches=max(micro_batches, 1),
         )
 
     def _optimizer_step(self, batch: PolicyBatch, rows: list[int], outputs: list[LossOutput],
@@ -370,6 +385,9 @@ class PolicyUpdater:
             sync = i == len(plan) - 1
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
                 scored = self._logps(self.model, self._filler(batch))
+                if self._gathers_entropy:  # joins the quantile's gather with no tokens
+                    empty = torch.zeros(1, 1, device=scored.logps.device)
+                    self.entropy_mask(empty, empty, 1 - self.config.loss.top_entropy_quantile)
                 # a real backward with a zero loss: the shards' reduce-scatter runs on every process
                 self._backward(scored.logps.sum() * 0.0, sync)
                 continue
@@ -449,17 +467,21 @@ class PolicyUpdater:
 
     def _trained_entropy(self, outputs: list[LossOutput]) -> float:
         """Token mean of the trained tokens' entropy over one optimizer step, all processes."""
-        stats = torch.stack([o.trained_entropy for o in outputs]).sum(0)  # [2]
+        # [2]; a process whose part of the step was empty joins the reduce with zeros
+        stats = (torch.stack([o.trained_entropy for o in outputs]).sum(0).double() if outputs
+                 else torch.zeros(2, dtype=torch.float64))
         total = self.accelerator.reduce(stats.to(self.accelerator.device), "sum").cpu()
         # no trained token on any process: 0 rather than NaN
         return float(total[0] / total[1].clamp(min=1))
 
     def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
         # contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
-        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped
+        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped on one
+        # process, and kept under data parallelism, where every process takes every optimizer
+        # step (its gradients all-reduced, its normaliser a collective)
         parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
         for part in parts:
-            if len(part):
+            if len(part) or self.accelerator.num_processes > 1:
                 yield part.tolist()
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
@@ -517,30 +539,53 @@ class PolicyUpdater:
 
     def _metrics(self, outputs: list[LossOutput], entropies: list[Tensor],
                  grad_norms: list[float]) -> dict[str, float]:
-        # the micro-batches' fractions weighted by their tokens: the step's token-level figure
-        tokens = torch.stack([o.num_tokens.float() for o in outputs])
-        weights = tokens / tokens.sum().clamp(min=1)
-
-        def weighted(values: list[Tensor]) -> float:
-            return float((torch.stack([v.float() for v in values]) * weights).sum())
-
+        """The step's figures over every process's rows (one all-reduce; transformers gathers
+        the loss and TRL its metrics across processes): the loss is the mean of the processes'
+        shares (DDP's gradient mean), the fractions, KL and entropy are token-weighted."""
         steps = max(len(grad_norms), 1)
+        tokens = torch.stack([o.num_tokens.double() for o in outputs])  # [M] per micro-batch
+
+        def token_sum(values: list[Tensor]) -> Tensor:
+            return (torch.stack([v.double() for v in values]) * tokens).sum()
+
+        zero = torch.zeros((), dtype=torch.float64)
+        trained = torch.cat(entropies).double() if entropies else zero.reshape(0)
+        kl = outputs[0].mean_kl is not None
+        # [loss, policy loss, tokens, clip low, high, region (token sums), kl, entropy sum, count]
+        local = torch.stack([
+            torch.stack([o.loss.detach().double() for o in outputs]).sum(),
+            torch.stack([torch.as_tensor(o.policy_loss).detach().double()
+                         for o in outputs]).sum() if self.entropy.enabled else zero,
+            tokens.sum(),
+            token_sum([o.clip_low_fraction for o in outputs]),
+            token_sum([o.clip_high_fraction for o in outputs]),
+            token_sum([o.clip_region_fraction for o in outputs]),
+            token_sum([o.mean_kl for o in outputs]) if kl else zero,
+            trained.sum(), torch.tensor(float(trained.numel()), dtype=torch.float64),
+        ]).cpu()
+        world = self.accelerator.num_processes
+        if world > 1:  # a collective every process runs: update() is called on each
+            local = self.accelerator.reduce(local.to(self.accelerator.device), "sum").cpu()
+        (loss, policy_loss_sum, token_count, low, high, region, kl_sum, entropy_sum,
+         entropy_count) = local.tolist()  # one device read
+        per_token = max(token_count, 1.0)
         metrics = {
             # each micro-batch's loss is its share of its optimizer step's (whole-batch
-            # normalisers): summed, then the mean over the optimizer steps; one device read
-            "loss": float(torch.stack([o.loss.detach() for o in outputs]).double().sum()) / steps,
-            "clip_ratio/low": weighted([o.clip_low_fraction for o in outputs]),
-            "clip_ratio/high": weighted([o.clip_high_fraction for o in outputs]),
-            "clip_ratio/region": weighted([o.clip_region_fraction for o in outputs]),
+            # normalisers, divided by the processes as DDP averages): summed over micro-batches
+            # and processes, the processes' mean, then the mean over the optimizer steps
+            "loss": loss / world / steps,
+            "clip_ratio/low": low / per_token,
+            "clip_ratio/high": high / per_token,
+            "clip_ratio/region": region / per_token,
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
             "learning_rate": self.used_learning_rate,  # the last optimizer step's
         }
-        if outputs[0].mean_kl is not None:
-            metrics["kl"] = weighted([o.mean_kl for o in outputs])
+        if kl:
+            metrics["kl"] = kl_sum / per_token
         if entropies:
-            metrics["entropy"] = float(torch.cat(entropies).mean())
+            metrics["entropy"] = entropy_sum / max(entropy_count, 1.0)
         if self.entropy.enabled:
-            metrics["policy_loss"] = float(sum(float(o.policy_loss) for o in outputs) / steps)
+            metrics["policy_loss"] = policy_loss_sum / world / steps
             metrics["entropy_coef"] = self.entropy.coef
         return metrics
 
@@ -576,6 +621,11 @@ class PolicyUpdater:
                 epsilon_high=self.config.resolved_epsilon_high, beta=self.config.loss.beta,
                 normalizer=normalizer, options=loss_options(self.config),
             ).loss)
+        world = self.accelerator.num_processes
+        if world > 1:  # the processes' mean: each share's normaliser is the batch's / world
+            total = float(self.accelerator.reduce(
+                torch.tensor(total, dtype=torch.float64, device=self.accelerator.device),
+                "sum")) / world
         return total
 
 
