@@ -28,7 +28,7 @@ out="$lock"
 minimum="$(sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' "$root/pyproject.toml")"
 echo "[lock] Python >= $minimum, every platform -> ${out#"$root"/}" >&2
 (cd "$root" && "$tools/venv/bin/uv" pip compile pyproject.toml \
-    --extra dev --extra gguf --extra bench \
+    --extra dev --extra gguf --extra bench --extra deepspeed \
     --constraint "$extra" \
     --python-version "$minimum" --universal \
     --index-url https://pypi.org/simple \

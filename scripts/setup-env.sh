@@ -58,8 +58,12 @@ if [ "$installed" != "$torch_version" ]; then
     fi
 fi
 echo "[setup] installing mtgrpo (editable) and the locked versions of its dependencies into" \
-     "$venv, with its test tools, gguf and TRL (first run only; ~2-5 min)" >&2
-"${pip[@]}" install --constraint "$lock" -e "$root[dev,gguf,bench]"
+     "$venv, with its test tools, gguf, TRL and DeepSpeed (first run only; ~2-5 min)" >&2
+# DeepSpeed without its CUDA ops: on a machine without a GPU nothing to compile them for, and on
+# one they would take many minutes; the CPU communication helper it needs compiles at its first
+# start instead (g++ and the Python headers, about a minute, cached in ~/.cache/torch_extensions)
+export DS_BUILD_OPS="${DS_BUILD_OPS:-0}"
+"${pip[@]}" install --constraint "$lock" -e "$root[dev,gguf,bench,deepspeed]"
 "$venv/bin/python" -c "import mtgrpo, torch"
 echo "$want" > "$stamp"
 echo "[setup] $venv ready in $((SECONDS - begin)) s; later runs skip the set-up until" \

@@ -33,7 +33,7 @@ def _declared() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     extras = project["optional-dependencies"]
     return [Requirement(r) for r in (*project["dependencies"], *extras["dev"], *extras["gguf"],
-                                     *extras["bench"])]
+                                     *extras["bench"], *extras["deepspeed"])]
 
 
 def test_the_lock_pins_every_declared_dependency_inside_its_range() -> None:

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["aside_path", "old_path", "write_atomically", "write_text_atomically"]
+__all__ = ["aside_path", "old_path", "temporary_path", "write_atomically",
+           "write_text_atomically"]
 
 
 def aside_path(directory: Path, prefix: str) -> Path:
@@ -42,14 +43,23 @@ def write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
-def write_atomically(final: Path, write: Callable[[Path], object]) -> Path:
+def temporary_path(final: Path, pid: int | None = None) -> Path:
+    """``.<name>.tmp-<pid>`` beside ``final`` (``pid``: the writing process's, default this
+    one's): where :func:`write_atomically` writes before the rename."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid() if pid is None else pid}")
+
+
+def write_atomically(final: Path, write: Callable[[Path], object], *,
+                     staged: bool = False) -> Path:
     """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to the directory ``final`` (replacing an
     old one, which is moved aside first and deleted once the new one is in place). ``tmp_dir``
-    is ``.<name>.tmp-<pid>`` beside ``final``, so what a crash leaves is
-    recognisable (:func:`mtgrpo.trainer.checkpoint.remove_stale_temporaries`)."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    is :func:`temporary_path`, so what a crash leaves is recognisable
+    (:func:`mtgrpo.trainer.checkpoint.remove_stale_temporaries`). ``staged``: ``tmp_dir``
+    exists already and holds what other processes wrote into it (DeepSpeed's partitions), kept."""
+    tmp = temporary_path(final)
+    if not staged:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=staged)
     try:
         write(tmp)
     except BaseException:  # a failed write (a full disk) leaves nothing half-written behind

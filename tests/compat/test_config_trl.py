@@ -90,7 +90,7 @@ REFUSED_VALUES = {
     "neftune_noise_alpha": 5.0, "log_completions_hub_repo": "me/completions",
 }
 ALTERNATIVES = {"use_liger_kernel": "chunks",
-                "deepspeed": "fsdp='full_shard'", "fsdp": "accelerate launch",
+                "deepspeed": "accelerate launch --use_deepspeed", "fsdp": "accelerate launch",
                 "auto_find_batch_size": "max_tokens_per_microbatch",
                 "activation_checkpointing": "gradient_checkpointing"}
 

@@ -1,7 +1,7 @@
-"""One training step under `accelerate launch` (``--fsdp``: fully sharded; ``--one-group``:
-a batch of one group with a gradient, loss ``grpo``, plain SGD, so a process trains a padding
-group; ``--uneven``: shares of 8 and 4 rows in 6 optimizer steps, top_entropy_quantile); the main
-process writes what it saw."""
+"""One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
+DeepSpeed: its ZeRO stage; ``--one-group``: a batch of one group with a gradient, loss ``grpo``,
+plain SGD, so a process trains a padding group; ``--uneven``: shares of 8 and 4 rows in 6
+optimizer steps, top_entropy_quantile); the main process writes what it saw."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 import trainer_helpers
 
 from mtgrpo import GRPOTrainer
-from mtgrpo.trainer.sharding import full_model_state
 
 
 def main() -> None:
@@ -36,17 +35,22 @@ def main() -> None:
     trainer = GRPOTrainer(model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward],
                           args=args, train_dataset=trainer_helpers.rows(),
                           generation_backend="scripted_backend:ScriptedBackend")
-    initial = None if trainer.sharded else \
+    initial = None if trainer.sharded or trainer.zero is not None else \
         {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
     trainer.train()
-    # a sharded model's whole weights are gathered on the main process (every process calls)
-    weights = full_model_state(trainer.unwrapped) if trainer.sharded else \
-        dict(trainer.unwrapped.named_parameters())
+    # a sharded (or DeepSpeed) model's whole weights are gathered on the main process (every
+    # process calls)
+    weights = trainer._whole_weights()
+    if weights is None:
+        weights = dict(trainer.unwrapped.named_parameters())
     if trainer.is_main_process:
         digest = sum(float(p.detach().double().sum()) for p in weights.values())
         result = {"weights": trainer.weighting.weights.tolist(), "world": trainer.world,
                   "param_sum": digest, "sharded": trainer.sharded,
                   "sharded_head": type(trainer.unwrapped.lm_head.weight).__name__,
+                  # ZeRO-3: outside a forward each process holds an empty partition
+                  "head_numel": trainer.unwrapped.lm_head.weight.numel(),
+                  "zero_stage": None if trainer.zero is None else trainer.zero.stage,
                   # how far the step moved the weights: sum of |w - w0|
                   "moved": None if initial is None else sum(
                       float((p.detach() - initial[n]).abs().double().sum())
@@ -57,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    trainer_helpers.run_and_leave(main)

@@ -2,11 +2,15 @@
 of a step.
 
 Usage: python resume_script.py MODEL_DIR OUTPUT_DIR [--kill-at STEP] [--term-at STEP]
-    [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp]
+    [--resume] [--num-generations G] [--allow FIELD ...] [--validation] [--fsdp] [--whole]
+    [--lr-scheduler TYPE] [--backend NAME] [--max-steps N]
 
 ``--validation``: the task weights read a held-out validation split every 3 steps
 (``task_weighting_signal: validation``). ``--fsdp``: the whole model trained fully sharded
-(``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter.
+(``fsdp="full_shard"``, under ``accelerate launch``) instead of a LoRA adapter; ``--whole``: the
+whole model, as the launch trains it (DeepSpeed ZeRO under ``accelerate launch --use_deepspeed``);
+``--lr-scheduler``: the learning-rate schedule (default: the helpers' constant one);
+``--backend``: the generation backend (default: auto); ``--max-steps``: default 6.
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ def main() -> None:
     parser.add_argument("--allow", nargs="*")
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--whole", action="store_true")
+    parser.add_argument("--lr-scheduler")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--max-steps", type=int, default=6)
     options = parser.parse_args()
     held_out = {"task_weighting_signal": "validation", "validation_steps": 3,
                 "num_generations_validation": 2} if options.validation else {}
     args = trainer_helpers.args(
-        options.output_dir, max_steps=6, save_steps=2, save_total_limit=None,
+        options.output_dir, max_steps=options.max_steps, save_steps=2, save_total_limit=None,
         save_rollouts=True, log_completions=True,
         task_weighting="mt_grpo", task_weighting_params={"lam": 0.5, "optimizer": "adam"},
         batch_construction="ratio_preserving",
@@ -56,11 +64,14 @@ def main() -> None:
         resume_from_checkpoint=True if options.resume else None,
         num_generations=options.num_generations, resume_allow_changes=options.allow,
         fsdp="full_shard" if options.fsdp else None, **held_out,
+        **({"lr_scheduler_type": options.lr_scheduler} if options.lr_scheduler else {}),
+        generation_backend=options.backend,
     )
     KillingTrainer.kill_at, KillingTrainer.term_at = options.kill_at, options.term_at
     trainer = KillingTrainer(
         options.model, [trainer_helpers.alpha_reward, trainer_helpers.beta_reward], args=args,
-        train_dataset=trainer_helpers.rows(), peft_config=None if options.fsdp else {"r": 4},
+        train_dataset=trainer_helpers.rows(),
+        peft_config=None if options.fsdp or options.whole else {"r": 4},
         validation_dataset=trainer_helpers.validation_rows() if options.validation else None,
     )
     trainer.train()
@@ -69,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    trainer_helpers.run_and_leave(main)

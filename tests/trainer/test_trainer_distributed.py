@@ -30,8 +30,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def script_env() -> dict[str, str]:
+    """The launched scripts' environment: this directory's helpers importable (before any
+    PYTHONPATH of the caller's, kept: a checkout run from its source tree), one thread each."""
+    path = os.pathsep.join(p for p in (str(SCRIPT.parent), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+
+
 def _accelerate_launch(script: Path, processes: int, *argv: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parent), OMP_NUM_THREADS="1")
+    env = script_env()
     # accelerate's multi-process launcher is torchrun ("--multi_gpu"); without a GPU the
     # trainer's Accelerator(cpu=True) joins a gloo process group.
     launcher = "--multi_gpu" if processes > 1 else "--cpu"

@@ -5,7 +5,6 @@ as the uninterrupted run went on."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_trainer_distributed import SCRIPT as DISTRIBUTED_SCRIPT
-from test_trainer_distributed import _accelerate_launch, _free_port
+from test_trainer_distributed import _accelerate_launch, _free_port, script_env
 
 from mtgrpo import GRPOConfig
 from mtgrpo.reporting import read_metrics
@@ -46,7 +45,7 @@ def test_a_sharded_step_on_two_processes_matches_one_process(tiny_model_dir, tmp
 
 
 def _resume_run(model: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(RESUME_SCRIPT.parent), OMP_NUM_THREADS="1")
+    env = script_env()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
@@ -116,17 +115,3 @@ def test_fsdp_accepts_trl_spellings(tmp_path):
     for value in ("full_shard", "full_shard auto_wrap", ["full_shard", "auto_wrap"]):
         assert GRPOConfig(output_dir=str(tmp_path), fsdp=value).fully_sharded
     assert not GRPOConfig(output_dir=str(tmp_path)).fully_sharded
-
-
-def test_accelerates_deepspeed_launch_is_refused_before_the_model_loads(tmp_path, monkeypatch):
-    """Under ``accelerate launch --use_deepspeed`` a DeepSpeed engine would own the backward
-    pass and the optimizer step (and ZeRO-3's partitioned weights break generation): refused,
-    with the alternatives, before the (here missing) model is read."""
-    from mtgrpo import GRPOTrainer
-
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ValueError, match=r"DeepSpeed configuration is not supported.*"
-                                         r"fsdp='full_shard'.*DDP"):
-        GRPOTrainer(str(tmp_path / "no-model-here"), lambda completions, **_: [1.0] * len(
-            completions), args=GRPOConfig(output_dir=str(tmp_path / "run"), report_at_end=False),
-            train_dataset=[{"prompt": "a"}, {"prompt": "b"}])

@@ -3,6 +3,9 @@ they run in subprocesses)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from mtgrpo import GRPOConfig
@@ -74,3 +77,18 @@ def validation_rows(per_task: int = 3) -> list[dict[str, Any]]:
         out.append({"prompt": [{"role": "user", "content": f"Name {i} colours"}],
                     "task": "beta", "target": "b"})
     return out
+
+
+def run_and_leave(main: Callable[[], None]) -> None:
+    """Run a launched script's ``main``, then leave without the interpreter's teardown once it
+    returned (its outputs written, its process group destroyed). A sharded model's parameters
+    keep their process groups alive past ``destroy_process_group``; at teardown a gloo worker
+    thread can still be freeing a finished collective's tensors, which needs the GIL the
+    finalising interpreter holds, and the process aborts (``terminate called without an active
+    exception``, exit -6, seen in about 1 of 8 DeepSpeed ZeRO-3 runs on a loaded 2-core CPU;
+    the core shows ``~AsyncAllgatherWork`` in ``ProcessGroupGloo::runLoop``). An exception in
+    ``main`` still ends the process with an error."""
+    main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

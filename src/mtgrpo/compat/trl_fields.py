@@ -80,9 +80,9 @@ class TRLCompatibleFields:
     torch_compile_backend: str | None = _refused("only read with torch_compile; remove it")
     torch_compile_mode: str | None = _refused("only read with torch_compile; remove it")
     deepspeed: dict[str, Any] | str | None = _refused(
-        "DeepSpeed: mtgrpo's update runs the backward passes and the optimizer step itself, "
-        "which a DeepSpeed engine owns; shard the model with fsdp='full_shard' (FSDP2, "
-        "docs/distributed.md) or train replicated (DDP)")
+        "DeepSpeed ZeRO is set by the launcher: accelerate launch --use_deepspeed "
+        "--zero_stage 3 (or --deepspeed_config_file ds_config.json) train.py, see "
+        "docs/distributed.md")
     fsdp_config: dict[str, Any] | str | None = _refused(
         f"FSDP options: fsdp='full_shard' shards every decoder layer; for others {_LAUNCHER}")
     parallelism_config: Any = _refused(f"parallelism: {_LAUNCHER}")
@@ -160,7 +160,8 @@ class TRLCompatibleFields:
     router_aux_loss_coef: float | None = _inert(
         "no effect: the mixture-of-experts router's auxiliary loss is not added to the loss")
     ds3_gather_for_generation: bool = _inert(
-        "no effect: DeepSpeed ZeRO-3 generation is not supported", True)
+        "no effect: under DeepSpeed ZeRO-3 generation always runs on the whole weights, gathered "
+        "on every process (as with True)", True)
     pad_to_multiple_of: int | str | None = _inert(
         "no effect: the update is padding-free (or length-bucketed), so padding never enters "
         "the loss", "auto")

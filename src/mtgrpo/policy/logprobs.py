@@ -146,9 +146,9 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     model forward), so DDP's forward hooks, which set up the gradient all-reduce, still run.
     Everything else falls back to ``"model_forward"`` (correct, but the model materialises
     ``[N, L + 1, V]`` logits in its own dtype): FSDP (v1) wrappers, a head whose weight is an
-    FSDP2 ``DTensor`` (its root forward gathers the shards), prompt-learning PEFT methods (the
-    virtual tokens are added by the PEFT forward), and models without a separable backbone
-    or head.
+    FSDP2 ``DTensor`` (its root forward gathers the shards), a DeepSpeed engine (its forward
+    runs ZeRO's hooks), prompt-learning PEFT methods (the virtual tokens are added by the PEFT
+    forward), and models without a separable backbone or head.
     """
     # DDP is called, not bypassed: its forward hooks set up the gradient all-reduce every rank runs
     via = model if _is_instance_of(model, "torch.nn.parallel", "DistributedDataParallel") else None
@@ -156,6 +156,11 @@ def resolve_logprob_path(model: nn.Module) -> LogprobRoute:
     # FSDP (v1): only its root forward gathers the sharded weights, so the model's forward must run
     if _is_instance_of(inner, "torch.distributed.fsdp", "FullyShardedDataParallel"):
         return LogprobRoute("model_forward", "the model is wrapped in FullyShardedDataParallel")
+    # a DeepSpeed engine: its forward runs ZeRO's hooks (ZeRO-3 gathers each module's
+    # partitioned weights in them; the head's weight is an empty tensor outside its forward)
+    if any(cls.__name__ == "DeepSpeedEngine" and cls.__module__.startswith("deepspeed.")
+           for cls in type(inner).__mro__):
+        return LogprobRoute("model_forward", "the model is a DeepSpeed engine")
     causal_lm, reason = causal_lm_and_reason(inner)
     if reason is not None:
         return LogprobRoute("model_forward", reason)

@@ -10,7 +10,6 @@ import copy
 import dataclasses
 import functools
 import logging
-import os
 import random
 from collections import defaultdict, deque
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from mtgrpo.rollout import (
     Shard,
 )
 from mtgrpo.tasks.prompt_set import PromptSet, is_lazy_split
+from mtgrpo.trainer import deepspeed as zero
 from mtgrpo.trainer import hooks, sharding
 from mtgrpo.trainer.flow import Flow
 from mtgrpo.trainer.hub import HubUploader
@@ -102,10 +102,15 @@ class TrainerBuilding:
         self.accuracy_channel = accuracy_channel_index(self.rewards.channel_names,
                                                        args.advantage.accuracy_reward)
 
-    def _build_accelerator(self) -> None:
+    def _build_accelerator(self, peft_config: Any = None,
+                           optimizers: tuple[Any, Any] | None = None) -> None:
         from accelerate import Accelerator
 
         args = self.config
+        use_deepspeed = zero.launched()
+        if use_deepspeed:  # before the model loads
+            zero.check_before_loading(args, peft=peft_config is not None,
+                                      optimizer=(optimizers or (None, None))[0])
         self._on_cpu = args.compute.use_cpu or not torch.cuda.is_available()
         # bf16 on the CPU is our own autocast, decided once the model is loaded: accelerate
         # keeps one mixed-precision setting per process, which another trainer (a benchmark's
@@ -120,13 +125,17 @@ class TrainerBuilding:
         if args.compute.tf32 is not None and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = args.compute.tf32
             torch.backends.cudnn.allow_tf32 = args.compute.tf32
-        _refuse_deepspeed(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))
         _release_accelerator_state(precision)
+        # DeepSpeed on CPUs: accelerate ignores DeepSpeed with cpu=True, and without gloo named
+        # leaves each process alone (measured with accelerate 1.15); its device is still the CPU
+        backend = "gloo" if use_deepspeed and self._on_cpu else None
         self.accelerator = Accelerator(
-            cpu=self._on_cpu, mixed_precision=precision,
-            kwargs_handlers=_ddp_kwargs(args),
+            cpu=self._on_cpu and not use_deepspeed, mixed_precision=precision,
+            kwargs_handlers=_ddp_kwargs(args, backend),
         )
-        _refuse_deepspeed(self.accelerator.distributed_type.value == "DEEPSPEED")
+        self.zero: zero.ZeroEngine | None = None  # the DeepSpeed engine, once prepared
+        if zero.launched(self.accelerator):
+            zero.configure(self.accelerator, args)
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.prompts_per_step = args.resolved_prompts_per_step(self.world)
@@ -215,7 +224,11 @@ class TrainerBuilding:
         if self.sharded:  # sharded already: accelerate would wrap it in DDP
             self.optimizer = self.accelerator.prepare(optimizer)
         else:
+            # DeepSpeed: the model becomes the engine, the optimizer its ZeRO wrapper (whose
+            # param groups are those the scheduler sets the learning rate of)
             self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
+        if zero.launched(self.accelerator):
+            self.zero = zero.ZeroEngine(self.model)
         if self.ref_model is not None:
             # no gradients, so no DDP wrapper: only placed (TRL prepares it in evaluation mode)
             self.ref_model.to(self.accelerator.device)
@@ -225,8 +238,8 @@ class TrainerBuilding:
         with self._gathered():
             self.backend = build_backend(generation_backend, self.unwrapped, self.tokenizer,
                                          args, generation_dtype=self._generation_dtype())
-        if self.sharded:
-            self.backend = sharding.ShardedGeneration(self.backend, self.unwrapped)
+        if self.sharded or self.zero is not None:
+            self.backend = sharding.ShardedGeneration(self.backend, self._gathered)
         self._warned_no_engine_logprobs = False
         self.sampling_params = SamplingParams(
             max_new_tokens=args.rollout.max_completion_length, temperature=args.rollout.temperature,
@@ -244,7 +257,8 @@ class TrainerBuilding:
             args, self.model, self.optimizer, self.scheduler, self.accelerator,
             reference_model=self.ref_model, reference=reference,
             entropy_mask=self.get_high_entropy_mask, autocast=self._autocast,
-            sharded=self.sharded,
+            # ZeRO gathers parameters in the forwards and reduces gradients in the backwards
+            sharded=self.sharded or self.zero is not None, engine=self.zero,
         )
 
     def _check_sharding(self, optimizer: Any) -> None:
@@ -393,19 +407,6 @@ def _configure_logging(args: TrainConfig, is_main: bool) -> None:
     transformers.logging.set_verbosity(numeric)
 
 
-def _refuse_deepspeed(launched: str | bool) -> None:
-    """accelerate's DeepSpeed plugin (``accelerate launch --use_deepspeed`` sets
-    ``ACCELERATE_USE_DEEPSPEED``), refused before any model loads: its engine owns the backward
-    pass and the optimizer step, which mtgrpo's update runs itself over a varying number of
-    micro-batches, and ZeRO-3's partitioned weights cannot be read by the generation backends."""
-    if launched is True or str(launched).lower() in ("true", "1", "yes"):
-        raise ValueError(
-            "accelerate's DeepSpeed configuration is not supported: mtgrpo's update runs the "
-            "backward passes and the optimizer step itself, which a DeepSpeed engine owns. "
-            "Shard the model with fsdp='full_shard' (FSDP2, docs/distributed.md), or launch "
-            "without --use_deepspeed / the DeepSpeed config to train replicated (DDP)")
-
-
 def _release_accelerator_state(precision: str) -> None:
     """accelerate keeps one ``AcceleratorState`` per process and refuses a second trainer with
     another precision; forget it then (the process group, ``PartialState``, is kept)."""
@@ -416,8 +417,9 @@ def _release_accelerator_state(precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
-def _ddp_kwargs(args: TrainConfig) -> list[Any]:
-    """accelerate kwargs handlers for TRL's ddp_* options (only those that are set)."""
+def _ddp_kwargs(args: TrainConfig, backend: str | None = None) -> list[Any]:
+    """accelerate kwargs handlers for TRL's ddp_* options (only those that are set);
+    ``backend``: the process group's when ``ddp_backend`` is unset."""
     import datetime
 
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
@@ -429,8 +431,9 @@ def _ddp_kwargs(args: TrainConfig) -> list[Any]:
     if ddp:
         handlers.append(DistributedDataParallelKwargs(**ddp))
     # 1800 s is TrainingArguments' default ddp_timeout: only another value needs the handler
-    if args.distributed.ddp_backend is not None or args.distributed.ddp_timeout != 1800:
+    backend = args.distributed.ddp_backend or backend
+    if backend is not None or args.distributed.ddp_timeout != 1800:
         handlers.append(InitProcessGroupKwargs(
-            backend=args.distributed.ddp_backend,
+            backend=backend,
             timeout=datetime.timedelta(seconds=args.distributed.ddp_timeout)))
     return handlers

@@ -6,7 +6,9 @@ A checkpoint directory ``checkpoint-<step>/`` holds
   users (``from_pretrained`` / ``PeftModel.from_pretrained`` load it);
 * ``trainable.safetensors``: the trainable parameters by their ``named_parameters`` names, which
   is what resuming loads (exact, whatever the model's save format does to key names);
-* ``optimizer.pt``, ``scheduler.pt``;
+* ``optimizer.pt``, ``scheduler.pt`` (under DeepSpeed, ``deepspeed/`` instead of
+  ``optimizer.pt``: every process's partitions of the model and optimizer state, written by
+  ``engine.save_checkpoint``, :mod:`mtgrpo.trainer.deepspeed`);
 * ``trainer_state.json``: step, task-weighting state, sampler state and other loop state;
 * ``rng_state_<rank>.pt``: Python, NumPy and torch RNG states of every process.
 

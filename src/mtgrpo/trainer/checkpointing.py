@@ -8,15 +8,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtgrpo._files import aside_path, write_atomically, write_text_atomically
+from mtgrpo._files import aside_path, temporary_path, write_atomically, write_text_atomically
 from mtgrpo.reporting import MetricsWriter
 from mtgrpo.trainer import checkpoint as ckpt
+from mtgrpo.trainer import deepspeed as zero
 from mtgrpo.trainer import sharding
 from mtgrpo.trainer.identity import check_resumable, run_identity
 
@@ -42,12 +45,14 @@ class Checkpointing:
             "hf_state": dataclasses.asdict(self.state),
             "identity": self._identity(),
             **({"sharded": True} if self.sharded else {}),
+            **({"deepspeed_stage": self.zero.stage} if self.zero is not None else {}),
         }
 
     def _identity(self) -> dict[str, Any]:
         """What this run's steps mean (:mod:`mtgrpo.trainer.identity`)."""
         config = getattr(self.unwrapped, "config", None)
-        parameters = sum(p.numel() for p in self.unwrapped.parameters())
+        # ZeRO-3 partitions are empty tensors: DeepSpeed keeps each parameter's size in ds_numel
+        parameters = sum(getattr(p, "ds_numel", p.numel()) for p in self.unwrapped.parameters())
         model = f"{getattr(config, 'model_type', type(self.unwrapped).__name__)}, " \
                 f"{parameters} parameters"
         return run_identity(self.callback_args, tasks=self.task_names,
@@ -62,16 +67,20 @@ class Checkpointing:
             else [ckpt.rng_state()]
         final = self.output_dir / f"checkpoint-{self.state.global_step}"
         # sharded: the whole state, gathered on the main process by every process
-        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        weights = self._whole_weights()
         optimizer_state = sharding.full_optimizer_state(self.unwrapped, self.optimizer) \
             if self.sharded and not self.config.saving.save_only_model else None
+        staged = self.zero is not None and not self.config.saving.save_only_model
+        if staged:
+            self._stage_engine_state(final)
         if self.is_main_process:
             def write(tmp: Path) -> None:
                 self._write_model(tmp / "model", weights)
                 if not self.config.saving.save_only_model:
                     ckpt.save_trainable(self.unwrapped, tmp / "trainable.safetensors", weights)
-                    torch.save(self.optimizer.state_dict() if optimizer_state is None
-                               else optimizer_state, tmp / "optimizer.pt")
+                    if not staged:  # DeepSpeed's optimizer state is in its own files
+                        torch.save(self.optimizer.state_dict() if optimizer_state is None
+                                   else optimizer_state, tmp / "optimizer.pt")
                     torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
                     for rank, state in enumerate(rng_states):
                         torch.save(state, tmp / f"rng_state_{rank}.pt")
@@ -83,7 +92,7 @@ class Checkpointing:
                 self.state.best_model_checkpoint = str(final)
             previous = ckpt.latest_checkpoint(self.output_dir)
             try:
-                write_atomically(final, write)
+                write_atomically(final, write, staged=staged)
             except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
                 raise ckpt.save_failure(final, error, previous) from error
             best = self.state.best_model_checkpoint
@@ -98,12 +107,33 @@ class Checkpointing:
         self.flow.save(self.state)
         return final if self.is_main_process else None
 
+    def _whole_weights(self) -> dict[str, torch.Tensor] | None:
+        """A sharded (FSDP) or DeepSpeed model's whole state dict on the main process (``{}``
+        elsewhere); None where every process holds the model whole. Every process must call
+        it."""
+        if self.zero is not None:
+            return self.zero.full_model_state()
+        return sharding.full_model_state(self.unwrapped) if self.sharded else None
+
+    def _stage_engine_state(self, final: Path) -> None:
+        """DeepSpeed: every process writes its partitions (model, optimizer) into the main
+        process's temporary directory of ``final``, which the main process then completes and
+        renames into place (a kill before the rename leaves only a temporary directory)."""
+        pid = self._gather_objects([os.getpid()])[0] if self.world > 1 else os.getpid()
+        staging = temporary_path(final, pid)
+        if self.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)  # what an earlier failed save left
+        self.accelerator.wait_for_everyone()
+        self.zero.save(staging)
+        # every process's files are written before the main process renames the directory
+        self.accelerator.wait_for_everyone()
+
     def save_model(self, directory: str | Path | None = None) -> None:
         """The model (or LoRA adapter) and tokenizer in ``save_pretrained`` format (default
         directory: ``output_dir``, as transformers). A sharded model is gathered first (every
         process must call it) and written by the main process."""
-        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
-        if self.sharded and not self.is_main_process:
+        weights = self._whole_weights()
+        if weights is not None and not self.is_main_process:
             return
         target = directory if directory is not None else self.config.output.output_dir
         self._write_model(Path(target), weights)
@@ -139,8 +169,11 @@ class Checkpointing:
                 f"{checkpoint} was written by a {'sharded' if state.get('sharded') else 'plain'}"
                 f" run (fsdp={'full_shard' if state.get('sharded') else 'unset'}); resume with "
                 "the same fsdp setting")
+        self._check_layout(checkpoint, state)
         # every check above runs before anything is loaded: a refused resume changes nothing
-        if self.sharded:
+        if self.zero is not None:
+            _read(checkpoint / zero.CHECKPOINT_FOLDER, lambda p: self.zero.load(p.parent))
+        elif self.sharded:
             self._load_sharded(checkpoint)
         else:
             _read(checkpoint / "trainable.safetensors",
@@ -170,6 +203,18 @@ class Checkpointing:
             for log in ("metrics.jsonl", "rollouts.jsonl", "completions.jsonl"):
                 MetricsWriter.rewind(self.output_dir / log, self.step)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _check_layout(self, checkpoint: Path, state: Mapping[str, Any]) -> None:
+        """A DeepSpeed checkpoint resumes under DeepSpeed with the same ZeRO stage (its files
+        hold each process's partitions), and only there."""
+        saved = state.get("deepspeed_stage")
+        current = None if self.zero is None else self.zero.stage
+        if saved != current:
+            def name(stage: Any) -> str:
+                return "without DeepSpeed" if stage is None else f"with DeepSpeed ZeRO-{stage}"
+
+            raise ValueError(f"{checkpoint} was written by a run {name(saved)} and this run "
+                             f"is {name(current)}: resume it {name(saved)}")
 
     def _load_sharded(self, checkpoint: Path) -> None:
         """The checkpoint's whole model and optimizer state, read by the main process and

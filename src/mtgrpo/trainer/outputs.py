@@ -58,7 +58,7 @@ class RunOutputs:
         it by keyword.)
         """
         # a sharded model is gathered by every process (the trainer calls this on each)
-        weights = sharding.full_model_state(self.unwrapped) if self.sharded else None
+        weights = self._whole_weights()
         if not self.is_main_process:
             return None
         args = self.config
@@ -147,10 +147,13 @@ class RunOutputs:
         weights = best / "trainable.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"the best checkpoint {best} holds no trainable weights")
-        if self.sharded:  # the main process reads, every process takes its shards
+        if self.sharded or self.zero is not None:  # the main process reads, all take theirs
             saved = ckpt.read_checked_trainable(self.unwrapped, weights) \
                 if self.is_main_process else {}
-            sharding.load_model_state(self.unwrapped, saved)
+            if self.zero is not None:
+                self.zero.load_model_state(saved)
+            else:
+                sharding.load_model_state(self.unwrapped, saved)
         else:
             ckpt.load_trainable(self.unwrapped, weights)
         logger.info("loaded the best model (%s = %s) from %s",

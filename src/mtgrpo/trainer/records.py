@@ -168,7 +168,8 @@ class RunRecords:
 
         from mtgrpo._version import __version__
 
-        route = resolve_logprob_path(self.unwrapped)
+        # the update's model, as it scores it (a DeepSpeed engine runs its own forward)
+        route = resolve_logprob_path(self.model)
         record = {
             "step": self.step, "split": "run", **backend_description(self.backend),
             "policy/logprob_path": route.path,

@@ -22,7 +22,7 @@ FSDP plugin does not shard. What changes around the sharded model:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -84,17 +84,19 @@ def unsharded(model: nn.Module) -> Iterator[None]:
 
 class ShardedGeneration:
     """A generation backend for a sharded model: each call runs with the shards gathered (by
-    the phase around it, :func:`unsharded`; gathered here when called outside one)."""
+    the phase around it, :func:`unsharded`; gathered here when called outside one).
+    ``gathered``: the context that gathers them (the trainer's, FSDP's or DeepSpeed's)."""
 
-    def __init__(self, backend: Any, model: nn.Module) -> None:
-        self.backend, self.model = backend, model
+    def __init__(self, backend: Any,
+                 gathered: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+        self.backend, self.gathered = backend, gathered
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        with unsharded(self.model), torch.no_grad():
+        with self.gathered(), torch.no_grad():
             return self.backend.generate(*args, **kwargs)
 
     def update_weights(self, model_or_state: Any, version: int) -> None:
-        with unsharded(self.model):
+        with self.gathered():
             self.backend.update_weights(model_or_state, version)
 
     def __getattr__(self, name: str) -> Any:  # name, decoder_name, eos_token_ids, ...

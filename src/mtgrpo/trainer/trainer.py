@@ -212,7 +212,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
         # its settings (and the validation split it may read) checked before any model loads
         self._build_weighting(validation_dataset)
         self.run_config = dict(run_config) if run_config is not None else None
-        self._build_accelerator()
+        self._build_accelerator(peft_config, optimizers)
         _configure_logging(args, self.accelerator.is_main_process)
         _seed_everything(args.schedule.seed)  # same initialisation (e.g. LoRA) on every process
         # transformers' full_determinism: seeded again, deterministic torch and cuDNN kernels
@@ -245,7 +245,10 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
 
     # ------------------------------------------------------------------ generation
     def _gathered(self) -> contextlib.AbstractContextManager[None]:
-        """A sharded model's whole weights for a generation phase (:mod:`.sharding`)."""
+        """A sharded model's whole weights for a generation phase (:mod:`.sharding`; DeepSpeed
+        ZeRO-3's: :mod:`.deepspeed`)."""
+        if self.zero is not None:
+            return self.zero.gathered()
         return sharding.unsharded(self.unwrapped) if self.sharded else contextlib.nullcontext()
 
     def _agent_rollouts(self) -> AgentRollouts | CustomRollouts | None:

@@ -209,8 +209,11 @@ class PolicyUpdater:
         entropy_mask: Callable[[Tensor, Tensor, float], Tensor] | None = None,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         sharded: bool = False,
+        engine: Any = None,
     ) -> None:
         self.config = args
+        # DeepSpeed (mtgrpo.trainer.deepspeed.ZeroEngine): its engine runs backward and step
+        self.engine = engine
         # a sharded model gathers its shards in every forward and scatters gradients in every
         # backward: every process must run as many micro-batches as the others
         self.sharded = sharded and accelerator.num_processes > 1
@@ -377,28 +380,53 @@ class PolicyUpdater:
         options = loss_options(self.config, self.entropy.applied)
         first = len(outputs)
         for i, micro in enumerate(plan):
+            # the step's last micro-batch: DDP all-reduces there only (earlier ones accumulate
+            # under no_sync); DeepSpeed's accumulation boundary
+            sync = i == len(plan) - 1
             if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
                 scored = self._logps(self.model, self._filler(batch))
                 if self._gathers_entropy:  # joins the quantile's gather with no tokens
                     empty = torch.zeros(1, 1, device=scored.logps.device)
                     self.entropy_mask(empty, empty, 1 - self.config.loss.top_entropy_quantile)
                 # a real backward with a zero loss: the shards' reduce-scatter runs on every process
-                self.accelerator.backward(scored.logps.sum() * 0.0)
+                self._backward(scored.logps.sum() * 0.0, sync)
                 continue
             part = batch.select(micro)
-            # DDP all-reduces on the last micro-batch only; earlier ones accumulate under no_sync
-            sync = i == len(plan) - 1
-            context = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
+            context = contextlib.nullcontext() if sync or self.engine is not None \
+                else self.accelerator.no_sync(self.model)
             with context:
                 scored = self._logps(self.model, part, entropy=self._needs_entropy)
                 out = self._loss(scored, part, normalizer, options)
-                self.accelerator.backward(out.loss)
+                self._backward(out.loss, sync)
             outputs.append(out)
             if scored.entropy is not None:
                 mask = part.loss_mask.bool()
                 entropies.append(scored.entropy.detach()[mask].float())
             if logps_at_start is not None:
                 logps_at_start[micro, : part.completion_length] = scored.logps.detach().float()
+        # the logged rate is the one this step used, read before the scheduler moves on
+        # (transformers 5.24's _inner_training_loop reads it before lr_scheduler.step())
+        self.used_learning_rate = float(self.scheduler.get_last_lr()[0])
+        grad_norm = self._step()
+        # transformers' order: the optimizer, then the scheduler, once per optimizer step
+        self.scheduler.step()
+        if self.entropy.enabled:
+            self.entropy.update(self._trained_entropy(outputs[first:]))
+        return float(grad_norm)
+
+    def _backward(self, loss: Tensor, last: bool) -> None:
+        """One micro-batch's backward (``last``: the optimizer step's last micro-batch)."""
+        if self.engine is not None:
+            self.engine.backward(loss, last)
+        else:
+            self.accelerator.backward(loss)
+
+    def _step(self) -> float:
+        """Clip the gradients to ``max_grad_norm`` and take the optimizer step (a DeepSpeed
+        engine clips to its ``gradient_clipping``, the same value); their norm before
+        clipping."""
+        if self.engine is not None:
+            return self.engine.step()  # the engine zeroes the gradients itself
         # max_grad_norm 0 measures without clipping, as transformers' `max_grad_norm > 0` test
         max_norm = self.config.optimization.max_grad_norm or None
         # FSDP's gradient norm must be reduced over the shards (clip_gradients' docstring)
@@ -406,15 +434,8 @@ class PolicyUpdater:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = clip_gradients(self.model, max_norm)
-        # transformers' order: the optimizer, then the scheduler, once per optimizer step;
-        # the logged rate is the one this step used, read before the scheduler moves on
-        # (transformers 5.24's _inner_training_loop reads it before lr_scheduler.step())
-        self.used_learning_rate = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory
-        if self.entropy.enabled:
-            self.entropy.update(self._trained_entropy(outputs[first:]))
         return float(grad_norm)
 
     def _loss(self, scored: Any, part: PolicyBatch, normalizer: LossNormalizer,
