@@ -20,6 +20,7 @@ lock="$root/requirements/lock.txt"
 dir="${MTGRPO_MATRIX_DIR:-/tmp/mtgrpo-matrix}"
 tests=(${MTGRPO_MATRIX_TESTS:-tests/algo tests/fast tests/rollout tests/policy tests/trainer})
 py="${MTGRPO_PYTHON:-python3}"
+extras="dev,gguf,bench,deepspeed"  # as scripts/setup-env.sh installs (DeepSpeed without its ops)
 mkdir -p "$dir"
 
 locked() { sed -n "s/^$1==\([^ ;]*\).*/\1/p" "$lock" | head -1; }
@@ -64,15 +65,16 @@ for torch_spec in "${torch_specs[@]}"; do
         fi
         venv="$dir/venv-tf$version-torch$torch_version"
         [ "${MTGRPO_MATRIX_FRESH:-0}" = 1 ] && rm -rf "$venv"
-        if [ ! -f "$venv/.ready" ]; then
+        # the stamp names the extras installed: a venv built with others is rebuilt
+        if [ "$(cat "$venv/.ready" 2>/dev/null)" != "$extras" ]; then
             echo "[matrix] building $venv" >&2
             rm -rf "$venv"
             "$py" -m venv "$venv"
             pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
             "${pip[@]}" install "torch==$torch_version" \
-                && "${pip[@]}" install --constraint "$constraints" -e "$root[dev,gguf,bench]" \
-                    "transformers==$version" \
-                && touch "$venv/.ready" \
+                && DS_BUILD_OPS=0 "${pip[@]}" install --constraint "$constraints" \
+                    -e "$root[$extras]" "transformers==$version" \
+                && echo "$extras" > "$venv/.ready" \
                 || { echo "[matrix] install failed: transformers $version, torch $torch_version" >&2
                      echo "| $version ($spec) | $torch_version ($torch_spec) | - | install failed | - |" >> "$table"
                      status=1; continue; }
