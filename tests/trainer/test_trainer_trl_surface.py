@@ -431,9 +431,9 @@ def test_evaluation_time_covers_the_loss(tiny_model_dir, tmp_path, monkeypatch):
     trainer = _trainer(tiny_model_dir, tmp_path)
     scored = trainer.updater.evaluation_loss
 
-    def slow_loss(batch):
+    def slow_loss(batch, *args):
         time.sleep(0.5)
-        return scored(batch)
+        return scored(batch, *args)
 
     monkeypatch.setattr(trainer.updater, "evaluation_loss", slow_loss)
     metrics = trainer.evaluate(single_task_rows(2))
