@@ -236,6 +236,7 @@ class TaskStats:
             # SEC's arm reward: mean |A|, its proxy for how much a task can still teach.
             total = np.bincount(task_ids, weights=np.asarray(abs_advantages, dtype=np.float64),
                                 minlength=num_tasks)
+            # maximum(count, 1) only keeps 0/0 out: an absent task's entry is NaN.
             mean_abs = np.where(present, total / np.maximum(count, 1), np.nan)
         return cls(accuracy=task_accuracy(task_ids, correct, num_tasks), count=count,
                    improvement=improvement, mean_abs_advantage=mean_abs)
@@ -277,7 +278,7 @@ def improvement_by_task(
     count = np.bincount(task_ids, minlength=num_tasks)
     # "sum" keeps the released code's total, which grows with the task's share of the batch.
     if reduction == "mean":
-        total = total / np.maximum(count, 1)
+        total = total / np.maximum(count, 1)  # count 0 is masked to NaN below
     return np.where(count > 0, total, np.nan)
 
 
@@ -768,7 +769,7 @@ class FixedWeighting(WeightingStrategy):
     ) -> None:
         super().__init__(num_tasks, task_names=task_names, params={})
         vector = self._weight_vector(weights)  # [K]
-        self._weights = vector / vector.sum()
+        self._weights = vector / vector.sum()  # z_k = w_k / Σ_j w_j
         # Kept normalised, as a list: a mapping or a rescaled vector that means the same
         # weights passes the parameter check on resume.
         self.params = {"weights": _to_json(self._weights)}
@@ -834,6 +835,7 @@ class _RewardMemory:
         observed = present & ~np.isnan(reward)  # [K]; NaN: not measured, the last J stands
         if observed.any():
             batch = np.where(observed, reward, 0.0)  # absent entries may be inf: keep them out
+            # ALGORITHMS.md §4: the released code's EMA of J (decay 0.5 there).
             smoothed = self.decay * self.value + (1.0 - self.decay) * batch
             # First observation taken as is: an EMA started at 0 would make a new task look
             # failing and pull weight to it.
@@ -860,15 +862,19 @@ class _LogitOptimizer:
         # η ξ joins the gradient (L2, as torch.optim.Adam's weight_decay; not AdamW's decay).
         direction = gradient + self.damping * logits if self.damping else gradient  # [K]
         if self.kind == "sgd":
+            # ALGORITHMS.md §4: ξ ← ξ − β (g + η ξ)
             return _bounded(logits - self.step_size * direction)
         beta1, beta2 = ADAM_BETAS
         self.t += 1
         # torch's operation order (lerp form, bias corrections split), so the logits agree
         # with torch.optim.Adam to 1e-14 (tests/algo/test_weighting.py).
+        # torch's exp_avg.lerp_(grad, 1 - beta1)
         self.exp_avg += (1.0 - beta1) * (direction - self.exp_avg)
+        # torch's exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         self.exp_avg_sq *= beta2
         self.exp_avg_sq += (1.0 - beta2) * direction * direction
-        step = self.step_size / (1.0 - beta1**self.t)
+        step = self.step_size / (1.0 - beta1**self.t)  # torch's step_size = lr / bias_correction1
+        # torch's denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         denom = np.sqrt(self.exp_avg_sq) / (1.0 - beta2**self.t) ** 0.5 + ADAM_EPS
         return _bounded(logits - step * (self.exp_avg / denom))
 
@@ -1209,12 +1215,12 @@ class SECWeighting(WeightingStrategy):
             return
         reward = np.where(observed, advantage, 0.0)  # [K]; SEC's rule: an absent arm gets r = 0
         alpha = self.params["alpha"]
-        self._set_q((1.0 - alpha) * self._q + alpha * reward)
+        self._set_q((1.0 - alpha) * self._q + alpha * reward)  # SEC: Q ← (1 − α) Q + α r
         self.steps += 1
 
     def _set_q(self, q: np.ndarray) -> None:
         self._q = q
-        self._weights = self._floored(softmax(q / self.params["temperature"]))
+        self._weights = self._floored(softmax(q / self.params["temperature"]))  # z = softmax(Q / τ)
 
     def _state(self) -> dict[str, Any]:
         return {"q": _to_json(self._q)}
