@@ -172,6 +172,7 @@ __all__ += [
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry(
     "reward aggregation", provider="mtgrpo.algo.advantages")
 """How reward channels become one advantage (:mod:`mtgrpo.algo.advantages` documents each)."""
+# an / na: the multireward-grpo package's AN / NA orderings (ALGORITHMS.md §2); mo_grpo: MO-GRPO's
 AGGREGATIONS.declare("sum_then_normalize", aliases=("an", "sum_normalize"))
 AGGREGATIONS.declare("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
 AGGREGATIONS.declare("gdpo")
@@ -195,6 +196,7 @@ for _name in ("raise", "warn", "zero_advantage"):
 
 LOSS_TYPES: Registry[Callable[..., Any]] = Registry("loss type", provider="mtgrpo.algo.losses")
 """How per-token policy terms are summed into the loss (:mod:`mtgrpo.algo.losses`)."""
+# TRL 1.16's loss_type names; sequence_mean / token_mean are ALGORITHMS.md §3's
 LOSS_TYPES.declare("grpo", aliases=("sequence_mean",))
 LOSS_TYPES.declare("dapo", aliases=("token_mean",))
 for _name in ("dr_grpo", "bnpo", "cispo", "vespo", "sapo", "luspo"):
@@ -311,13 +313,13 @@ def resolve_aggregation(
             + ", ".join(f"{k}={given[k]!r}" for k in named)
             + "; set only one of them"
         )
-    return next(iter(named.values()), "sum_then_normalize")
+    return next(iter(named.values()), "sum_then_normalize")  # TRL 1.16's default
 
 
 def resolve_scale_rewards(scale_rewards: str | bool) -> str:
     """TRL accepts ``True`` (= "group") and ``False`` (= "none") as well as the three names."""
     if scale_rewards is True:
-        return "group"
+        return "group"  # TRL 1.16 GRPOConfig: {True: "group", False: "none"}
     if scale_rewards is False:
         return "none"
     if isinstance(scale_rewards, str) and scale_rewards.lower() in SCALE_REWARDS:
