@@ -200,6 +200,7 @@ def _sum_then_normalize(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
     else:
         fill = np.zeros_like(rewards)  # TRL 1.16's nansum in _generate_and_score_completions
     filled = np.where(applicable, rewards, fill)
+    # ALGORITHMS.md §2 (AN, TRL's sum_then_normalize): s_j = Σ_l w_l r_jl, then group-normalised
     s = (filled * spec.weights).sum(axis=-1)  # [B, G]
     # Baseline over scorable rows only: TRL sets unscorable rows to NaN before its nanmean.
     centred = s - _masked_mean(s, scorable, axis=1)
@@ -222,6 +223,7 @@ def _zscores(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
         # "zero": a None is a reward of 0 on every scorable row; unscorable rows stay out.
         valid = np.broadcast_to(scorable[..., None], rewards.shape)
         values = np.where(applicable, rewards, 0.0).astype(rewards.dtype)
+    # ALGORITHMS.md §2 (NA, MO-GRPO): z_jl = (r_jl − mean_l) / (std_l + δ) within the group
     centred = values - _masked_mean(values, valid, axis=1)
     z = _scale(centred, values, valid, spec)
     contrast = _has_contrast(centred, values, valid)
@@ -234,7 +236,7 @@ def _normalize_then_sum(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
     z, contrast = _zscores(rewards, scorable, spec)
     # MO-GRPO weighs after normalising, so channel l's influence is proportional to w_l (the
     # (τ²/m) wᵀCw noise law that mtgrpo.analysis.theorem3 checks).
-    advantages = (z * spec.weights).sum(axis=-1)
+    advantages = (z * spec.weights).sum(axis=-1)  # A_j = Σ_l w_l z_jl
     return np.where(scorable, advantages, 0.0).astype(rewards.dtype), contrast
 
 
