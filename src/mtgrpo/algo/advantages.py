@@ -257,6 +257,7 @@ def _gdpo(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
 def _single(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
             ) -> tuple[np.ndarray, np.ndarray]:
     channel0 = rewards[..., :1]
+    # ALGORITHMS.md §2 'single': channel 0 alone, with weight 1.
     one = _Spec(np.ones(1, dtype=rewards.dtype), spec.scale, spec.none_handling, spec.ddof,
                 spec.eps)
     # A row where channel 0 is None has no reward in this ablation: treated as unscorable.
@@ -398,7 +399,7 @@ def _spec(rewards: np.ndarray, group_size: int, reward_weights, scale_rewards, n
         )
     if ddof not in (0, 1):
         raise ValueError(f"ddof={ddof} must be 0 (population std) or 1 (unbiased, TRL)")
-    if not eps >= 0:
+    if not eps >= 0:  # `not >= 0`, not `< 0`: NaN is refused too
         raise ValueError(f"eps={eps} must be >= 0")
     weights = _weights(reward_weights, rewards.shape[1], rewards)
     return _Spec(weights, resolve_scale_rewards(scale_rewards), none_handling, ddof, eps)

@@ -627,9 +627,9 @@ def _check_coefficients(
     # eps_low = 1 would make the clip floor 1 - eps = 0, a ratio bound that clips nothing
     if not 0 <= epsilon_low < 1:
         raise ValueError(f"epsilon_low must be in [0, 1) (ratio floor 1 - eps), got {epsilon_low}")
-    if not epsilon_high >= 0:
+    if not epsilon_high >= 0:  # `not >= 0`: NaN is refused too
         raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high}")
-    if not beta >= 0:
+    if not beta >= 0:  # NaN is refused too
         raise ValueError(f"beta (KL coefficient) must be >= 0, got {beta}")
     if beta > 0 and ref_logps is None:
         raise ValueError(

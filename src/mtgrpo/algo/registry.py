@@ -69,6 +69,8 @@ class Registry(Generic[T]):
         that module; :meth:`get` works once it is registered."""
         self._check_free((name, *aliases))
         self._declared.add(name)
+        # A placeholder: names(), canonical() and `in` know the name before its module registers
+        # it.
         self._items[name] = None  # type: ignore[assignment]
         for alias in aliases:
             self._aliases[alias] = name
@@ -107,6 +109,7 @@ class Registry(Generic[T]):
     def canonical(self, name: str) -> str:
         """The registered name for ``name`` or one of its aliases (case-insensitive)."""
         key = name.strip()
+        # Exact first, so a name registered with capitals stays reachable; then case-insensitively.
         for candidate in (key, key.lower()):
             if candidate in self._items:
                 return candidate
@@ -231,7 +234,7 @@ def check_is_correction(mode: str, clip_min: float | None, clip_max: float | Non
         )
     for name, value in (("clip_min", clip_min), ("clip_max", clip_max)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value >= 0):
+                                  or not value >= 0):  # `not >= 0`: NaN too
             raise ValueError(
                 f"vllm_importance_sampling_{name}={value!r} must be a number >= 0 or None "
                 "(no bound on that side)"

@@ -199,6 +199,7 @@ class TaskStats:
     mean_abs_advantage: np.ndarray | None = None  # [K]
 
     def __post_init__(self) -> None:
+        # Frozen dataclass: the coercion goes through object.__setattr__.
         object.__setattr__(self, "accuracy", _as_vector("accuracy", self.accuracy))
         object.__setattr__(self, "count", _as_counts(self.count))
         for field in ("improvement", "mean_abs_advantage"):
@@ -625,6 +626,7 @@ class WeightingStrategy(ABC):
             "strategy": self.name,
             "num_tasks": self.num_tasks,
             "task_names": list(self.task_names) if self.task_names else None,
+            # Deep: fixed's weights are a list that the saved state must not share.
             "params": copy.deepcopy(self.params),
             "steps": self.steps,
             **self._state(),
@@ -895,6 +897,7 @@ class _LogitOptimizer:
             size = len(self.exp_avg)
             exp_avg = _from_json(state, "exp_avg", size)
             exp_avg_sq = _from_json(state, "exp_avg_sq", size)
+            # Assigned together once both vectors parsed: a refused state changes nothing.
             self.t, self.exp_avg, self.exp_avg_sq = int(state["t"]), exp_avg, exp_avg_sq
 
 
