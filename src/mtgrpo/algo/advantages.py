@@ -161,6 +161,7 @@ def _masked_std(x: np.ndarray, mask: np.ndarray, axis: int | tuple[int, ...], dd
     """Std of ``x`` over ``axis`` counting only ``mask`` (``ddof`` as in numpy); 0 if too few."""
     count = mask.sum(axis=axis, keepdims=True)
     mean = _masked_mean(x, mask, axis)
+    # Two passes (centre, then square): no cancellation on large rewards, as E[x²] − E[x]² has.
     sq = np.where(mask, (x - mean) ** 2, 0.0).sum(axis=axis, keepdims=True, dtype=x.dtype)
     dof = count - ddof  # ddof=1: Bessel's correction, as TRL's nanstd (count / (count - 1))
     # Too few values: std 0 where TRL's nanstd gives NaN, so the advantage stays finite.

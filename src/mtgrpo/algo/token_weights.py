@@ -70,6 +70,7 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, threshold: Tensor | None)
     keep = mask.bool()
     if threshold is None:
         return torch.zeros_like(keep)  # no entropies anywhere: TRL's get_high_entropy_mask
+    # & keep: padding never trains, as TRL 1.16's `entropy_mask & mask.bool()`.
     return (entropies.detach() >= threshold) & keep
 
 
