@@ -655,7 +655,7 @@ class Sampler(ABC):
         generated = rollouts.generated_counts()
         seen = generated > 0  # a task not generated this build keeps its ρ: no new evidence
         dropped = generated - rollouts.informative_counts()
-        fraction = dropped[seen] / generated[seen]
+        fraction = dropped[seen] / generated[seen]  # f_k, the filtered fraction of this build
         decay = self.acceptance_ema
         self._filter_rate_ema[seen] = decay * self._filter_rate_ema[seen] + (1 - decay) * fraction
 
@@ -873,6 +873,7 @@ class RatioPreservingSampler(Sampler):
         # A task still short after N_rs rounds gives its places to others (any task), so the
         # batch stays at B whenever B informative groups exist.
         top_up = min(size - chosen.size, leftovers.size)
+        # ALGORITHMS.md §5: the top-up is random leftovers, not the next in generation order.
         extra = self.rng.choice(leftovers, size=top_up, replace=False)
         return np.concatenate([chosen, extra]).astype(np.int64)
 
