@@ -170,7 +170,7 @@ def _sequence_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormali
 def _token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
     # DAPO's token-level mean, so a long completion weighs by its tokens; the whole batch's
     # count plays TRL's num_items_in_batch.
-    # max(·, 1): no completion token gives 0, not 0/0 (TRL's num_items_in_batch.clamp(min=1.0))
+    # max(·, 1): a batch without completion tokens gives 0, not 0/0 (TRL clamps at 1 too).
     return per_token_loss.sum() / max(normalizer.num_tokens, 1)
 
 
@@ -413,7 +413,7 @@ def policy_loss(
         lengths = mask.sum(-1).clamp(min=1)  # an empty completion gives 0, not 0/0
         return LossOutput(
             loss=loss,
-            # The released MT-GRPO code's I_k signal is minus the change of its sum.
+            # The released MT-GRPO code's I_k: minus the change of this, summed over a task.
             per_sequence_loss=per_token_loss.sum(-1) / lengths,
             per_sequence_objective=_masked_row_mean(-raw_loss, mask),
             policy_loss=policy_part.detach(),

@@ -77,7 +77,7 @@ class MTGRPOParams:
     ``step_size`` None is 0.5 with sgd (the paper's text) and 0.025 with adam (its code)."""
 
     lam: float = 0.25  # Exp-1's λ of the reported 58.8 / 66.9 % (ALGORITHMS.md §8)
-    step_size: float | None = None  # ours 0.5 with sgd, the released code's 0.025 with adam
+    step_size: float | None = None
     optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: the paper's text; adam: its released code
     damping: float = 1e-5  # Exp-1's η (ALGORITHMS.md §8)
     improvement_clip: float | None = None  # paper text; released code: 0.1 or 0.2

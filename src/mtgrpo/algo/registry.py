@@ -69,8 +69,7 @@ class Registry(Generic[T]):
         that module; :meth:`get` works once it is registered."""
         self._check_free((name, *aliases))
         self._declared.add(name)
-        # A placeholder: names(), canonical() and `in` know the name before its module registers
-        # it.
+        # A placeholder: names(), canonical() and `in` know it before its module loads.
         self._items[name] = None  # type: ignore[assignment]
         for alias in aliases:
             self._aliases[alias] = name

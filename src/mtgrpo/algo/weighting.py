@@ -771,7 +771,7 @@ class FixedWeighting(WeightingStrategy):
     ) -> None:
         super().__init__(num_tasks, task_names=task_names, params={})
         vector = self._weight_vector(weights)  # [K]
-        self._weights = vector / vector.sum()  # z_k = w_k / Σ_j w_j
+        self._weights = vector / vector.sum()
         # Kept normalised, as a list: a mapping or a rescaled vector that means the same
         # weights passes the parameter check on resume.
         self.params = {"weights": _to_json(self._weights)}
@@ -864,7 +864,7 @@ class _LogitOptimizer:
         # η ξ joins the gradient (L2, as torch.optim.Adam's weight_decay; not AdamW's decay).
         direction = gradient + self.damping * logits if self.damping else gradient  # [K]
         if self.kind == "sgd":
-            # ALGORITHMS.md §4: ξ ← ξ − β (g + η ξ)
+            # ALGORITHMS.md §4's plain step, the paper's text
             return _bounded(logits - self.step_size * direction)
         beta1, beta2 = ADAM_BETAS
         self.t += 1
