@@ -161,6 +161,7 @@ def _masked_std(x: np.ndarray, mask: np.ndarray, axis: int | tuple[int, ...], dd
     """Std of ``x`` over ``axis`` counting only ``mask`` (``ddof`` as in numpy); 0 if too few."""
     count = mask.sum(axis=axis, keepdims=True)
     mean = _masked_mean(x, mask, axis)
+    # Two passes (centre, then square): no cancellation on large rewards, as E[x²] − E[x]² has.
     sq = np.where(mask, (x - mean) ** 2, 0.0).sum(axis=axis, keepdims=True, dtype=x.dtype)
     dof = count - ddof  # ddof=1: Bessel's correction, as TRL's nanstd (count / (count - 1))
     # Too few values: std 0 where TRL's nanstd gives NaN, so the advantage stays finite.
@@ -200,6 +201,7 @@ def _sum_then_normalize(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
     else:
         fill = np.zeros_like(rewards)  # TRL 1.16's nansum in _generate_and_score_completions
     filled = np.where(applicable, rewards, fill)
+    # ALGORITHMS.md §2 (AN, TRL's sum_then_normalize): s_j = Σ_l w_l r_jl, then group-normalised
     s = (filled * spec.weights).sum(axis=-1)  # [B, G]
     # Baseline over scorable rows only: TRL sets unscorable rows to NaN before its nanmean.
     centred = s - _masked_mean(s, scorable, axis=1)
@@ -222,6 +224,7 @@ def _zscores(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
         # "zero": a None is a reward of 0 on every scorable row; unscorable rows stay out.
         valid = np.broadcast_to(scorable[..., None], rewards.shape)
         values = np.where(applicable, rewards, 0.0).astype(rewards.dtype)
+    # ALGORITHMS.md §2 (NA, MO-GRPO): z_jl = (r_jl − mean_l) / (std_l + δ) within the group
     centred = values - _masked_mean(values, valid, axis=1)
     z = _scale(centred, values, valid, spec)
     contrast = _has_contrast(centred, values, valid)
@@ -234,7 +237,7 @@ def _normalize_then_sum(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
     z, contrast = _zscores(rewards, scorable, spec)
     # MO-GRPO weighs after normalising, so channel l's influence is proportional to w_l (the
     # (τ²/m) wᵀCw noise law that mtgrpo.analysis.theorem3 checks).
-    advantages = (z * spec.weights).sum(axis=-1)
+    advantages = (z * spec.weights).sum(axis=-1)  # A_j = Σ_l w_l z_jl
     return np.where(scorable, advantages, 0.0).astype(rewards.dtype), contrast
 
 
@@ -255,6 +258,7 @@ def _gdpo(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
 def _single(rewards: np.ndarray, scorable: np.ndarray, spec: _Spec
             ) -> tuple[np.ndarray, np.ndarray]:
     channel0 = rewards[..., :1]
+    # ALGORITHMS.md §2 'single': channel 0 alone, with weight 1.
     one = _Spec(np.ones(1, dtype=rewards.dtype), spec.scale, spec.none_handling, spec.ddof,
                 spec.eps)
     # A row where channel 0 is None has no reward in this ablation: treated as unscorable.
@@ -396,7 +400,7 @@ def _spec(rewards: np.ndarray, group_size: int, reward_weights, scale_rewards, n
         )
     if ddof not in (0, 1):
         raise ValueError(f"ddof={ddof} must be 0 (population std) or 1 (unbiased, TRL)")
-    if not eps >= 0:
+    if not eps >= 0:  # `not >= 0`, not `< 0`: NaN is refused too
         raise ValueError(f"eps={eps} must be >= 0")
     weights = _weights(reward_weights, rewards.shape[1], rewards)
     return _Spec(weights, resolve_scale_rewards(scale_rewards), none_handling, ddof, eps)

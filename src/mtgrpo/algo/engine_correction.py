@@ -63,14 +63,15 @@ def importance_weights(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor
     ``trainer_logps``: the trainer's log-probs of the sampled tokens at the weights that sampled
     them (``[n, L]``, no gradient); ``engine_logps``: the engine's (``[n, L]``, NaN where it had
     none); ``mask``: the completion tokens (``[n, L]``)."""
-    # log(π_θ_old / π_engine): TRL's old_per_token_logps − sampling_per_token_logps.
+    # log(π_θ_old / π_engine): TRL's old_per_token_logps − sampling_per_token_logps, times the
+    # mask as there, so padding adds nothing to a sequence's sum.
     diff = (trainer_logps.detach() - engine_logps.to(trainer_logps.dtype)) * mask
     # A token the engine could not score: ratio 1 (no correction) rather than NaN in the loss.
     diff = torch.nan_to_num(diff, nan=0.0)
     if correction.sequence_level:
         # The completion's likelihood ratio: a product of token ratios (a sum, not a mean).
         diff = diff.sum(dim=-1, keepdim=True)  # [n, 1]
-    weights = torch.exp(diff)
+    weights = torch.exp(diff)  # TRL's vllm_importance_sampling_ratio
     if correction.mode.endswith("truncate"):
         if correction.clip_min is None and correction.clip_max is None:
             return weights  # no bound on either side (TRL's torch.clamp refuses this case)

@@ -160,7 +160,7 @@ LossAggregation = Callable[[Tensor, Tensor, LossNormalizer], Tensor]
 
 @LOSS_TYPES.register("grpo", aliases=("sequence_mean",))
 def _sequence_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
-    lengths = mask.sum(-1).clamp(min=1)  # [n]
+    lengths = mask.sum(-1).clamp(min=1)  # [n]; an empty completion divides by 1 (TRL)
     # Original GRPO: each completion's token mean, then the mean over the whole batch's N rows
     # (TRL's .mean() over the local rows, which differs when micro-batches differ in size).
     return (per_token_loss.sum(-1) / lengths).sum() / normalizer.num_sequences
@@ -170,6 +170,7 @@ def _sequence_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormali
 def _token_mean(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
     # DAPO's token-level mean, so a long completion weighs by its tokens; the whole batch's
     # count plays TRL's num_items_in_batch.
+    # max(·, 1): a batch without completion tokens gives 0, not 0/0 (TRL clamps at 1 too).
     return per_token_loss.sum() / max(normalizer.num_tokens, 1)
 
 
@@ -181,6 +182,7 @@ def _constant_length(per_token_loss: Tensor, mask: Tensor, normalizer: LossNorma
             "LossNormalizer(..., max_completion_length=<generation limit>)"
         )
     # Dr. GRPO: a constant denominator, so no completion is scaled by its own length.
+    # TRL 1.16's dr_grpo: loss.sum() / (B * max_completion_length), B = whole batch here
     return per_token_loss.sum() / (normalizer.num_sequences * normalizer.max_completion_length)
 
 
@@ -200,6 +202,7 @@ LOSS_TYPES.add("sapo", _sequence_mean)
 @LOSS_TYPES.register("luspo")
 def _length_weighted(per_token_loss: Tensor, mask: Tensor, normalizer: LossNormalizer) -> Tensor:
     # TRL's luspo: summed over tokens, averaged over sequences.
+    # Already masked by policy_loss, as TRL's (per_token_loss * mask).sum(-1).mean().
     return per_token_loss.sum() / normalizer.num_sequences
 
 
@@ -365,10 +368,11 @@ def policy_loss(
     if options.importance_sampling_level == "sequence":
         # GSPO: the length-normalised sequence log-ratio (geometric mean of the token ratios).
         kept = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+        # TRL 1.16 _compute_loss's "sequence" level; clamp: an empty row has log-weight 0, ratio 1
         log_weights = (kept.sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)  # [n, 1]
     else:
         log_weights = log_ratio
-    ratio = torch.exp(log_weights)
+    ratio = torch.exp(log_weights)  # TRL's coef_1
     adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [n, 1]
     inputs = _Surrogate(logps, log_ratio, ratio, adv, mask, epsilon_low, eps_high, options)
     per_token_loss, clip_ratio = SURROGATES.get(_SURROGATE_OF.get(loss_type, "clip"))(inputs)
@@ -381,17 +385,20 @@ def policy_loss(
         sampler = old if sampling_logps is None else sampling_logps
         keep = off_policy_mask(advantages, logps, sampler, mask, options.off_policy_threshold)
         trained = trained & keep.unsqueeze(-1)
+    # TRL multiplies by off_policy_mask and entropy_mask here; where() also drops a NaN.
     per_token_loss = torch.where(trained, per_token_loss, torch.zeros_like(per_token_loss))
     if token_weight is not None:
         # After the masks and before the KL: where TRL's _compute_loss applies the engine's
         # importance_sampling_ratio.
         per_token_loss = per_token_loss * token_weight.detach().to(per_token_loss.dtype)
+    # ALGORITHMS.md §3's k3 estimator; computed at beta = 0 too when given, for mean_kl.
     kl = None if ref_logps is None else _k3_kl(logps, ref_logps)  # [n, L]
     if kl is not None and options.use_bias_correction_kl:
         kl = kl * ratio  # DeepSeek-V3.2: the unbiased reverse-KL gradient
     if beta != 0.0 and kl is not None:
         # On every completion token, also those the masks dropped from the policy term (TRL).
         per_token_loss = per_token_loss + beta * kl
+    # where, not TRL's product with the mask: a NaN at a padded position stays out.
     per_token_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
     loss = aggregate(per_token_loss, mask, normalizer)
     policy_part, trained_entropy = loss, None
@@ -403,9 +410,10 @@ def policy_loss(
     with torch.no_grad():
         stats = _token_stats(ratio, clip_ratio, loss_type, advantages, kl, mask, epsilon_low,
                              eps_high)
-        lengths = mask.sum(-1).clamp(min=1)
+        lengths = mask.sum(-1).clamp(min=1)  # an empty completion gives 0, not 0/0
         return LossOutput(
             loss=loss,
+            # The released MT-GRPO code's I_k: minus the change of this, summed over a task.
             per_sequence_loss=per_token_loss.sum(-1) / lengths,
             per_sequence_objective=_masked_row_mean(-raw_loss, mask),
             policy_loss=policy_part.detach(),
@@ -521,6 +529,7 @@ def _clipped_surrogate(
 ) -> tuple[Tensor, Tensor]:
     """``rho [n, L]`` and ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) [n, L]``."""
     old = logps.detach() if old_logps is None else old_logps
+    # ALGORITHMS.md §3: rho = pi_theta / pi_old per token, then the clipped surrogate.
     ratio = torch.exp(logps - old)  # [n, L]
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [n, 1]
@@ -535,6 +544,7 @@ def _k3_kl(logps: Tensor, ref_logps: Tensor) -> Tensor:
 
 def _masked_row_mean(values: Tensor, mask: Tensor) -> Tensor:
     kept = torch.where(mask, values, torch.zeros_like(values))
+    # clamp: a completion without tokens gives 0, not 0/0 (TRL's clamp(min=1.0))
     return kept.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
@@ -571,9 +581,11 @@ def _token_stats(
 
     def token_mean(values: Tensor) -> Tensor:
         kept = torch.where(mask, values.to(torch.float32), torch.zeros((), device=mask.device))
+        # clamp: a micro-batch without completion tokens reports 0, not 0/0
         return kept.sum() / num_tokens.clamp(min=1)
 
     def ratio_mean(values: Tensor) -> Tensor:
+        # float(): boolean clip masks cannot be averaged as they are
         return values.float().mean() if per_sequence else token_mean(values)
 
     return {
@@ -612,11 +624,12 @@ def _check_loss_inputs(
 def _check_coefficients(
     epsilon_low: float, epsilon_high: float, beta: float, ref_logps: Tensor | None
 ) -> None:
+    # eps_low = 1 would make the clip floor 1 - eps = 0, a ratio bound that clips nothing
     if not 0 <= epsilon_low < 1:
         raise ValueError(f"epsilon_low must be in [0, 1) (ratio floor 1 - eps), got {epsilon_low}")
-    if not epsilon_high >= 0:
+    if not epsilon_high >= 0:  # `not >= 0`: NaN is refused too
         raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high}")
-    if not beta >= 0:
+    if not beta >= 0:  # NaN is refused too
         raise ValueError(f"beta (KL coefficient) must be >= 0, got {beta}")
     if beta > 0 and ref_logps is None:
         raise ValueError(

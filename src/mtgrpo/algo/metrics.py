@@ -120,6 +120,7 @@ def worst_and_average(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     filled = np.where(complete[..., None], values, 0.0)
     worst = np.where(complete, filled.min(axis=-1, initial=np.inf), np.nan)  # initial: K = 0
     average = np.where(complete, filled.sum(axis=-1) / max(values.shape[-1], 1), np.nan)
+    # argmin over an empty task axis raises: K = 0 gives -1 directly.
     index = np.where(complete, filled.argmin(axis=-1) if values.shape[-1] else -1, -1)
     return worst, average, index.astype(np.int64)
 

@@ -56,18 +56,18 @@ class FixedParams:
 class WorstCaseParams:
     """``worst_case``: mirror ascent towards the task with the lowest reward."""
 
-    step_size: float = 0.5
-    reward_ema: float = 0.0
-    min_weight: float = 0.0
+    step_size: float = 0.5  # ours (DEFAULT_SGD_STEP_SIZE); the paper gives none
+    reward_ema: float = 0.0  # paper text: the batch J; released code: 0.5
+    min_weight: float = 0.0  # no floor
 
 
 @dataclass(frozen=True)
 class RegularizedParams:
     """``regularized``: worst-case with the logits pulled towards uniform by ``damping``."""
 
-    step_size: float = 0.5
-    damping: float = 1e-2
-    reward_ema: float = 0.0
+    step_size: float = 0.5  # ours (DEFAULT_SGD_STEP_SIZE); the paper gives none
+    damping: float = 1e-2  # the paper's largest η (ALGORITHMS.md §4)
+    reward_ema: float = 0.0  # paper text: the batch J; released code: 0.5
     min_weight: float = 0.0
 
 
@@ -76,12 +76,12 @@ class MTGRPOParams:
     """``mt_grpo``: λ trades a task's reward J against its improvement I (MT-GRPO, eq. 6);
     ``step_size`` None is 0.5 with sgd (the paper's text) and 0.025 with adam (its code)."""
 
-    lam: float = 0.25
+    lam: float = 0.25  # Exp-1's λ of the reported 58.8 / 66.9 % (ALGORITHMS.md §8)
     step_size: float | None = None
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    damping: float = 1e-5
-    improvement_clip: float | None = None
-    reward_ema: float = 0.0
+    optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: the paper's text; adam: its released code
+    damping: float = 1e-5  # Exp-1's η (ALGORITHMS.md §8)
+    improvement_clip: float | None = None  # paper text; released code: 0.1 or 0.2
+    reward_ema: float = 0.0  # paper text: the batch J; released code: 0.5
     min_weight: float = 0.0
 
 
@@ -89,8 +89,8 @@ class MTGRPOParams:
 class SECParams:
     """``sec``: Self-Evolving Curriculum, Q learning rate α and Boltzmann temperature τ."""
 
-    alpha: float = 0.5
-    temperature: float = 0.2
+    alpha: float = 0.5  # SEC's multi-task puzzle setting (ALGORITHMS.md §4)
+    temperature: float = 0.2  # SEC's multi-task puzzle setting
     min_weight: float = 0.0
 
 
@@ -99,28 +99,29 @@ class SECParams:
 class IIDParams:
     """``iid``: tasks drawn i.i.d. from z in one round."""
 
-    acceptance_ema: float = 0.9
+    acceptance_ema: float = 0.9  # ρ's decay, ALGORITHMS.md §5
 
 
 @dataclass(frozen=True)
 class DynamicParams:
     """``dynamic`` (DAPO): oversample, drop zero-gradient groups, up to N_rs extra rounds."""
 
-    oversample_factor: float = 3.0
-    max_resample_rounds: int = 10
-    acceptance_ema: float = 0.9
+    oversample_factor: float = 3.0  # M_os = 3 (ALGORITHMS.md §5)
+    max_resample_rounds: int = 10  # N_rs = 10, the paper's 3-task value
+    acceptance_ema: float = 0.9  # ρ's decay, ALGORITHMS.md §5
 
 
 @dataclass(frozen=True)
 class RatioPreservingParams:
     """``ratio_preserving`` (MT-GRPO's RP sampler, Algorithm 2), acceptance-aware by default."""
 
-    oversample_factor: float = 3.0
-    max_resample_rounds: int = 10
-    acceptance_aware: bool = True
-    max_acceptance_inflation: float = 5.0
+    oversample_factor: float = 3.0  # M_os = 3 (ALGORITHMS.md §5)
+    max_resample_rounds: int = 10  # N_rs = 10 for 3 tasks (the paper used 2 for 9)
+    acceptance_aware: bool = True  # Exp-2's AAS on (Exp-1 ran without it)
+    max_acceptance_inflation: float = 5.0  # M_acc = 5 (ALGORITHMS.md §5)
+    # Algorithm 2's n ~ Multinomial(B, z); largest_remainder gives the same n every step
     target_rounding: Literal["multinomial", "largest_remainder"] = "multinomial"
-    acceptance_ema: float = 0.9
+    acceptance_ema: float = 0.9  # ρ's decay, ALGORITHMS.md §5
 
 
 WEIGHTING_PARAMS: dict[str, type] = {

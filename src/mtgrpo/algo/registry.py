@@ -69,6 +69,7 @@ class Registry(Generic[T]):
         that module; :meth:`get` works once it is registered."""
         self._check_free((name, *aliases))
         self._declared.add(name)
+        # A placeholder: names(), canonical() and `in` know it before its module loads.
         self._items[name] = None  # type: ignore[assignment]
         for alias in aliases:
             self._aliases[alias] = name
@@ -107,6 +108,7 @@ class Registry(Generic[T]):
     def canonical(self, name: str) -> str:
         """The registered name for ``name`` or one of its aliases (case-insensitive)."""
         key = name.strip()
+        # Exact first, so a name registered with capitals stays reachable; then case-insensitively.
         for candidate in (key, key.lower()):
             if candidate in self._items:
                 return candidate
@@ -172,6 +174,7 @@ __all__ += [
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry(
     "reward aggregation", provider="mtgrpo.algo.advantages")
 """How reward channels become one advantage (:mod:`mtgrpo.algo.advantages` documents each)."""
+# an / na: the multireward-grpo package's AN / NA orderings (ALGORITHMS.md §2); mo_grpo: MO-GRPO's
 AGGREGATIONS.declare("sum_then_normalize", aliases=("an", "sum_normalize"))
 AGGREGATIONS.declare("normalize_then_sum", aliases=("na", "mo_grpo", "normalise_then_sum"))
 AGGREGATIONS.declare("gdpo")
@@ -195,6 +198,7 @@ for _name in ("raise", "warn", "zero_advantage"):
 
 LOSS_TYPES: Registry[Callable[..., Any]] = Registry("loss type", provider="mtgrpo.algo.losses")
 """How per-token policy terms are summed into the loss (:mod:`mtgrpo.algo.losses`)."""
+# TRL 1.16's loss_type names; sequence_mean / token_mean are ALGORITHMS.md §3's
 LOSS_TYPES.declare("grpo", aliases=("sequence_mean",))
 LOSS_TYPES.declare("dapo", aliases=("token_mean",))
 for _name in ("dr_grpo", "bnpo", "cispo", "vespo", "sapo", "luspo"):
@@ -229,7 +233,7 @@ def check_is_correction(mode: str, clip_min: float | None, clip_max: float | Non
         )
     for name, value in (("clip_min", clip_min), ("clip_max", clip_max)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value >= 0):
+                                  or not value >= 0):  # `not >= 0`: NaN too
             raise ValueError(
                 f"vllm_importance_sampling_{name}={value!r} must be a number >= 0 or None "
                 "(no bound on that side)"
@@ -311,13 +315,13 @@ def resolve_aggregation(
             + ", ".join(f"{k}={given[k]!r}" for k in named)
             + "; set only one of them"
         )
-    return next(iter(named.values()), "sum_then_normalize")
+    return next(iter(named.values()), "sum_then_normalize")  # TRL 1.16's default
 
 
 def resolve_scale_rewards(scale_rewards: str | bool) -> str:
     """TRL accepts ``True`` (= "group") and ``False`` (= "none") as well as the three names."""
     if scale_rewards is True:
-        return "group"
+        return "group"  # TRL 1.16 GRPOConfig: {True: "group", False: "none"}
     if scale_rewards is False:
         return "none"
     if isinstance(scale_rewards, str) and scale_rewards.lower() in SCALE_REWARDS:

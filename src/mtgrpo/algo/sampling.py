@@ -281,6 +281,7 @@ class PromptPool:
         self.num_tasks = int(num_tasks)
         self._seed = seed
         self._shuffle = bool(shuffle)
+        # Task k's prompt ids in dataset order: the per-epoch permutations index into these.
         self._ids = [np.flatnonzero(self._tasks == k) for k in range(self.num_tasks)]
         self._epochs = [0] * self.num_tasks
         self._positions = [0] * self.num_tasks
@@ -609,6 +610,8 @@ class Sampler(ABC):
                 f"task(s) {empty.tolist()} have positive weight but no prompts; give them "
                 "prompts or weight 0"
             )
+        # numpy's multinomial refuses p > 1 and gives the last task any shortfall: renormalise the
+        # residue the tolerance lets through.
         return _normalised(z)
 
     def _generate_round(
@@ -652,7 +655,7 @@ class Sampler(ABC):
         generated = rollouts.generated_counts()
         seen = generated > 0  # a task not generated this build keeps its ρ: no new evidence
         dropped = generated - rollouts.informative_counts()
-        fraction = dropped[seen] / generated[seen]
+        fraction = dropped[seen] / generated[seen]  # f_k, the filtered fraction of this build
         decay = self.acceptance_ema
         self._filter_rate_ema[seen] = decay * self._filter_rate_ema[seen] + (1 - decay) * fraction
 
@@ -666,7 +669,7 @@ class Sampler(ABC):
     ) -> SamplingReport:
         generated = rollouts.generated_counts()
         informative = rollouts.informative_counts()
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 of an ungenerated task: NaN
             filter_rate = np.where(generated > 0, (generated - informative) / generated, np.nan)
         total_informative = int(informative.sum())
         batch_tasks = np.array([g.task for g in groups], dtype=np.int64)
@@ -810,8 +813,8 @@ class RatioPreservingSampler(Sampler):
         *,
         oversample_factor: float = 3.0,
         max_resample_rounds: int = 10,  # Exp-1's N_rs (Exp-2, with AAS on, used 2)
-        acceptance_aware: bool = True,
-        max_acceptance_inflation: float = 5.0,
+        acceptance_aware: bool = True,  # Exp-2's AAS on (decision 7)
+        max_acceptance_inflation: float = 5.0,  # M_acc = 5, the paper's value
         target_rounding: str = "multinomial",
         **common: Any,
     ) -> None:
@@ -833,6 +836,7 @@ class RatioPreservingSampler(Sampler):
         """``m_k = min(1 / max(1 − ρ_k, 0.01), M_acc)`` with AAS, else 1."""
         if not self.acceptance_aware:
             return np.ones(self.num_tasks)
+        # Algorithm 2's floor 0.01: a task whose groups are all filtered gets the cap, not 1/0.
         acceptance = np.maximum(1 - self._filter_rate_ema, _MIN_ACCEPTANCE)
         return np.minimum(1 / acceptance, self.max_acceptance_inflation)
 
@@ -862,12 +866,14 @@ class RatioPreservingSampler(Sampler):
         """First ``n_k`` informative groups of each task, topped up at random to ``size``."""
         informative = rollouts.informative_indices()  # generation order
         tasks = rollouts.tasks()[informative]
+        # ALGORITHMS.md §5: at most n_k groups per task, the first generated.
         kept = [informative[tasks == k][: target[k]] for k in range(self.num_tasks)]
         chosen = np.concatenate(kept)
         leftovers = np.setdiff1d(informative, chosen)  # sorted: generation order
         # A task still short after N_rs rounds gives its places to others (any task), so the
         # batch stays at B whenever B informative groups exist.
         top_up = min(size - chosen.size, leftovers.size)
+        # ALGORITHMS.md §5: the top-up is random leftovers, not the next in generation order.
         extra = self.rng.choice(leftovers, size=top_up, replace=False)
         return np.concatenate([chosen, extra]).astype(np.int64)
 

@@ -49,6 +49,7 @@ def off_policy_mask(
     # negative-advantage completion on one token (TRL 1.16's get_off_policy_mask does the same).
     kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)
     kept = torch.where(mask.bool(), kl, torch.zeros_like(kl))
+    # TRL's avg_seq_kl; clamp: a completion without tokens has KL 0, kept
     mean_kl = kept.sum(-1) / mask.sum(-1).clamp(min=1)  # [n]
     # DeepSeek-V3.2's Eq. 9 (per TRL's docs): only negative-advantage completions that drifted go.
     return (advantages >= 0) | (mean_kl <= threshold)
@@ -69,6 +70,7 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, threshold: Tensor | None)
     keep = mask.bool()
     if threshold is None:
         return torch.zeros_like(keep)  # no entropies anywhere: TRL's get_high_entropy_mask
+    # & keep: padding never trains, as TRL 1.16's `entropy_mask & mask.bool()`.
     return (entropies.detach() >= threshold) & keep
 
 
@@ -86,10 +88,10 @@ def gamma_weights(
     """VESPO's ``φ(w) [n]`` (see the module docstring); ``log_ratio = logp − old  [n, L]``."""
     # ln 1e-8 ≈ −18.42: TRL 1.16's get_gamma_weights clamps here to match VESPO's original code.
     floor = math.log(1e-8)
-    clamped = torch.clamp(log_ratio, -20.0, 20.0)
+    clamped = torch.clamp(log_ratio, -20.0, 20.0)  # TRL 1.16's per-token clamp
     # VESPO's sequence ratio is a product of token ratios: a sum of log-ratios, not a mean.
     summed = torch.where(mask.bool(), clamped, torch.zeros_like(clamped)).sum(-1)  # [n]
-    log_w = torch.clamp(summed, floor, 20.0)
+    log_w = torch.clamp(summed, floor, 20.0)  # w in [1e-8, e^20], TRL's log_w_seq
     positive = advantages >= 0
 
     def pick(pos: float, neg: float) -> Tensor:
@@ -138,6 +140,7 @@ class AdaptiveEntropy:
     def update(self, entropy: float) -> None:
         """After an optimizer step whose trained tokens had mean entropy ``entropy``."""
         if self.adaptive:
+            # TRL 1.16 _compute_loss's controller, step for step
             if entropy <= self.target:
                 self.coef = min(self.coef + self.delta, self.maximum)
             else:
@@ -145,6 +148,7 @@ class AdaptiveEntropy:
         self.last_entropy = entropy
 
     def state_dict(self) -> dict[str, float]:
+        # What resume needs: TRL keeps the same two (entropy_coef, _last_world_entropy).
         return {"coef": self.coef, "last_entropy": self.last_entropy}
 
     def load_state_dict(self, state: dict[str, float]) -> None:

@@ -199,6 +199,7 @@ class TaskStats:
     mean_abs_advantage: np.ndarray | None = None  # [K]
 
     def __post_init__(self) -> None:
+        # Frozen dataclass: the coercion goes through object.__setattr__.
         object.__setattr__(self, "accuracy", _as_vector("accuracy", self.accuracy))
         object.__setattr__(self, "count", _as_counts(self.count))
         for field in ("improvement", "mean_abs_advantage"):
@@ -236,6 +237,7 @@ class TaskStats:
             # SEC's arm reward: mean |A|, its proxy for how much a task can still teach.
             total = np.bincount(task_ids, weights=np.asarray(abs_advantages, dtype=np.float64),
                                 minlength=num_tasks)
+            # maximum(count, 1) only keeps 0/0 out: an absent task's entry is NaN.
             mean_abs = np.where(present, total / np.maximum(count, 1), np.nan)
         return cls(accuracy=task_accuracy(task_ids, correct, num_tasks), count=count,
                    improvement=improvement, mean_abs_advantage=mean_abs)
@@ -277,7 +279,7 @@ def improvement_by_task(
     count = np.bincount(task_ids, minlength=num_tasks)
     # "sum" keeps the released code's total, which grows with the task's share of the batch.
     if reduction == "mean":
-        total = total / np.maximum(count, 1)
+        total = total / np.maximum(count, 1)  # count 0 is masked to NaN below
     return np.where(count > 0, total, np.nan)
 
 
@@ -624,6 +626,7 @@ class WeightingStrategy(ABC):
             "strategy": self.name,
             "num_tasks": self.num_tasks,
             "task_names": list(self.task_names) if self.task_names else None,
+            # Deep: fixed's weights are a list that the saved state must not share.
             "params": copy.deepcopy(self.params),
             "steps": self.steps,
             **self._state(),
@@ -834,6 +837,7 @@ class _RewardMemory:
         observed = present & ~np.isnan(reward)  # [K]; NaN: not measured, the last J stands
         if observed.any():
             batch = np.where(observed, reward, 0.0)  # absent entries may be inf: keep them out
+            # ALGORITHMS.md §4: the released code's EMA of J (decay 0.5 there).
             smoothed = self.decay * self.value + (1.0 - self.decay) * batch
             # First observation taken as is: an EMA started at 0 would make a new task look
             # failing and pull weight to it.
@@ -860,15 +864,19 @@ class _LogitOptimizer:
         # η ξ joins the gradient (L2, as torch.optim.Adam's weight_decay; not AdamW's decay).
         direction = gradient + self.damping * logits if self.damping else gradient  # [K]
         if self.kind == "sgd":
+            # ALGORITHMS.md §4's plain step, the paper's text
             return _bounded(logits - self.step_size * direction)
         beta1, beta2 = ADAM_BETAS
         self.t += 1
         # torch's operation order (lerp form, bias corrections split), so the logits agree
         # with torch.optim.Adam to 1e-14 (tests/algo/test_weighting.py).
+        # torch's exp_avg.lerp_(grad, 1 - beta1)
         self.exp_avg += (1.0 - beta1) * (direction - self.exp_avg)
+        # torch's exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         self.exp_avg_sq *= beta2
         self.exp_avg_sq += (1.0 - beta2) * direction * direction
-        step = self.step_size / (1.0 - beta1**self.t)
+        step = self.step_size / (1.0 - beta1**self.t)  # torch's step_size = lr / bias_correction1
+        # torch's denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         denom = np.sqrt(self.exp_avg_sq) / (1.0 - beta2**self.t) ** 0.5 + ADAM_EPS
         return _bounded(logits - step * (self.exp_avg / denom))
 
@@ -889,6 +897,7 @@ class _LogitOptimizer:
             size = len(self.exp_avg)
             exp_avg = _from_json(state, "exp_avg", size)
             exp_avg_sq = _from_json(state, "exp_avg_sq", size)
+            # Assigned together once both vectors parsed: a refused state changes nothing.
             self.t, self.exp_avg, self.exp_avg_sq = int(state["t"]), exp_avg, exp_avg_sq
 
 
@@ -1209,12 +1218,12 @@ class SECWeighting(WeightingStrategy):
             return
         reward = np.where(observed, advantage, 0.0)  # [K]; SEC's rule: an absent arm gets r = 0
         alpha = self.params["alpha"]
-        self._set_q((1.0 - alpha) * self._q + alpha * reward)
+        self._set_q((1.0 - alpha) * self._q + alpha * reward)  # SEC: Q ← (1 − α) Q + α r
         self.steps += 1
 
     def _set_q(self, q: np.ndarray) -> None:
         self._q = q
-        self._weights = self._floored(softmax(q / self.params["temperature"]))
+        self._weights = self._floored(softmax(q / self.params["temperature"]))  # z = softmax(Q / τ)
 
     def _state(self) -> dict[str, Any]:
         return {"q": _to_json(self._q)}

@@ -48,6 +48,7 @@ def plot_mse(ax: Axes, result: AnalysisResult, band: tuple[float, float] = DEFAU
     low, high = values.min() / 1.5, values.max() * 1.5  # a margin, so no point sits on the frame
     line = np.array([low, high])
     ax.plot(line, line, color="black", linewidth=1, linestyle="--", label="y = x")
+    # ALGORITHMS.md §7: NA's realised / predicted is expected within 15 % of 1.
     ax.fill_between(line, band[0] * line, band[1] * line, color=_NA_COLOUR, alpha=0.1,
                     label=f"accepted NA band ×[{band[0]:g}, {band[1]:g}]")
     ax.set_xscale("log")

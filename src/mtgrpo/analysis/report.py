@@ -69,6 +69,8 @@ def _mse_table(result: AnalysisResult) -> Table:
         )
 
     add("NA", s.na, s.na.ratio_quantiles)
+    # Same predicted MSE: the pooled Ĉ's prediction has the mean of the per-prompt ones (a
+    # linear map, theorem3); only the per-prompt quantiles differ.
     add("NA, pooled Ĉ", s.na, s.pooled_ratio_quantiles)
     add("AN", s.an, s.an.ratio_quantiles)
     return table

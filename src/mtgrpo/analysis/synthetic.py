@@ -224,8 +224,10 @@ def synthetic_rewards(
     chosen = tuple(marginals) if marginals is not None else default_marginals(num_channels)
     _check_sizes(num_prompts, num_seeds, group_size, len(chosen), num_channels, success_range)
     rng = np.random.default_rng([_SYNTHETIC_STREAM, seed])
+    # Difficulties first, then latents, from one generator: this order is what makes a seed
+    # reproduce the same rewards.
     success = rng.uniform(*success_range, size=num_prompts)  # [P]
-    threshold = -ndtri(success)  # [P], P(x > t) = π
+    threshold = -ndtri(success)  # [P]; t = Φ⁻¹(1 − π) = −Φ⁻¹(π), so P(x > t) = π
     latent = sample_latent(matrix, (num_prompts, num_seeds, group_size), rng)  # [P, S, m, R]
     channels = [
         MARGINALS.get(marginal.kind)(latent[..., channel], marginal, threshold)

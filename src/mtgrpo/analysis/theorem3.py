@@ -364,6 +364,7 @@ def _channel_std(r: np.ndarray) -> np.ndarray:
     applicable = ~np.isnan(r)  # [P, S, m, R]
     count = applicable.sum(axis=2)  # [P, S, R]
     values = np.where(applicable, r, 0.0)
+    # maximum(count, 1): a channel that is None for a whole group has std 0, not 0/0
     mean = values.sum(axis=2) / np.maximum(count, 1)
     square = (np.where(applicable, r - mean[:, :, None], 0.0) ** 2).sum(axis=2)
     return np.sqrt(square / np.maximum(count, 1)).mean(axis=1)
