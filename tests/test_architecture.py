@@ -135,7 +135,7 @@ def test_trl_compatibility_is_imported_only_by_the_facade_and_the_command_line()
 
 
 _CALLBACK_MACHINERY = {"CallbackHandler", "DefaultFlowCallback", "TrainerCallback",
-                       "TrainerControl"}
+                       "TrainerControl", "TrainerState"}
 
 
 def test_transformers_callbacks_are_imported_only_by_the_trl_surface():

@@ -78,3 +78,21 @@ def test_the_native_flow_sets_the_switches_transformers_sets(logging, evaluation
     assert _run(native_event, native_state, epoch_every=3, steps=9) == expected
     if {logging, evaluation, saving} & {"steps", "epoch"}:  # a comparison of switches set
         assert any(any(switches.values()) for switches in expected)
+
+
+def test_the_run_state_has_transformers_trainer_state_fields_and_defaults():
+    import dataclasses
+
+    from mtgrpo.trainer.hooks import RunState
+
+    def defaults(cls: type) -> dict:
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cls)}
+
+    ours, theirs = defaults(RunState), defaults(TrainerState)
+    theirs["log_history"] = []  # TrainerState's __post_init__ turns its None into a list
+    assert list(ours) == list(theirs)
+    assert ours == theirs
+    # a checkpoint's record reads the same whichever wrote it
+    saved = dataclasses.asdict(RunState(global_step=3, log_history=[{"loss": 1.0}]))
+    assert TrainerState(**saved).global_step == 3

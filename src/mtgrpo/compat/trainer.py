@@ -72,6 +72,13 @@ class GRPOTrainer(_Trainer):
     def _make_flow(self) -> Flow:
         return _CallbackFlow(self, self._callbacks)
 
+    @staticmethod
+    def _state_class() -> type:
+        """transformers' ``TrainerState``: what TRL's ``trainer.state`` is and callbacks get."""
+        from transformers import TrainerState
+
+        return TrainerState
+
     @property
     def callback_handler(self) -> Any:
         """transformers' ``CallbackHandler`` of the run's callbacks."""

@@ -281,6 +281,11 @@ class TrainerBuilding:
         surface's flow also tells transformers callbacks (:mod:`mtgrpo.compat.trainer`)."""
         return Flow(self.config)
 
+    @staticmethod
+    def _state_class() -> type:
+        """The class of ``self.state`` (TRL's surface: transformers' ``TrainerState``)."""
+        return hooks.RunState
+
     def _build_loop_state(self) -> None:
         """The loop's state and flow, completion logs and reward-function hooks."""
         args = self.config
@@ -291,7 +296,7 @@ class TrainerBuilding:
         self.state = hooks.new_state(
             self.max_optimizer_steps, self.steps_per_epoch * args.optimizer_steps_per_step(),
             args.schedule.num_train_epochs, intervals, args.batch.per_device_train_batch_size,
-            self.accelerator.is_main_process)
+            self.accelerator.is_main_process, self._state_class())
         self.flow = self._make_flow()
         self.log_window = hooks.LogWindow()
         self.aux_loss_enabled = False  # TRL's; no MoE router loss is added

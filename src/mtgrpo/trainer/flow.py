@@ -12,13 +12,12 @@ expects:
 * at the end of an epoch: log, evaluate (from ``eval_delay`` epochs on) and save for the
   ``epoch`` strategies.
 
-The step counts are those of ``state`` (a transformers ``TrainerState``, the checkpoint's
-``trainer_state.json``), in optimizer steps, as TRL counts them. The trainer calls one method per
-event (:meth:`Flow.step_end`, ...), each through :meth:`Flow.event`;
-:class:`mtgrpo.compat.GRPOTrainer`'s flow hands the events to transformers' own
-``CallbackHandler`` instead (``DefaultFlowCallback`` first, then the user's callbacks), and
-``tests/trainer/test_flow.py`` holds the two to the same switches.
-"""
+The step counts are those of ``state`` (a :class:`~mtgrpo.trainer.hooks.RunState`, or TRL's
+surface's ``TrainerState``: the checkpoint's ``trainer_state.json``), in optimizer steps, as TRL
+counts them. The trainer calls one method per event (:meth:`Flow.step_end`, ...), each through
+:meth:`Flow.event`; :class:`mtgrpo.compat.GRPOTrainer`'s flow hands the events to transformers'
+own ``CallbackHandler`` instead (``DefaultFlowCallback`` first, then the user's callbacks), and
+``tests/trainer/test_flow.py`` holds the two to the same switches."""
 
 from __future__ import annotations
 

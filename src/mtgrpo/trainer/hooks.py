@@ -1,8 +1,10 @@
 """The transformers ``Trainer``'s bookkeeping, kept by :class:`~mtgrpo.trainer.GRPOTrainer`.
 
-* ``trainer.state`` is a transformers ``TrainerState`` (``global_step``, ``epoch``,
-  ``max_steps``, ``log_history``, ``best_metric``, ...); it is stored in every checkpoint
-  (``trainer_state.json``) and restored on resume, so ``log_history`` survives a restart.
+* ``trainer.state`` is a :class:`RunState`, the fields and meanings of transformers'
+  ``TrainerState`` (``global_step``, ``epoch``, ``max_steps``, ``log_history``,
+  ``best_metric``, ...; TRL's surface keeps a ``TrainerState`` itself); it is stored in every
+  checkpoint (``trainer_state.json``) and restored on resume, so ``log_history`` survives a
+  restart.
 * The flow (:mod:`mtgrpo.trainer.flow`) decides from ``logging_strategy`` / ``eval_strategy`` /
   ``save_strategy`` and their step counts when to log, evaluate and save, by the HF
   ``Trainer``'s rules; TRL's surface (:class:`mtgrpo.compat.GRPOTrainer`) runs them through
@@ -24,11 +26,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "TRL_ALIASES",
     "LogWindow",
+    "RunState",
     "TrainOutput",
     "best_metric_improved",
     "new_state",
@@ -66,12 +70,41 @@ class TrainOutput(dict):
         self.metrics = dict(summary)
 
 
-def new_state(max_steps: int, steps_per_epoch: int, num_train_epochs: float,
-              intervals: Mapping[str, int], train_batch_size: int, is_main: bool) -> Any:
-    """A fresh transformers ``TrainerState`` for a run of ``max_steps`` training steps."""
-    from transformers import TrainerState
+@dataclass
+class RunState:
+    """The loop's state: transformers 5.24's ``TrainerState`` fields, names, defaults and
+    meanings (a test holds them equal), so a checkpoint's ``trainer_state.json`` reads the
+    same whichever wrote it, and a reward function written for TRL's ``trainer_state`` reads
+    this one unchanged. Step counts are optimizer steps."""
 
-    return TrainerState(
+    epoch: float = 0
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: str | None = None
+    trial_params: dict[str, Any] | None = None
+    stateful_callbacks: Any = None
+
+
+def new_state(max_steps: int, steps_per_epoch: int, num_train_epochs: float,
+              intervals: Mapping[str, int], train_batch_size: int, is_main: bool,
+              state_class: type = RunState) -> Any:
+    """A fresh state (a :class:`RunState`, or ``state_class``: TRL's surface passes
+    transformers' ``TrainerState``) for a run of ``max_steps`` optimizer steps."""
+    return state_class(
         epoch=0.0, global_step=0, max_steps=max_steps,
         # transformers' Trainer rule: as many epochs as max_steps reaches into
         num_train_epochs=math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else
