@@ -233,3 +233,24 @@ def _recording(plan, calls):
         return result
 
     return wrapper
+
+
+def test_rows_left_out_of_the_loss_add_no_improvement(tiny_model_dir, tmp_path):
+    # the engine cuts the first sample of every prompt at max_new_tokens: under
+    # mask_truncated_completions it trains no token, so its objective is 0 before the update as
+    # after; with a learning rate of 1e-30 nothing changes, so I_k is 0 up to float32 rounding
+    # (it was -A of the truncated rows: -0.22 on the first step here)
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
+        args=common.args(tmp_path, max_steps=2, learning_rate=1e-30, task_weighting="mt_grpo",
+                         mask_truncated_completions=True),
+        train_dataset=common.rows(), generation_backend="scripted_backend:OffsetLogprobBackend")
+    trainer.train()
+    measured = [value for record in read_metrics(tmp_path, split="train")
+                for key, value in record.items() if key.endswith("/improvement")
+                and value is not None]
+    assert measured
+    # float32 rounding of the objectives: z-scored advantages of groups of 4 are at most 1.5
+    from tolerance import f32_atol
+
+    assert max(abs(v) for v in measured) < f32_atol(1.5, ulps=64)

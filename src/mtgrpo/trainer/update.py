@@ -515,7 +515,11 @@ class PolicyUpdater:
         result = UpdateOutput(
             metrics=self._metrics(outputs, entropies, grad_norms),
             # at θ_t the ratio is 1, so each row's objective is its advantage
-            objective_before=batch.advantages.detach().cpu().numpy().astype(np.float64),
+            # (0 for a row with no loss token, e.g. a truncated row under
+            # mask_truncated_completions: per_sequence_objective gives it 0 after the update too)
+            objective_before=torch.where(
+                batch.loss_mask.bool().any(dim=-1), batch.advantages.detach(), 0.0,
+            ).cpu().numpy().astype(np.float64),
             optimizer_steps=len(grad_norms),
             losses=outputs,
         )
