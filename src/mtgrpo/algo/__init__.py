@@ -4,7 +4,8 @@ Nothing here loads or runs a model; every module can be read, tested and reused 
 
 - :mod:`~mtgrpo.algo.registry`: the names users pick things by (and their registries).
 - :mod:`~mtgrpo.algo.metrics`: each decision and metric defined once (numpy).
-- :mod:`~mtgrpo.algo.advantages`: group-relative advantages over reward channels (torch).
+- :mod:`~mtgrpo.algo.advantages`: group-relative advantages over reward channels (numpy;
+  torch tensors in give tensors out).
 - :mod:`~mtgrpo.algo.weighting`: task-weighting strategies: MT-GRPO, SEC, worst-case (numpy).
 - :mod:`~mtgrpo.algo.sampling`: batch construction that realises the task weights (numpy).
 - :mod:`~mtgrpo.algo.losses`, :mod:`~mtgrpo.algo.token_weights`,
