@@ -422,6 +422,8 @@ class Remote:
     value is refused, so a test must compare what the program returns as data.
     """
 
+    # Name-mangled (_Remote__number) and slotted. Python calls __getattr__ only for names
+    # normal lookup misses, so the number and the methods here are never asked of the program.
     __slots__ = ("__number",)
 
     def __init__(self, number: str) -> None:
