@@ -164,6 +164,7 @@ class Phase:
                 self.status = self.summary
             self._print_line(self.clock())
         elif self._owns_bar:
+            # the final count first: the last frame drawn before stop() stays on the screen
             self.bar.update(self._task, completed=self.completed, status=self.status)
             self.bar.stop()
         else:  # a row of the enclosing bar: it goes, the enclosing bar stays

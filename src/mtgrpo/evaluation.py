@@ -79,6 +79,7 @@ class EvaluationResult:
         accuracy = np.array([r.accuracy for r in self.tasks.values()], dtype=np.float64)  # [K]
         # ALGORITHMS.md §6: worst = min over tasks, average = mean over tasks
         worst, average, index = worst_and_average(accuracy)
+        # index -1: some task has no accuracy, so no task is the worst
         return float(worst), float(average), list(self.tasks)[index] if index >= 0 else None
 
     @property

@@ -444,6 +444,7 @@ def seed_mean(series: Sequence[Series]) -> tuple[Series, np.ndarray, np.ndarray]
         values[row, np.searchsorted(steps, s.steps)] = s.values
     counts = np.isfinite(values).sum(axis=0)  # [T] >= 1 by construction
     mean = np.where(np.isfinite(values), values, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    # initial: with no series at all (S = 0) numpy's min and max have no identity and raise
     low = np.min(np.where(np.isfinite(values), values, np.inf), axis=0, initial=np.inf)
     high = np.max(np.where(np.isfinite(values), values, -np.inf), axis=0, initial=-np.inf)
     return Series(steps, mean), low, high
