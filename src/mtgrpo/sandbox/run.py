@@ -411,6 +411,8 @@ def ensure_sandbox(limits: SandboxLimits | None = None) -> None:
 # one trivial run per process: the kernel's answer does not change
 @functools.lru_cache(maxsize=1)
 def _sandbox_check() -> None:
+    # the first run of a process also pays for the interpreter probe (_view) inside its wall
+    # clock: run_python starts the clock before _job probes
     result = run_python("x = 1", ["assert x == 1"], SandboxLimits(timeout_seconds=30.0))
     if result.passed != (True,):
         raise SandboxUnavailableError(
