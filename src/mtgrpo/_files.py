@@ -31,12 +31,15 @@ def aside_path(directory: Path, prefix: str) -> Path:
 def write_text_atomically(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over
     ``path``; the temporary file is removed if anything fails."""
+    # beside the target: rename(2) does not cross mounted filesystems (EXDEV)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
+            # the data reaches the disk before the new name can point at it
             os.fsync(stream.fileno())
+        # rename(2) replaces an existing file atomically: no reader finds the path missing
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -46,6 +49,7 @@ def write_text_atomically(path: Path, text: str) -> None:
 def temporary_path(final: Path, pid: int | None = None) -> Path:
     """``.<name>.tmp-<pid>`` beside ``final`` (``pid``: the writing process's, default this
     one's): where :func:`write_atomically` writes before the rename."""
+    # beside final (same filesystem, for the rename); the pid tells whose leftover it is
     return final.with_name(f".{final.name}.tmp-{os.getpid() if pid is None else pid}")
 
 
@@ -70,6 +74,8 @@ def write_atomically(final: Path, write: Callable[[Path], object], *,
     # remove_stale_temporaries), where deleting it first could leave a half-deleted directory
     old = old_path(final)
     shutil.rmtree(old, ignore_errors=True)
+    # rename(2) puts a directory only where nothing or an empty directory is (else ENOTEMPTY),
+    # so the old copy leaves first
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)

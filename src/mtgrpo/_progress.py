@@ -43,6 +43,7 @@ def use_bar(console: Any = None) -> bool:
         from rich import get_console
 
         console = get_console()
+    # rich's is_dumb_terminal: TERM=dumb or unknown, where a bar cannot be redrawn in place
     return bool(console.is_terminal) and not console.is_dumb_terminal
 
 
@@ -116,6 +117,8 @@ class Phase:
         now = self.clock() if now is None else now
         elapsed = now - self._start
         done = self.completed - self._start_completed
+        # the pace of this run only: units already done when the phase opened (a resumed run's
+        # steps) took none of the elapsed time
         eta = elapsed / done * (self.total - self.completed) if done > 0 else math.nan
         text = (f"[{self.name}] {self.completed}/{self.total} {self.unit}  elapsed "
                 f"{format_seconds(elapsed)}  eta {format_seconds(eta)}")
@@ -124,6 +127,8 @@ class Phase:
     # ----------------------------------------------------------------------- internals
     def _print_line(self, now: float) -> None:
         self._last_line = now
+        # flushed: Python block-buffers stdout that is not a terminal (sys.stdout's docs), and a
+        # log must show each line when it is printed
         print(self.line(now), file=self.console.file, flush=True)
 
     def _open_bar(self) -> None:
@@ -159,6 +164,7 @@ class Phase:
                 self.status = self.summary
             self._print_line(self.clock())
         elif self._owns_bar:
+            # the final count first: the last frame drawn before stop() stays on the screen
             self.bar.update(self._task, completed=self.completed, status=self.status)
             self.bar.stop()
         else:  # a row of the enclosing bar: it goes, the enclosing bar stays
@@ -181,6 +187,7 @@ def progress(name: str, total: int, *, completed: int = 0, unit: str = "steps",
 
         console = get_console()
     parent = _open[-1] if _open else None
+    # a phase inside a quiet one is quiet too: non-main processes print nothing at all
     shown = enabled and (parent is None or parent.enabled)
     phase = Phase(name, total, completed, unit, enabled=shown, console=console,
                   clock=clock or time.monotonic,

@@ -77,7 +77,9 @@ class EvaluationResult:
 
     def _summary(self) -> tuple[float, float, str | None]:
         accuracy = np.array([r.accuracy for r in self.tasks.values()], dtype=np.float64)  # [K]
+        # ALGORITHMS.md §6: worst = min over tasks, average = mean over tasks
         worst, average, index = worst_and_average(accuracy)
+        # index -1: some task has no accuracy, so no task is the worst
         return float(worst), float(average), list(self.tasks)[index] if index >= 0 else None
 
     @property
@@ -188,6 +190,7 @@ def answer_concentration(prompts: Any, groups: Any) -> dict[int, dict[str, Any]]
             "constant_baseline": math.nan,
         }
         counts = gold.get(k, Counter())
+        # a share over only the prompts that have a gold answer would misstate the floor
         if counts and sum(counts.values()) == prompts_seen[k]:
             best = max(counts.values())
             figures["baseline_answer"] = answer if counts.get(answer) == best else \
@@ -223,6 +226,7 @@ def answer_warnings(result: EvaluationResult,
                 "more, or lower the task's weight)"))
         if not math.isfinite(r.constant_baseline) or r.constant_baseline < FLOOR_MIN:
             continue
+        # two binomial standard errors, sqrt(b(1 - b)/n), of a mean of n 0/1 scores at rate b
         b, n = r.constant_baseline, r.prompts * r.samples
         if r.accuracy <= b + 2 * math.sqrt(b * (1 - b) / n):
             lines.append((name, "floor",
@@ -291,7 +295,8 @@ def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: in
     from mtgrpo.rewards.accuracy import accuracy_values
 
     group_tasks = np.array([g.task for g in groups], dtype=np.int64)
-    rows = np.repeat(group_tasks, num_samples)  # [n] task of each completion
+    # [n] task of each completion: a group holds its prompt's num_samples completions in order
+    rows = np.repeat(group_tasks, num_samples)
     accuracy = task_accuracy(rows, np.concatenate([g.correct for g in groups]) if groups
                              else np.zeros(0, dtype=bool), prompts.num_tasks)  # [K]
     concentration = answer_concentration(prompts, groups)
@@ -301,12 +306,17 @@ def _task_results(prompts: Any, groups: list[Any], rewards: Any, num_samples: in
         if not mine:
             continue
         values = np.concatenate([g.rewards for g in mine])  # [n, R]
+        # NaN for a completion no reward applies to: left out of the mean below, as TRL 1.16
+        # logs it (algo.metrics.scalar_rewards)
         scalar = scalar_rewards(values, np.asarray(rewards.reward_weights, dtype=np.float64))
         accuracy_value = accuracy_values(values, accuracy_channel)
-        lengths = [n for g in mine for n in g.payload.model_token_counts]  # tool replies not
+        # tokens the model sampled; tool replies of a multi-turn rollout not counted
+        lengths = [n for g in mine for n in g.payload.model_token_counts]
         results[name] = TaskResult(
             task=name, prompts=len(mine), samples=num_samples, accuracy=float(accuracy[k]),
             mean_reward=float(np.nanmean(scalar)) if np.isfinite(scalar).any() else math.nan,
+            # above 0 is the papers' 0.1 "wrong but in the expected tag" or better
+            # (ALGORITHMS.md §6); a NaN (the reward did not apply) counts as unformatted
             format_rate=float((np.nan_to_num(accuracy_value, nan=0.0) > 0).mean()),
             mean_length=float(np.mean(lengths)), **concentration.get(k, {}),
         )
@@ -318,6 +328,7 @@ def run_evaluation(
     rows: Any,
     rewards: Any,
     *,
+    # ALGORITHMS.md §6: the paper samples 8 completions per test prompt at temperature 1.0
     num_samples: int = 8,
     temperature: float = 1.0,
     max_new_tokens: int = 512,
@@ -346,6 +357,7 @@ def run_evaluation(
     prompts = PromptSet(rows, tokenizer, max_prompt_length=max_prompt_length)
     suite.validate_tasks(prompts.task_names)
     generation = build_backend(backend, loaded, tokenizer)
+    # temperature 0 is greedy decoding (SamplingParams.is_greedy): a nucleus means nothing there
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p if temperature > 0 else 1.0)
     result = evaluate_prompts(prompts, generation, suite, params, num_samples, tokenizer,

@@ -19,8 +19,11 @@ def list_recipes() -> list[str]:
 
 def recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
+    # an existing file wins over a recipe of the same name: a user's edited copy is what runs
     if path.is_file():
         return path
+    # only the file name counts: "configs/quickstart.yaml", a clone's path, also names the
+    # packaged copy where no clone is
     candidate = RECIPES_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
     if candidate.is_file():
         return candidate

@@ -79,6 +79,8 @@ __all__ = [
     "write_prompts",
 ]
 
+# the order of every judged tuple (JudgeScores.channels); RewardFunction fixes R from it before
+# training, and the columns are comms/<channel>
 CHANNELS = ("compliance", "politeness", "next_step")
 MAX_REPLY_CHARS = 20_000  # far beyond any support reply: a longer one is not judged
 MIN_REPLY_WORDS = 5  # below it a reply is not polite, only silent (module docstring)
@@ -229,6 +231,7 @@ def make_prompts(
     names = [SCENARIOS.canonical(s) for s in (scenarios or SCENARIOS.names())]
     if len(set(names)) != len(names):
         raise ValueError(f"scenarios={list(scenarios or [])} lists a scenario twice")
+    # a private generator: the same rows for the same seed, whatever else uses `random`
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
@@ -381,6 +384,8 @@ def _asks_for_credentials(text: str) -> bool:
 
 
 def _normalise(text: str) -> str:
+    # typographic apostrophes: "don’t" must meet the "n't" of _NEGATION, "we’ll" the
+    # "we'll" of _GUARANTEE
     text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
     # A spaced dash separates clauses as a semicolon does.
     for dash in (" - ", " \u2013 ", " \u2014 ", "\u2014"):
@@ -512,6 +517,8 @@ def make_comms_reward(gate_mode: str | None = "subgroup") -> RewardFunction:
     gate_mode: zero_fill}``."""
     if gate_mode is None:
         return comms_judge
+    # compliance is 1.0 or 0.0: conditioned's default threshold, 1.0, passes exactly the
+    # compliant replies; next_step stays ungated (module docstring)
     return conditioned(comms_judge, on="compliance", mode=gate_mode, channels=("politeness",))
 
 
@@ -529,11 +536,11 @@ def write_prompts(
     rows drawn with ``seed + 1``, none repeating a training message) under ``out_dir``."""
     train = make_prompts(train_size, seed)
     seen = {row["prompt"][-1]["content"] for row in train}
+    # four times as many: spares for the candidates that repeat a training message
     candidates = make_prompts(4 * eval_size, seed + 1, split="eval")
     evaluation = [row for row in candidates if row["prompt"][-1]["content"] not in seen]
     if len(evaluation) < eval_size:
         raise ValueError(
-            # Spares for the candidates that repeat a training message.
             f"only {len(evaluation)} evaluation messages differ from the {train_size} training "
             f"ones; lower eval_size={eval_size} or train_size"
         )

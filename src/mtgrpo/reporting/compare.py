@@ -83,7 +83,7 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
 RUN_SPLIT = "run"  # the trainer's record of how a run computes (not a metrics split)
-DEFAULT_THRESHOLDS = (0.3, 0.4, 0.5)
+DEFAULT_THRESHOLDS = (0.3, 0.4, 0.5)  # ALGORITHMS.md §6: the paper's steps to 30/40/50 %
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 TASK_PREFIX = "tasks/"
@@ -305,6 +305,7 @@ def accuracy_curve(
     # the empty int64 array: concatenate refuses an empty list (a run without tasks)
     steps = np.unique(np.concatenate([s.steps for s in series] + [np.zeros(0, np.int64)]))
     per_task = np.full((len(steps), len(tasks)), np.nan)  # [T, K]
+    # steps is the sorted union of every series' steps: searchsorted finds each step's row exactly
     for k, s in enumerate(series):
         per_task[np.searchsorted(steps, s.steps), k] = s.values
     worst, average, worst_index = worst_and_average(per_task)  # [T] each
@@ -370,6 +371,7 @@ def summarize_run(
     split = history.primary_split() if split is None else _check_split(split)
     curve = accuracy_curve(history, split, tasks)
     complete = np.flatnonzero(curve.complete)
+    # rule 2: "final" is the last step at which every task has an accuracy
     final = int(complete[-1]) if len(complete) else None
     # argmax takes the first maximum: the earliest step on a tie (rule 2)
     best_worst = int(complete[np.argmax(curve.worst[complete])]) if final is not None else None
@@ -400,6 +402,7 @@ def summarize_run(
         best_average=at(best_avg, curve.average),
         best_average_step=None if best_avg is None else int(curve.steps[best_avg]),
         steps_to_threshold={float(t): steps_to_threshold(curve, t) for t in thresholds},
+        # rule 6: means over the train records with a finite value
         time_per_step=history.series("time/step", "train").mean(),
         prompts_per_informative_group=history.series(
             "sampling/prompts_per_informative_group", "train").mean(),
@@ -752,6 +755,7 @@ def _common_tasks(
                 f"run {where!r} has no per-task accuracy (tasks/<task>/accuracy) in the {split} "
                 f"split{hint}"
             )
+    # rule 5: the numbers are over the tasks every run has; the order of first appearance
     union = list(dict.fromkeys(t for tasks in per_run for t in tasks))
     common = tuple(t for t in union if all(t in tasks for tasks in per_run))
     if not common:
@@ -772,6 +776,7 @@ def _with_delta_m(summaries: list[RunSummary], base: RunSummary) -> list[RunSumm
         )
     out = []
     for summary in summaries:
+        # ALGORITHMS.md §6's Δm% on final accuracies; rule 4 leaves out baseline-0 tasks
         change = delta_m(summary.final_accuracy, base.final_accuracy)
         out.append(replace(summary, delta_m=change.value, delta_m_tasks=change.tasks,
                            delta_m_skipped=change.skipped_zero_baseline))
@@ -1015,6 +1020,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
     column but the first is right-aligned (numbers)."""
 
     def line(cells: Sequence[str]) -> str:
+        # GitHub Markdown: an unescaped "|" inside a cell would start a new column
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
     # GitHub Markdown: a colon on the right of the rule right-aligns the column

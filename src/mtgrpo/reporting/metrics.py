@@ -20,6 +20,8 @@ def _jsonable(value: Any) -> Any:
     # Torch and numpy scalars become Python numbers.
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
+    # json.dumps would otherwise write the bare tokens NaN / Infinity (allow_nan=True by
+    # default), which strict JSON readers refuse
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):

@@ -160,8 +160,11 @@ def _new_figure(rows: int = 1, cols: int = 1, *, width: float = 9.0, height: flo
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    # constrained: the "outside right upper" figure legends need this layout manager to make
+    # room for them (matplotlib's Figure.legend docs)
     figure = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(figure)  # Agg, not pyplot: no global backend, no window
+    # squeeze=False: always a 2-D array, so one panel and a grid are indexed alike
     axes = figure.subplots(rows, cols, squeeze=False, sharey=sharey)  # [rows, cols]
     return figure, axes
 
@@ -441,6 +444,7 @@ def seed_mean(series: Sequence[Series]) -> tuple[Series, np.ndarray, np.ndarray]
         values[row, np.searchsorted(steps, s.steps)] = s.values
     counts = np.isfinite(values).sum(axis=0)  # [T] >= 1 by construction
     mean = np.where(np.isfinite(values), values, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    # initial: with no series at all (S = 0) numpy's min and max have no identity and raise
     low = np.min(np.where(np.isfinite(values), values, np.inf), axis=0, initial=np.inf)
     high = np.max(np.where(np.isfinite(values), values, -np.inf), axis=0, initial=-np.inf)
     return Series(steps, mean), low, high
@@ -467,7 +471,8 @@ def compare_accuracy_figure(table: ComparisonTable, aggregate: SeedAggregateTabl
     rows, cols = _grid(len(table.tasks))
     figure, axes = _new_figure(rows, cols, width=4.6 * cols + 1.5, height=3.4 * rows,
                                sharey=True)
-    smooth = smoothing if table.split == "train" else 0.0  # train accuracy is per batch, noisy
+    # train accuracy is per batch, noisy; eval accuracy is a fixed test set, drawn as measured
+    smooth = smoothing if table.split == "train" else 0.0
     groups = _groups(table, aggregate)
     for ax, task in zip(axes.flat, table.tasks, strict=False):
         for method, members in groups.items():

@@ -70,6 +70,7 @@ class Trackers:
         if "tensorboard" in self._names:
             for key, value in values.items():
                 self._tensorboard.add_scalar(key, value, step)
+            # SummaryWriter writes its queue only every 120 s (flush_secs) or 10 events otherwise
             self._tensorboard.flush()
         if "wandb" in self._names:
             self._wandb.log(values, step=step)

@@ -90,7 +90,8 @@ def main() -> None:
     install_handler = _signal.signal  # before hardening replaces it; used once, pre-program
     job = _wire.read_job(JOB_FD)
     try:
-        # optimize=0 keeps the program's own asserts
+        # optimize=0 keeps the program's own asserts; dont_inherit: this module's __future__
+        # imports do not apply to the program (compile()'s docs)
         program = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
         os.write(RESULT_FD, f"S {type(error).__name__}\n".encode())
@@ -350,6 +351,8 @@ class _Clock:
         self._setitimer, self._timer = _signal.setitimer, _signal.ITIMER_REAL
         install_handler(_signal.SIGALRM, self._on_alarm)
 
+    # Python runs handlers in the main thread between bytecode instructions (signal module
+    # docs): a long computation inside one C call is not interrupted (RLIMIT_CPU ends it)
     def _on_alarm(self, signum: int, frame: object) -> None:
         if self.armed:
             self.armed = False
@@ -357,7 +360,7 @@ class _Clock:
 
     def arm(self, seconds: float) -> None:
         self.armed = True
-        # 0 would disarm the timer instead of firing it at once
+        # 0 would disarm the timer instead of firing it at once (signal.setitimer's docs)
         self._setitimer(self._timer, max(seconds, 0.001))
 
     def disarm(self) -> None:
@@ -406,6 +409,8 @@ class _Link:
     def send(self, tree: object) -> None:
         data = _wire.dumps(tree)
         view = memoryview(data)
+        # write(2): a signal handler (the call timer) can cut a pipe write short after part
+        # of the data; the rest is written by the next call
         while view:
             written = os.write(REPLY_FD, view)
             view = view[written:]

@@ -60,6 +60,7 @@ class ProgramError(Exception):
 
 def main() -> None:
     job = _wire.read_job(JOB_FD)
+    # dont_inherit: this module's __future__ imports do not apply to the tests (compile()'s docs)
     units = [(kind, compile(source, f"<test {index}>", "exec", dont_inherit=True), names)
              for index, (kind, source, names) in enumerate(job["units"])]  # fmt: skip
     binds = [frozenset(names) for names in job["binds"]]
@@ -196,8 +197,10 @@ class _Link:
     def _send(self, tree: object) -> None:
         data = memoryview(_wire.dumps(tree))
         try:
+            # write(2) may return early (a signal after part of the data): write the rest
             while data:
                 data = data[os.write(REQUEST_FD, data):]
+        # EPIPE from a closed reader arrives as an error: Python ignores SIGPIPE (signal docs)
         except OSError:
             self._lose("the program's process closed its end")
 
@@ -419,6 +422,8 @@ class Remote:
     value is refused, so a test must compare what the program returns as data.
     """
 
+    # Name-mangled (_Remote__number) and slotted. Python calls __getattr__ only for names
+    # normal lookup misses, so the number and the methods here are never asked of the program.
     __slots__ = ("__number",)
 
     def __init__(self, number: str) -> None:

@@ -43,6 +43,7 @@ import resource
 import select
 import signal
 
+# the kernel's values from <linux/sched.h> (clone(2)) and <sys/mount.h> (mount(2))
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -51,9 +52,10 @@ MNT_DETACH = 2
 # statvfs bits -> mount flags: a bind's remount must keep the ones the kernel locks
 ST_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048,
             4096: 1 << 21}  # fmt: skip
+# <linux/prctl.h>, as prctl(2) names them
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP = 1, 4, 23, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
-CAPABILITY_VERSION_3 = 0x20080522
+CAPABILITY_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: 64-bit sets (capget(2))
 # glibc has no pivot_root wrapper: called by syscall number, per architecture
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203,
               "ppc64": 203, "s390x": 217}  # fmt: skip
@@ -78,6 +80,7 @@ def main() -> None:
         _line(report, f"refused {error}")
         return
     pipes = {name: os.pipe() for name in ("job", "results", "setup")}
+    # unshare(2): CLONE_NEWPID does not move the caller; its first child is PID 1 there
     reaper = os.fork()
     if reaper == 0:
         _reaper(job, mode, pipes)
@@ -86,7 +89,8 @@ def main() -> None:
     for fd in job["peer_fds"]:  # the harness holds them now; EOF must follow its exit
         os.close(fd)
     _drop_launcher_privileges(mode)
-    _die_with_parent(job["parent_pid"])  # the uid switch cleared the setting
+    # prctl(2): a change of effective uid or gid clears the parent-death signal
+    _die_with_parent(job["parent_pid"])
     _line(report, f"sandbox {mode}")
     token = _send_harness_job(job, pipes["job"][1])
     _serve(token, pipes["results"][0], pipes["setup"][0], report)
@@ -98,7 +102,8 @@ def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when the trainer's thread that started it ends, whatever the
     sandboxed program does (the reaper dies with this process, and the PID namespace with
     the reaper); if the trainer has already gone, stop now."""
-    # checked after the prctl: a trainer that died before it would never signal
+    # checked after the prctl: a trainer that died before it would never signal (prctl(2):
+    # no signal is sent when the parent is already gone)
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
@@ -185,6 +190,7 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
         os.close(pipes[name][end])
     os.close(job["report_fd"])
     try:
+        # prctl(2): fork clears the parent-death signal; the reaper sets its own
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
         cap_last = _cap_last()  # read now: /proc is gone once the new root is pivoted in
         # the mounts below never show in the trainer's namespace
@@ -196,10 +202,12 @@ def _reaper(job: dict, mode: str, pipes: dict) -> None:
         if harness == 0:
             _start_harness(job, mode, cap_last, pipes["job"][0], pipes["results"][1], setup)
         _drop_privileges(mode, cap_last)
-        # undumpable: the harness (same uid) cannot ptrace PID 1 or read its memory
+        # undumpable: the harness (same uid) cannot ptrace PID 1 or read its memory (ptrace(2):
+        # the access mode check denies a target whose dumpable attribute is not 1)
         LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         # Dies with the launcher (after the uid switch, which clears the setting); its
-        # death ends the PID namespace, so whatever the harness started ends too.
+        # death ends the PID namespace, so whatever the harness started ends too: when a
+        # namespace's init exits, the kernel SIGKILLs every process in it (pid_namespaces(7)).
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     except BaseException as error:  # nothing untrusted has run: report and stop
         _line(setup, f"refused {error}")
@@ -223,7 +231,8 @@ def _wait_for(harness: int) -> int:
     """Reap every process of the namespace; the harness's exit code (negative: a signal)."""
     while True:
         try:
-            # PID 1 inherits every orphan of the namespace: reaping all keeps zombies out
+            # PID 1 inherits every orphan of the namespace (pid_namespaces(7)): reaping all
+            # keeps zombies out
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             return -signal.SIGKILL
@@ -250,7 +259,8 @@ def _build_root(root: str, mounts: list) -> None:
     writable work directory, owned by uid 65534, no exec. A bind keeps the flags the kernel
     locks on its source (read-only, nosuid, nodev, noexec, atime).
     """
-    # private propagation: no mount made here reaches the host's namespace
+    # private propagation: no mount made here reaches the host's namespace (systemd marks
+    # mounts shared, and a copied shared mount stays in its peer group: mount_namespaces(7))
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     # the root holds only mount points and links; it is made read-only below
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
@@ -281,7 +291,8 @@ def _build_root(root: str, mounts: list) -> None:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 open(target, "w").close()  # a mount point for a file
         _bind(source, target, writable=writable, executable=executable)
-    # read-only root: test_no_writes_outside_the_working_directory
+    # read-only root: test_no_writes_outside_the_working_directory (MS_REMOUNT changes the
+    # flags of the tmpfs already mounted there, mount(2))
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
@@ -300,8 +311,11 @@ def _hide_unlisted(root: str, empty: str, directory: str, names: list, prefixes:
 
 
 def _bind(source: str, target: str, *, writable: bool, executable: bool) -> None:
+    # mount(2): a bind ignores every flag but MS_REC, so read-only and noexec need the
+    # MS_REMOUNT | MS_BIND call below
     _mount(source, target, None, MS_BIND | MS_REC)
     # a remount that clears a flag the kernel locked on the source fails with EPERM
+    # (mount_namespaces(7): flags propagated into a less privileged namespace are locked)
     locked = os.statvfs(source).f_flag
     # nosuid always: no set-uid binary of a bound path grants privilege
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID
@@ -340,9 +354,10 @@ def _start_harness(job: dict, mode: str, cap_last: int, job_fd: int, result_fd: 
         peers = list(job["peer_fds"]) or [os.open("/dev/null", os.O_RDONLY)] * 2
         _place_descriptors([stdin, 1, 2, job_fd, result_fd, *peers], keep=setup)
         # Limits after the uid switch: switching to a uid already at its RLIMIT_NPROC marks
-        # the process, and the kernel then refuses its execve.
+        # the process, and the kernel then refuses its execve (execve(2), EAGAIN).
         _drop_privileges(mode, cap_last)
         _apply_limits(job["limits"])
+        # after the uid switch, which clears it (prctl(2)); kept across this execve
         _check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
         # relative paths of the program resolve inside the work directory
         os.chdir(job["harness_job"]["workdir"])
@@ -377,18 +392,25 @@ def _high(fd: int, *, cloexec: bool) -> int:
 
 def _apply_limits(limits: dict) -> None:
     values = {
-        # test_memory_bombs: allocations fail with MemoryError
+        # test_memory_bombs: allocations fail with MemoryError (setrlimit(2): brk, mmap and
+        # mremap fail with ENOMEM past it)
         resource.RLIMIT_AS: limits["memory_bytes"],
         resource.RLIMIT_CPU: limits["cpu_seconds"],  # test_cpu_limit_kills_a_busy_program
         resource.RLIMIT_FSIZE: limits["file_bytes"],  # test_file_size_and_count_limits
         resource.RLIMIT_NOFILE: limits["max_open_files"],
-        resource.RLIMIT_NPROC: 0,  # no fork, no thread: test_no_new_processes (a fork bomb too)
+        # no fork, no thread: test_no_new_processes (a fork bomb too). setrlimit(2): counts
+        # threads of the real uid, and is not enforced for uid 0 or CAP_SYS_ADMIN, so it
+        # holds only after _drop_privileges
+        resource.RLIMIT_NPROC: 0,
         resource.RLIMIT_CORE: 0,  # a crash leaves no core file (a memory image) behind
     }
     for kind, value in values.items():
-        hard = value + 1 if kind == resource.RLIMIT_CPU else value  # SIGXCPU, then SIGKILL
+        # setrlimit(2): SIGXCPU at the soft CPU limit, SIGKILL at the hard one a second later
+        hard = value + 1 if kind == resource.RLIMIT_CPU else value
         resource.setrlimit(kind, (value, hard))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # kept across exec: writes fail with EFBIG
+    # An ignored signal stays ignored across execve (signal(7)); with SIGXFSZ ignored, a write
+    # past RLIMIT_FSIZE fails with EFBIG instead of killing the process (setrlimit(2)).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 class _CapHeader(ctypes.Structure):
@@ -403,23 +425,30 @@ class _CapData(ctypes.Structure):
 def _drop_privileges(mode: str, cap_last: int) -> None:
     """Become uid/gid 65534 with every capability set empty, and check it."""
     # the bounding set can only be dropped while CAP_SETPCAP is still held: first
+    # (capabilities(7), PR_CAPBSET_DROP)
     for capability in range(cap_last + 1):
         LIBC.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
+    # the ambient set would otherwise carry capabilities across execve (capabilities(7))
     LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if mode == "root":
         os.setgroups([])  # root's supplementary groups would otherwise stay
         # gid first: after the uid switch no right to change it remains
         os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
-        os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)  # from 0: clears every capability
+        # capabilities(7): when real, effective and saved uids all leave 0, the permitted,
+        # effective and ambient sets are cleared
+        os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+    # version 3 takes two structs, the low and high 32 bits of each set (capget(2)); zeroed
     header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
     # in a user namespace the uid is already 65534 but the sets are full: empty them
     _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
-    # set-uid files and file capabilities grant nothing across exec
+    # set-uid files and file capabilities grant nothing across exec (prctl(2): inherited by
+    # children and kept across execve, and cannot be unset)
     _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     # read back, not trusted: test_no_capabilities_anywhere
     _check(LIBC.capget(ctypes.byref(header), ctypes.byref(data)), "capget")
     held = [getattr(part, name) for part in data for name in ("effective", "permitted",
                                                                 "inheritable")]  # fmt: skip
+    # PR_CAPBSET_READ returns 1 for a capability still in the bounding set (prctl(2))
     bounding = [c for c in range(cap_last + 1) if LIBC.prctl(PR_CAPBSET_READ, c, 0, 0, 0) > 0]
     if any(held) or bounding or os.getuid() != SANDBOX_ID or os.getgid() != SANDBOX_ID:
         raise RefusedError(0, f"privileges remain: capability sets {held}, bounding {bounding}, "

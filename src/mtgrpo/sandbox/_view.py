@@ -65,7 +65,7 @@ PROBE_SECONDS = 60.0
 # graphics ones: what compiled packages in extra_paths may link against.
 RUNTIME_LIBRARIES = ("libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "librt.so.1",
                      "libpthread.so.0", "libutil.so.1", "libresolv.so.2")  # fmt: skip
-PT_INTERP = 3  # ELF program header type of the dynamic loader's path
+PT_INTERP = 3  # ELF program header type of the dynamic loader's path (elf(5))
 
 Mount = tuple
 """``("bind", source, target, writable, executable)``, ``("only", directory, names,
@@ -74,7 +74,8 @@ points_to, path)`` or ``("tmpfs", target, bytes, inodes)`` (the writable work di
 targets are paths inside the sandbox."""
 
 # Runs in the interpreter being described (``-I -S``, trusted code only): imports every
-# allowed extension module of lib-dynload and reports what the process has mapped.
+# allowed extension module of lib-dynload and reports what the process has mapped (the last
+# field of each /proc/self/maps line is the file a mapping comes from, proc(5)).
 _PROBE = r"""
 import importlib, json, os, sys
 blocked = set(json.loads(sys.argv[1]))
@@ -167,6 +168,7 @@ def interpreter_view(executable: str) -> InterpreterView:
     mounts += _listed_entries(paths, set(facts["stdlib"]), set(facts["allowed"]))
     mounts.append(("bind", interpreter, interpreter, False, True))
     loader = _elf_interpreter(interpreter)
+    # execve(2) loads the interpreter named in PT_INTERP from that path inside the new root
     if loader is not None:
         mounts.append(("bind", os.path.realpath(loader), loader, False, True))
     clashes = [entry[2] for entry in mounts if entry[0] == "bind" and _inside(entry[2], OWN_ROOT)]
@@ -182,7 +184,8 @@ def interpreter_view(executable: str) -> InterpreterView:
         if cached is not None:
             inside = f"{HARNESS_DIR}/__pycache__/{os.path.basename(cached)}"
             mounts.append(("bind", cached, inside, False, False))
-    # writable like /dev/null must be; never executable
+    # writable like /dev/null must be; never executable (_bind keeps device nodes usable
+    # only under /dev/)
     mounts += [("bind", device, device, True, False) for device in DEVICES]
     runtime = _libraries(_runtime_libraries(libraries), paths, interpreter)
     # already bound for the interpreter: no second bind on the same target

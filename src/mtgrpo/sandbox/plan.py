@@ -92,6 +92,8 @@ def prepare_tests(tests: str | Sequence[str], *, entry_point: str | None = None)
 def _parse_tests(source: str, where: str) -> ast.Module:
     try:
         return ast.parse(source)
+    # MemoryError: the parser's stack overflows on deep nesting ("-" * 100000 + "1");
+    # ValueError: a NUL byte, as compile() documents it for Python 3.11
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         raise ValueError(f"{where} is not valid Python ({error}): {source!r:.120}") from None
 
@@ -122,7 +124,10 @@ def _file_units(source: str, body: list[ast.stmt], entry_point: str | None) -> l
 def _segment(lines: list[str], node: ast.stmt) -> str:
     """The text of a top-level statement (with its decorators), from its lines."""
     decorators = getattr(node, "decorator_list", [])
+    # a decorated definition's lineno is its "def" line: the text starts at the first decorator
     first = min([node.lineno, *(d.lineno for d in decorators)]) - 1
+    # a decorator's col_offset is that of its expression, after the "@"; a statement after a
+    # ";" (x = 1; assert f(x)) starts mid-line
     start = 0 if decorators else node.col_offset
     last, end = node.end_lineno - 1, node.end_col_offset
     # ast offsets count UTF-8 bytes, not characters

@@ -82,7 +82,7 @@ SETTLE_SECONDS = 0.5  # once the judge is done: how long the program's process m
 SANDBOX_STATUSES = (
     "ok", "syntax_error", "error", "timeout", "output_limit", "killed", "sandbox_error"
 )  # fmt: skip
-_READ_CHUNK = 65536  # one pipe buffer's worth per read or write
+_READ_CHUNK = 65536  # one pipe buffer's worth per read or write (pipe(7): 16 pages by default)
 _AUDIT_HOOK = True  # the harness's in-process layer; tests turn it off to probe the kernel's
 _LAUNCH_AS: int | None = None  # tests: start the launcher as this uid (and gid), not root
 # Where each sandbox mounts its empty root, in its own mount namespace: the host never sees
@@ -411,6 +411,8 @@ def ensure_sandbox(limits: SandboxLimits | None = None) -> None:
 # one trivial run per process: the kernel's answer does not change
 @functools.lru_cache(maxsize=1)
 def _sandbox_check() -> None:
+    # the first run of a process also pays for the interpreter probe (_view) inside its wall
+    # clock: run_python starts the clock before _job probes
     result = run_python("x = 1", ["assert x == 1"], SandboxLimits(timeout_seconds=30.0))
     if result.passed != (True,):
         raise SandboxUnavailableError(
@@ -431,6 +433,7 @@ def _job(mode: str, limits: SandboxLimits, task: dict[str, Any],
         "mode": mode,
         # unprivileged trainers: test_the_user_namespace_sandbox_of_an_unprivileged_trainer
         "user_namespace": os.geteuid() != 0 or _LAUNCH_AS is not None,
+        # the launcher compares getppid() with it right after PR_SET_PDEATHSIG (_die_with_parent)
         "parent_pid": os.getpid(),
         "interpreter": view.interpreter,
         "harness": _HARNESS_CODE["_judge" if mode == "judge" else "_harness"],
@@ -572,15 +575,20 @@ def _start(job: dict[str, Any], root: str, mounts: list, stdin_tail: bytes) -> _
         job = {**job, "report_fd": report_write, "root": root, "mounts": mounts}
         payload = marshal.dumps(job)
         process = subprocess.Popen(
+            # Python's command line: -I ignores PYTHON* variables and the user site, -S skips
+            # the site module (no site-packages), -B writes no .pyc files
             [_interpreter(), "-I", "-S", "-B", "-c", _LAUNCH_CODE, str(LAUNCHER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            # Python's descriptors are non-inheritable (PEP 446) and pass_fds implies
+            # close_fds: the launcher gets exactly these besides its three pipes
             pass_fds=(report_write, *job["peer_fds"]),
             cwd="/",  # no working directory of the trainer's is held open by the launcher
             # the trainer's environment (and any secret in it) stays behind
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             # its own process group: _kill_group ends everything the launcher started
+            # (setsid(2) in the child: a new session whose process group id is its pid)
             start_new_session=True,
             **({} if _LAUNCH_AS is None else
                {"user": _LAUNCH_AS, "group": _LAUNCH_AS, "extra_groups": []}),
@@ -589,6 +597,8 @@ def _start(job: dict[str, Any], root: str, mounts: list, stdin_tail: bytes) -> _
         os.close(report_read)
         raise
     finally:
+        # only the launcher's side holds the write end now: EOF on report_read means every
+        # process that inherited it is gone (pipe(7))
         os.close(report_write)
     stdin = len(payload).to_bytes(8, "little") + payload + stdin_tail
     return _Launch(process, report_read, stdin)
@@ -611,10 +621,13 @@ def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
             launch.open_fds.add(fd)
             poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         stdin_fd = process.stdin.fileno()
+        # a full pipe makes the write fail with EAGAIN (BlockingIOError in _feed) rather than
+        # stall this loop (pipe(7), O_NONBLOCK)
         os.set_blocking(stdin_fd, False)
         writers[stdin_fd] = launch
         poller.register(stdin_fd, select.POLLOUT | select.POLLERR)
     # reported values are bounded by output_bytes; the rest are short records
+    # (RESULT_LINE_LIMIT in _launch)
     report_cap = limits.output_bytes + 64 * 1024
     settle_by: float | None = None
     while readers:
@@ -628,7 +641,7 @@ def _collect(launches: list[_Launch], limits: SandboxLimits, deadline: float, *,
                 if launch.open_fds:
                     launch.raw.timed_out = True
             return
-        for fd, _ in poller.poll((stop - now) * 1000):
+        for fd, _ in poller.poll((stop - now) * 1000):  # poll(2) takes milliseconds
             if fd in writers:
                 launch = writers[fd]
                 if _feed(launch, poller):
@@ -669,7 +682,9 @@ def _feed(launch: _Launch, poller: select.poll) -> bool:
                                                                launch.offset + _READ_CHUNK])
     except BlockingIOError:
         return False
-    except OSError:  # the child closed its end (exited, or ignores stdin): nothing to feed
+    # the child closed its end (exited, or ignores stdin): nothing to feed. EPIPE arrives as
+    # BrokenPipeError because Python ignores SIGPIPE (signal module docs)
+    except OSError:
         launch.offset = len(launch.stdin)
     if launch.offset < len(launch.stdin):
         return False
@@ -689,6 +704,7 @@ def _read(fd: int) -> bytes:
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (the child leads it: ``start_new_session``)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
+        # the reaper and harness die through PR_SET_PDEATHSIG even if they left the group
         os.killpg(process.pid, signal.SIGKILL)
     for stream in (process.stdin, process.stdout, process.stderr):
         if stream is not None:
