@@ -507,3 +507,24 @@ def test_values_cross_to_the_judge_as_plain_data(sandbox_root: Path) -> None:
                 True, True, False, False, True)  # fmt: skip
     assert prepare_tests(tests).test_count == len(tests)
     assert run_python(code, tests, LIMITS).passed == expected
+
+
+def test_a_judge_that_cannot_start_gives_a_failed_result(sandbox_root: Path,
+                                                          monkeypatch) -> None:
+    # the program's launcher starts, the judge's fails (a full process table: EAGAIN): every
+    # test fails with the reason, instead of an IndexError for the missing judge
+    from mtgrpo.sandbox import run as sandbox_run
+
+    started = []
+    real_start = sandbox_run._start
+
+    def start_then_fail(job, *args):
+        if started:
+            raise OSError(11, "Resource temporarily unavailable")
+        started.append(job)
+        return real_start(job, *args)
+
+    monkeypatch.setattr(sandbox_run, "_start", start_then_fail)
+    result = run_python("def add(a, b):\n    return a + b", ["assert add(1, 2) == 3"], LIMITS)
+    assert result.passed == (False,)
+    assert "sandbox could not start" in result.stderr

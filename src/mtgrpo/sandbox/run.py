@@ -541,7 +541,8 @@ def _spawn(
         for index, job in enumerate(jobs):
             launches.append(_start(job, root, mounts, stdin if index == 0 else b""))
     except OSError as error:
-        if not launches:
+        # one result per job, whichever launch failed: the jobs not started have none to give
+        while len(launches) < len(jobs):
             launches.append(_Launch(None, -1, b""))  # type: ignore[arg-type]
         launches[0].raw.stderr += f"sandbox could not start: {error}".encode()
     finally:
@@ -551,7 +552,9 @@ def _spawn(
                     os.close(fd)
     try:
         running = [launch for launch in launches if launch.process is not None]
-        _collect(running, limits, deadline, judge=launches[judge] if judge is not None else None)
+        judged = launches[judge] if judge is not None else None
+        _collect(running, limits, deadline,
+                 judge=judged if judged is not None and judged.process is not None else None)
     finally:
         for launch in launches:
             if launch.process is not None:
