@@ -34,6 +34,9 @@ def write_text_atomically(path: Path, text: str) -> None:
     # beside the target: rename(2) does not cross mounted filesystems (EXDEV)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file 0600 and the rename keeps it: give it the mode a plain
+        # open() would (0666 less the umask), so a rewritten log stays readable as before
+        os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
@@ -44,6 +47,21 @@ def write_text_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (proc(5)'s ``Umask:`` line, Linux 4.7+;
+    elsewhere set and restored, which another thread could observe for that instant)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def temporary_path(final: Path, pid: int | None = None) -> Path:

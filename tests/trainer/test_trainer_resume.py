@@ -208,3 +208,18 @@ def test_a_checkpoint_limit_of_zero_or_less_keeps_every_checkpoint(tmp_path):
     assert checkpoints() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     rotate_checkpoints(tmp_path, 1)
     assert checkpoints() == ["checkpoint-6"]
+
+
+def test_an_atomic_rewrite_keeps_the_mode_a_plain_write_gives(tmp_path):
+    from mtgrpo._files import write_text_atomically
+
+    plain, atomic = tmp_path / "plain.txt", tmp_path / "metrics.jsonl"
+    plain.write_text("x")
+    write_text_atomically(atomic, "x")  # mkstemp's 0600 would hide a rewound log from others
+    assert (atomic.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+    old = os.umask(0o077)
+    try:
+        write_text_atomically(atomic, "y")
+        assert atomic.stat().st_mode & 0o777 == 0o600  # the umask still applies
+    finally:
+        os.umask(old)
