@@ -130,10 +130,14 @@ class LogWindow:
         loss = metrics.get("loss")
         # a step whose update was skipped (no informative group) has no loss: in neither mean
         if isinstance(loss, float):
-            self.losses.append(loss)
-            # logging_nan_inf_filter (transformers'): a NaN or inf loss stays out of train_loss
+            # logging_nan_inf_filter (transformers'): a NaN or inf loss stays out of train_loss,
+            # and the window's logged loss counts it as transformers' Trainer does, as the sum
+            # of the window's earlier losses over their count plus one (0 as the window's first)
             if math.isfinite(loss) or not nan_inf_filter:
+                self.losses.append(loss)
                 self.run_losses.append(loss)
+            else:
+                self.losses.append(sum(self.losses) / (len(self.losses) + 1))
 
     def add_custom(self, name: str, value: float) -> None:
         self.custom.setdefault(name, []).append(float(value))
