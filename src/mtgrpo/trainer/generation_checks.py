@@ -130,7 +130,8 @@ class GenerationChecks:
         correction = engine_correction(self.config)
         if correction is None or batch.sampling_logps is None:
             return {}
-        mask = batch.completion_mask
+        # the tokens the update weights (TRL's completion_mask * tool_mask): not a tool's reply
+        mask = batch.loss_mask
         weights = importance_weights(at_start.float(), batch.sampling_logps, mask, correction)
         local = correction_figures(at_start.float(), batch.sampling_logps, mask, weights,
                                    correction)
