@@ -601,6 +601,23 @@ def test_load_state_dict_refuses_a_different_sampler_or_dataset():
     assert sampler.state_dict() == before
 
 
+@pytest.mark.parametrize("saved_shuffle", [True, False])
+def test_load_state_dict_refuses_a_different_shuffle(saved_shuffle):
+    """A resume whose shuffle_dataset differs would read the prompts in another order."""
+    tasks = prompts((10, 10))
+    state = make_sampler("dynamic", tasks, 2, shuffle=saved_shuffle).state_dict()
+    sampler = make_sampler("dynamic", tasks, 2, shuffle=not saved_shuffle)
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=rf"saved with shuffle={saved_shuffle} .*"
+                                         r"resume with the checkpoint's shuffle_dataset"):
+        sampler.load_state_dict(state)
+    assert sampler.state_dict() == before  # refused: nothing changed
+    # the same flag resumes; a state from before the flag was recorded is not refused
+    make_sampler("dynamic", tasks, 2, shuffle=saved_shuffle).load_state_dict(state)
+    legacy = {**state, "pool": {k: v for k, v in state["pool"].items() if k != "shuffle"}}
+    make_sampler("dynamic", tasks, 2, shuffle=not saved_shuffle).load_state_dict(legacy)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad inputs
 # ---------------------------------------------------------------------------------------------

@@ -342,6 +342,7 @@ class PromptPool:
             "positions": list(self._positions),
             "task_sizes": self.sizes.tolist(),
             "prompt_tasks_crc32": self._fingerprint(),
+            "shuffle": self._shuffle,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -352,6 +353,17 @@ class PromptPool:
                 f"the prompt set differs from the one this state was saved with (prompts per "
                 f"task {state['task_sizes']} vs {self.sizes.tolist()}); resume with the same "
                 "dataset and task mapping"
+            )
+        # a state saved before the flag was recorded has none: nothing to compare
+        if "shuffle" in state and bool(state["shuffle"]) != self._shuffle:
+            saved = "shuffled" if state["shuffle"] else "dataset-order"
+            now = "shuffled" if self._shuffle else "dataset-order"
+            raise ValueError(
+                f"this prompt-pool state was saved with shuffle={bool(state['shuffle'])} "
+                f"({saved} prompts) and this run has shuffle={self._shuffle} ({now}), which "
+                "would read the prompts in another order; resume with the checkpoint's "
+                "shuffle_dataset and train_sampling_strategy (shuffled: shuffle_dataset: true "
+                "and train_sampling_strategy: random)"
             )
         self._seed = int(state["seed"])
         self._epochs = [int(e) for e in state["epochs"]]
