@@ -139,7 +139,11 @@ class LossOutput:
 
     loss: Tensor  # [] differentiable
     per_sequence_loss: Tensor  # [n] token mean of L_jt per completion (KL term included)
-    per_sequence_objective: Tensor  # [n] J_j of per_sequence_objective (no KL term)
+    # [n] token mean over each completion of minus the per-token policy term of the loss in
+    # use (delta clipping, GSPO's sequence ratio, the cispo/sapo/vespo surrogates included),
+    # before the token and off-policy masks, the engine's importance weight and the KL term;
+    # the J_j of per_sequence_objective() only for the plain clipped token-level surrogate
+    per_sequence_objective: Tensor
     num_tokens: Tensor  # [] completion tokens of this micro-batch
     clip_low_fraction: Tensor  # [] tokens with rho < 1 - eps_low and A < 0
     clip_high_fraction: Tensor  # [] tokens with rho > 1 + eps_high and A > 0
