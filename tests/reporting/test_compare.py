@@ -252,6 +252,16 @@ def test_compare_runs_uses_common_tasks_and_unique_labels(tmp_path: Path) -> Non
     assert labelled.labels == ("one", "two")
 
 
+def test_runs_sharing_name_and_parent_are_labelled_by_their_full_path(tmp_path: Path) -> None:
+    # a/x/run and b/x/run: "x/run" twice, so each label is the run's absolute path, written
+    # once with its root ("/tmp/...", not "//tmp/...")
+    first = write_run(tmp_path / "a" / "x" / "run", [eval_record(5, {"a": 0.6})])
+    second = write_run(tmp_path / "b" / "x" / "run", [eval_record(5, {"a": 0.4})])
+    table = compare_runs([first, second])
+    assert table.labels == (first.resolve().as_posix(), second.resolve().as_posix())
+    assert not any(label.startswith("//") for label in table.labels)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

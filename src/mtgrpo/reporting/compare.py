@@ -39,7 +39,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -737,8 +737,9 @@ def _unique_names(histories: Sequence[RunHistory]) -> list[str]:
             break
         for i, history in enumerate(histories):
             if names[i] in duplicated and history.run_dir is not None:
-                parts = history.run_dir.resolve().parts
-                names[i] = "/".join(parts[-depth:] if depth else parts)
+                path = history.run_dir.resolve()
+                # PurePath joins the parts: "/".join would double the root's own "/"
+                names[i] = (PurePath(*path.parts[-depth:]) if depth else path).as_posix()
     return names
 
 
