@@ -122,8 +122,9 @@ class SandboxLimits:
         max_open_files: ``RLIMIT_NOFILE``.
         extra_paths: existing directories added, read-only, to the sandbox's file system
             and the child's import path (for example a site-packages directory, to allow
-            numpy); none by default. A package there may read the process's memory, so
-            with any extra path only value checks and I/O cases are accepted as tests.
+            numpy); none by default. A package there may read and write the program's
+            memory, which gains it nothing: verdicts are decided in the judge, so every
+            test form is accepted with extra paths (docs/sandbox.md, "Allowing packages").
     """
 
     timeout_seconds: float = 10.0
