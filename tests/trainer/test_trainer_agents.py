@@ -356,3 +356,25 @@ def test_malformed_tool_calls_reply_answers_them_with_the_parse_error(tiny_model
     with pytest.raises(ValueError, match=r"malformed_tool_calls='ignore' must be one of end, "
                        r"reply"):
         args(tmp_path, malformed_tool_calls="ignore")
+
+
+def test_without_train_dataset_an_epoch_is_one_generation_round(tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """TRL 1.16 builds generation_batch_size // num_generations placeholder rows (one
+    generation round), so every training step is one epoch; a count from
+    per_device_train_batch_size made a step with fewer prompts (prompts_per_step: 1) a
+    fraction of an epoch (logged epoch 0.5, epoch strategies every other step)."""
+    from unittest.mock import patch
+
+    tokenizer = _tokenizer(tiny_model_dir)
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), shouted, args=args(tmp_path, max_completion_length=200,
+                                       max_prompt_length=None, num_generations=2,
+                                       per_device_train_batch_size=4, prompts_per_step=1,
+                                       max_steps=2),
+        processing_class=tokenizer, environment_factory=Counter)
+    assert len(trainer.train_dataset) == trainer.prompts_per_step == 1
+    with patch.object(trainer.model, "generate", side_effect=_scripted_generate(tokenizer)):
+        trainer.train()
+    epochs = [r["epoch"] for r in trainer.state.log_history if "train_runtime" not in r]
+    assert epochs == [1.0, 2.0]

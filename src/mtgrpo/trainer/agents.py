@@ -141,7 +141,11 @@ def placeholder_rows(setup: AgentSetup | None, args: TrainConfig) -> list[dict[s
             "When training without a `train_dataset` (the environment owns the data and returns "
             "the prompt from `reset()`), `max_steps` must be set to a positive value to define "
             "the training length. Set it via `GRPOConfig(max_steps=...)`.")
-    groups = max(1, args.batch.per_device_train_batch_size // args.batch.num_generations)
+    # TRL's count: one generation round's worth of prompts (generation_batch_size //
+    # num_generations), so that an epoch is one training step. On one process (the world is
+    # not known yet); more processes only make a round larger, which still makes one epoch
+    # one step, as prompts_per_step below per_device_train_batch_size // num_generations does.
+    groups = args.resolved_prompts_per_step(1)
     return [{"prompt": [dict(m) for m in EMPTY_PROMPT]} for _ in range(groups)]
 
 
