@@ -1,12 +1,15 @@
 """TRL's ``sampling/*`` figures of the engine's importance correction on multi-turn rows: TRL
 1.16 (grpo_trainer.py, ``_generate_and_score_completions``) takes them over
 ``completion_mask * tool_mask``, the tokens the update weights, so a tool's reply (engine
-log-prob 0.0 from the agent loop, a real trainer log-prob) is in none of them."""
+log-prob 0.0 from the agent loop, a real trainer log-prob) is in none of them. mtgrpo's own
+``generation/logprob_mismatch_*`` and ``generation/kl_k3`` are over the same tokens."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +25,9 @@ class _Checks(GenerationChecks):
             "use_vllm": True, "vllm_importance_sampling_correction": True,
             "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_max": 10.0})
         self.world = 1
+
+    def _local_groups(self, groups):  # one process: every group is local
+        return list(range(len(groups))), True
 
 
 # row 0: model, tool, tool, model; row 1: model, model, tool
@@ -65,3 +71,20 @@ def test_sampling_figures_leave_tool_reply_tokens_out(mode):
             (name, got[name], value)
     # the tool replies' |-5 - 0| would dominate the mean and the max
     assert got["sampling/sampling_logp_difference/max"] < 1.0
+
+
+def test_logprob_mismatch_leaves_tool_reply_tokens_out():
+    batch = _batch()
+    # one group per row, with the engine's log-probs as the agent loop returns them
+    groups = [SimpleNamespace(payload=SimpleNamespace(logprobs=[row])) for row in ENGINE]
+    got = _Checks("token_truncate")._generation_mismatch(groups, batch, TRAINER)
+    mask = (batch.completion_mask * batch.tool_mask).bool()
+    delta = (TRAINER - batch.sampling_logps)[mask].double().numpy()  # the model's tokens only
+    expected = {"generation/logprob_mismatch_mean": float(np.abs(delta).mean()),
+                "generation/logprob_mismatch_max": float(np.abs(delta).max()),
+                "generation/kl_k3": float(np.mean(np.expm1(delta) - delta))}
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        # float32 differences of the same values, then float64 reductions: a few roundings
+        assert math.isclose(got[name], value, rel_tol=0, abs_tol=f32_atol(value, 8)), \
+            (name, got[name], value)

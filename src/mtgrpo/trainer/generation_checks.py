@@ -52,13 +52,14 @@ class GenerationChecks:
         wanted = self.config.rollout.generation_logprobs
         return bool(getattr(self.backend, "cheap_logprobs", False)) if wanted is None else wanted
 
-    def _generation_mismatch(self, groups: list[ScoredGroup], completion_mask: torch.Tensor,
+    def _generation_mismatch(self, groups: list[ScoredGroup], batch: Any,
                              old_logps: torch.Tensor) -> dict[str, float]:
         """``generation/logprob_mismatch_mean``, ``_max`` and ``generation/kl_k3``
         (:func:`mtgrpo.algo.metrics.logprob_mismatch`) over the trained completion tokens of every
         process, pooled token by token (not a mean of per-process means, nor a local max): the
         backend's log-probs of its samples against the trainer's at θ_t (``old_logps`` /
-        ``completion_mask``: ``[n, L]``, this process's rows).
+        ``batch.loss_mask``: ``[n, L]``, this process's rows; a tool's reply, which the engine
+        did not sample, is left out).
 
         Every process takes part in the gather, whatever it holds, so that the collective
         operations stay in step: one without trained rows sends no tokens, and one whose
@@ -66,7 +67,7 @@ class GenerationChecks:
         every process, as on one process, where they are logged only when every trained
         completion has them (a mismatch over some backends' tokens only would measure another
         quantity on N processes than on one)."""
-        local = self._engine_and_trainer_logps(groups, completion_mask, old_logps)
+        local = self._engine_and_trainer_logps(groups, batch.loss_mask, old_logps)
         pairs = self._gather_objects([local]) if self.world > 1 else [local]
         if any(pair is None for pair in pairs):
             self._warn_no_engine_logprobs()

@@ -396,7 +396,7 @@ class GRPOTrainer(TrainerBuilding, Checkpointing, Evaluating, GenerationChecks, 
                                   has_rows=has_rows)
         metrics.update(out.metrics)
         if out.old_logps is not None:
-            metrics.update(self._generation_mismatch(groups, batch.completion_mask, out.old_logps))
+            metrics.update(self._generation_mismatch(groups, batch, out.old_logps))
             metrics.update(self._correction_metrics(batch, out.old_logps))
         # Prompt and completion tokens trained on, over every process (TRL counts them at
         # every step and logs the total as num_tokens, whatever include_num_input_tokens_seen)
