@@ -254,3 +254,14 @@ def test_rows_left_out_of_the_loss_add_no_improvement(tiny_model_dir, tmp_path):
     from tolerance import f32_atol
 
     assert max(abs(v) for v in measured) < f32_atol(1.5, ulps=64)
+
+
+def test_a_run_without_entropies_logs_its_figures(tiny_model_dir, tmp_path):
+    # log_entropy off, no entropy bonus, no high-entropy mask: the update computes no entropy
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
+        args=common.args(tmp_path, max_steps=1, log_entropy=False), train_dataset=common.rows())
+    trainer.train()
+    record = read_metrics(tmp_path, split="train")[0]
+    assert "entropy" not in record
+    assert math.isfinite(record["loss"]) and record["clip_ratio/region"] == 0.0

@@ -552,20 +552,24 @@ class PolicyUpdater:
         def token_sum(values: list[Tensor]) -> Tensor:
             return (torch.stack([v.double() for v in values]) * tokens).sum()
 
-        zero = torch.zeros((), dtype=torch.float64)
-        trained = torch.cat(entropies).double() if entropies else zero.reshape(0)
+        # every entry on the device the losses are on: torch.stack refuses mixed devices
+        device = outputs[0].loss.device
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        trained = torch.cat(entropies).double().to(device) if entropies else \
+            torch.zeros(0, dtype=torch.float64, device=device)
         kl = outputs[0].mean_kl is not None
         # [loss, policy loss, tokens, clip low, high, region (token sums), kl, entropy sum, count]
         local = torch.stack([
             torch.stack([o.loss.detach().double() for o in outputs]).sum(),
-            torch.stack([torch.as_tensor(o.policy_loss).detach().double()
+            torch.stack([torch.as_tensor(o.policy_loss, device=device).detach().double()
                          for o in outputs]).sum() if self.entropy.enabled else zero,
             tokens.sum(),
             token_sum([o.clip_low_fraction for o in outputs]),
             token_sum([o.clip_high_fraction for o in outputs]),
             token_sum([o.clip_region_fraction for o in outputs]),
             token_sum([o.mean_kl for o in outputs]) if kl else zero,
-            trained.sum(), torch.tensor(float(trained.numel()), dtype=torch.float64),
+            trained.sum(),
+            torch.tensor(float(trained.numel()), dtype=torch.float64, device=device),
         ]).cpu()
         world = self.accelerator.num_processes
         if world > 1:  # a collective every process runs: update() is called on each
