@@ -1,7 +1,7 @@
 """One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
 DeepSpeed: its ZeRO stage; ``--one-group``: a batch of one group with a gradient, loss ``grpo``,
-plain SGD, so a process trains a padding group; ``--uneven``: shares of 8 and 4 rows in 6
-optimizer steps, top_entropy_quantile); the main process writes what it saw."""
+plain SGD, so a process trains a padding group; ``--uneven`` / ``--fillers``: shares of 8 and 4
+rows in 6 / 3 optimizer steps, top_entropy_quantile); the main process writes what it saw."""
 
 from __future__ import annotations
 
@@ -23,11 +23,16 @@ def main() -> None:
              "batch_construction": "dynamic"} if "--one-group" in sys.argv[3:] else \
         {"prompts_per_step": 6, "batch_construction": "ratio_preserving",
          "batch_construction_params": {"max_resample_rounds": 1}}
-    if "--uneven" in sys.argv[3:]:
-        # 3 groups of 4 rows: 8 rows on one process, 4 on the other, in 6 optimizer steps (two
-        # empty on the second), micro-batches of 1 row and the entropy quantile's gather in each
-        batch.update(prompts_per_step=3, steps_per_generation=6, per_device_train_batch_size=1,
-                     top_entropy_quantile=0.5, max_steps=12)  # TRL's optimizer steps: 2 batches
+    uneven = {"--uneven": 6, "--fillers": 3}
+    for flag, steps in uneven.items():
+        if flag in sys.argv[3:]:
+            # 3 groups of 4 rows: 8 rows on one process, 4 on the other; micro-batches of 1
+            # row and the entropy quantile's gather in each. In 6 optimizer steps two parts
+            # are empty on the second process; in 3 its second part is 1 row against 3, so
+            # two filler passes, the first of them not the step's last
+            batch.update(prompts_per_step=3, steps_per_generation=steps,
+                         per_device_train_batch_size=1, top_entropy_quantile=0.5,
+                         max_steps=2 * steps)  # TRL's optimizer steps: 2 batches
     batch.setdefault("max_steps", 1)
     args = trainer_helpers.args(out, save_rollouts=True,
                                 task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},

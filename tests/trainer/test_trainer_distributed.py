@@ -97,13 +97,19 @@ def test_uneven_shares_take_every_optimizer_step_together(tiny_model_dir, tmp_pa
     # with filler passes (the gradient all-reduce, the normaliser's reduce and, with
     # top_entropy_quantile, the quantile's gather in every micro-batch), else every process
     # would wait for it; the schedule follows the optimizer steps taken
-    two = _launch(tiny_model_dir, tmp_path / "world2", 2, "--uneven")
-    assert two["world"] == 2
+    # (--fillers: a filler pass that is not the step's last runs under no_sync, as the other
+    # process's real micro-batch there does, else its all-reduce pairs with the wrong one)
     from mtgrpo.reporting import read_metrics
 
-    steps = read_metrics(tmp_path / "world2", split="train")
-    assert [r["step"] for r in steps] == [1, 2]
-    assert all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in steps)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(
+            lambda flag: _launch(tiny_model_dir, tmp_path / flag, 2, f"--{flag}"),
+            ("uneven", "fillers")))
+    for flag, run in zip(("uneven", "fillers"), runs, strict=True):
+        assert run["world"] == 2
+        steps = read_metrics(tmp_path / flag, split="train")
+        assert [r["step"] for r in steps] == [1, 2]
+        assert all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in steps)
 
 
 def test_a_process_without_a_group_does_not_dilute_the_loss(tiny_model_dir, tmp_path):

@@ -383,17 +383,22 @@ class PolicyUpdater:
             # the step's last micro-batch: DDP all-reduces there only (earlier ones accumulate
             # under no_sync); DeepSpeed's accumulation boundary
             sync = i == len(plan) - 1
-            if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
-                scored = self._logps(self.model, self._filler(batch))
-                if self._gathers_entropy:  # joins the quantile's gather with no tokens
-                    empty = torch.zeros(1, 1, device=scored.logps.device)
-                    self.entropy_mask(empty, empty, 1 - self.config.loss.top_entropy_quantile)
-                # a real backward with a zero loss: the shards' reduce-scatter runs on every process
-                self._backward(scored.logps.sum() * 0.0, sync)
-                continue
-            part = batch.select(micro)
+            # a filler pass too: under DDP only the last micro-batch's backward all-reduces,
+            # whichever process has rows in it
             context = contextlib.nullcontext() if sync or self.engine is not None \
                 else self.accelerator.no_sync(self.model)
+            if not micro:  # a filler pass of a sharded model: gathers and scatters, adds 0
+                with context:
+                    scored = self._logps(self.model, self._filler(batch))
+                    if self._gathers_entropy:  # joins the quantile's gather with no tokens
+                        empty = torch.zeros(1, 1, device=scored.logps.device)
+                        self.entropy_mask(empty, empty,
+                                          1 - self.config.loss.top_entropy_quantile)
+                    # a real backward with a zero loss: the shards' reduce-scatter runs on
+                    # every process
+                    self._backward(scored.logps.sum() * 0.0, sync)
+                continue
+            part = batch.select(micro)
             with context:
                 scored = self._logps(self.model, part, entropy=self._needs_entropy)
                 out = self._loss(scored, part, normalizer, options)
