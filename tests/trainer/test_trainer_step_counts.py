@@ -172,3 +172,17 @@ def test_an_optimizer_step_spanning_two_generation_batches_is_refused():
         .optimizer_steps_per_step() == 3
     assert math.isclose(GRPOConfig(gradient_accumulation_steps=2, steps_per_generation=6,
                                    num_iterations=2).optimizer_steps_per_step(), 6)
+
+
+def test_mini_batch_parts_drop_only_the_parts_empty_on_every_process():
+    from mtgrpo.trainer.update import mini_batch_parts
+
+    # one process: 4 rows in 6 optimizer steps take 4 steps, as array_split leaves 2 empty
+    assert mini_batch_parts(4, 6, largest=4) == [[0], [1], [2], [3]]
+    # 4 rows here, 8 on another process: steps 5 and 6 have rows there, so here they are
+    # filler passes (empty parts) taken together with it
+    assert mini_batch_parts(4, 6, largest=8) == [[0], [1], [2], [3], [], []]
+    assert mini_batch_parts(8, 6, largest=8) == [[0, 1], [2, 3], [4], [5], [6], [7]]
+    # 4 rows on every process (the first case, on each): steps 5 and 6 are empty everywhere,
+    # so no process takes them (an optimizer step on no gradient would still move AdamW)
+    assert mini_batch_parts(3, 2, largest=5) == [[0, 1], [2]]

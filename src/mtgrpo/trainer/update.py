@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
@@ -479,15 +479,16 @@ class PolicyUpdater:
         # no trained token on any process: 0 rather than NaN
         return float(total[0] / total[1].clamp(min=1))
 
-    def _mini_batches(self, num_rows: int) -> Iterator[list[int]]:
-        # contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
-        # shuffle_sequence_dict); a part left empty (fewer rows than parts) is skipped on one
-        # process, and kept under data parallelism, where every process takes every optimizer
-        # step (its gradients all-reduced, its normaliser a collective)
-        parts = np.array_split(np.arange(num_rows), self.config.updates_per_generation())
-        for part in parts:
-            if len(part) or self.accelerator.num_processes > 1:
-                yield part.tolist()
+    def _largest_share(self, batch: PolicyBatch) -> int:
+        """The most rows any process holds in this batch (one gather; this process's count
+        on one process)."""
+        if self.accelerator.num_processes == 1:
+            return batch.num_rows
+        count = torch.tensor([batch.num_rows], device=self.accelerator.device)
+        return int(self.accelerator.gather(count).max())
+
+    def _mini_batches(self, num_rows: int, largest: int) -> list[list[int]]:
+        return mini_batch_parts(num_rows, self.config.updates_per_generation(), largest)
 
     def update(self, batch: PolicyBatch, measure_after: bool = False,
                keep_old_logps: bool = False, max_steps: int | None = None,
@@ -510,8 +511,9 @@ class PolicyUpdater:
         grad_norms = []
         self.model.train()
         # TRL's order: every mini-batch of the batch, then the whole pass again (num_iterations)
+        largest = self._largest_share(batch)
         steps = [rows for _ in range(self.config.batch.num_iterations)
-                 for rows in self._mini_batches(batch.num_rows)]
+                 for rows in self._mini_batches(batch.num_rows, largest)]
         for rows in steps[:max_steps]:
             # Without old log-probs there is exactly one optimizer step, whose forward
             # pass scores every row at θ_t: keep those log-probs for the I_k measurement.
@@ -640,6 +642,18 @@ class PolicyUpdater:
                 torch.tensor(total, dtype=torch.float64, device=self.accelerator.device),
                 "sum")) / world
         return total
+
+
+def mini_batch_parts(num_rows: int, parts: int, largest: int) -> list[list[int]]:
+    """The rows of each optimizer step of a batch: ``num_rows`` split into ``parts``
+    contiguous parts in batch order (TRL 1.16 shuffles the rows first, with
+    ``shuffle_sequence_dict``). A part left empty (fewer rows than parts) is dropped where it
+    is empty on every process (``largest``: the most rows a process holds; array_split empties
+    the same trailing parts of any smaller count) and kept where another process has rows in
+    it: every process takes that optimizer step (gradients all-reduced, the normaliser a
+    collective), an empty part as a filler pass."""
+    split = np.array_split(np.arange(num_rows), parts)
+    return [part.tolist() for index, part in enumerate(split) if len(part) or index < largest]
 
 
 def _local_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
