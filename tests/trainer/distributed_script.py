@@ -1,7 +1,9 @@
 """One training step under `accelerate launch` (``--fsdp``: fully sharded; launched with
 DeepSpeed: its ZeRO stage; ``--one-group``: a batch of one group with a gradient, loss ``grpo``,
 plain SGD, so a process trains a padding group; ``--uneven`` / ``--fillers``: shares of 8 and 4
-rows in 6 / 3 optimizer steps, top_entropy_quantile); the main process writes what it saw."""
+rows in 6 / 3 optimizer steps, top_entropy_quantile; ``--sync-ref``: beta 0.04 and the
+reference model mixed towards the policy after the step); the main process writes what it
+saw."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def main() -> None:
             batch.update(prompts_per_step=3, steps_per_generation=steps,
                          per_device_train_batch_size=1, top_entropy_quantile=0.5,
                          max_steps=2 * steps)  # TRL's optimizer steps: 2 batches
+    if "--sync-ref" in sys.argv[3:]:  # TR-DPO's reference update after every step
+        batch.update(beta=0.04, sync_ref_model=True, ref_model_sync_steps=1)
     batch.setdefault("max_steps", 1)
     args = trainer_helpers.args(out, save_rollouts=True,
                                 task_weighting="mt_grpo", task_weighting_params={"lam": 0.5},
@@ -57,6 +61,8 @@ def main() -> None:
                   "head_numel": trainer.unwrapped.lm_head.weight.numel(),
                   "zero_stage": None if trainer.zero is None else trainer.zero.stage,
                   # how far the step moved the weights: sum of |w - w0|
+                  "ref_sum": None if trainer.ref_model is None else sum(
+                      float(p.detach().double().sum()) for p in trainer.ref_model.parameters()),
                   "moved": None if initial is None else sum(
                       float((p.detach() - initial[n]).abs().double().sum())
                       for n, p in weights.items())}

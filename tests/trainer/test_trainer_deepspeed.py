@@ -165,6 +165,19 @@ def _compare_steps(ddp: list[dict], two: list[dict]) -> None:
                 (a["step"], key)
 
 
+def test_zero3_mixes_the_reference_model_towards_the_whole_policy(tiny_model_dir, tmp_path):
+    # sync_ref_model reads the policy's whole weights (gathered: ZeRO-3 holds partitions) and
+    # moves the reference copy as one process does
+    one, two = tmp_path / "one", tmp_path / "two"
+    _accelerate_launch(DISTRIBUTED_SCRIPT, 1, str(tiny_model_dir), str(one), "--sync-ref")
+    done = _deepspeed_launch(DISTRIBUTED_SCRIPT, 3, str(tiny_model_dir), str(two), "--sync-ref")
+    _succeeded(done)
+    first, second = _result(one), _result(two)
+    assert second["zero_stage"] == 3
+    assert first["ref_sum"] != pytest.approx(first["param_sum"], abs=1e-3)  # a real mix
+    assert second["ref_sum"] == pytest.approx(first["ref_sum"], rel=1e-6)
+
+
 def test_zero3_generates_with_the_hf_backend_as_ddp_does(tiny_model_dir, tmp_path):
     """transformers' generate on the gathered weights (no lockstep across processes: the
     processes generate different numbers of rows), then two updates through the engine."""

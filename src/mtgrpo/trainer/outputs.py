@@ -88,7 +88,9 @@ class RunOutputs:
         if args.loss.sync_ref_model and self.ref_model is not None and \
                 self.step % args.loss.ref_model_sync_steps == 0:
             alpha = args.loss.ref_model_mixup_alpha
-            with torch.no_grad():
+            # the policy's whole weights: ZeRO-3 and FSDP hold partitions outside a forward
+            # (collective: every process ends its step here)
+            with torch.no_grad(), self._gathered():
                 for ref, current in zip(self.ref_model.parameters(),
                                         self.unwrapped.parameters(), strict=True):
                     # TR-DPO's soft update, as TRL's SyncRefModelCallback
