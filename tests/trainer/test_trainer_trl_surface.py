@@ -438,3 +438,15 @@ def test_evaluation_time_covers_the_loss(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer.updater, "evaluation_loss", slow_loss)
     metrics = trainer.evaluate(single_task_rows(2))
     assert metrics["eval_time/eval"] >= 0.5  # generation, scoring and the loss, not the first two
+
+
+def test_the_constructor_takes_trl_positional_order():
+    import inspect
+
+    from trl import GRPOTrainer as TRLGRPOTrainer
+
+    def positional(cls: type) -> list[str]:
+        return [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+    assert positional(GRPOTrainer) == positional(TRLGRPOTrainer)

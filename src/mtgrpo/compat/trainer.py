@@ -62,12 +62,17 @@ class GRPOTrainer(_Trainer):
                  train_dataset: Any = None, eval_dataset: Any = None,
                  processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: list[Any] | None = None, optimizers: tuple[Any, Any] = (None, None),
-                 peft_config: Any = None, **options: Any) -> None:
+                 quantization_config: Any = None, peft_config: Any = None, tools: Any = None,
+                 rollout_func: Any = None, environment_factory: Any = None,
+                 **options: Any) -> None:
+        # TRL 1.16's positional order, all of it (a test holds it to TRL's signature)
         self._callbacks = callbacks  # read by _make_flow, which the constructor calls
         super().__init__(model, reward_funcs, GRPOConfig() if args is None else args,
                          train_dataset, eval_dataset, processing_class,
                          reward_processing_classes, optimizers=optimizers,
-                         peft_config=peft_config, **options)
+                         quantization_config=quantization_config, peft_config=peft_config,
+                         tools=tools, rollout_func=rollout_func,
+                         environment_factory=environment_factory, **options)
 
     def _make_flow(self) -> Flow:
         return _CallbackFlow(self, self._callbacks)
