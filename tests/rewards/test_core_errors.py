@@ -236,12 +236,28 @@ def test_the_probe_of_a_row_is_held_to_the_function_time_limit():
         raise ValueError("batch")
 
     begin = time.monotonic()
-    with pytest.raises(RewardError, match=r"called on row 0 alone it ran past its 0.3 s limit, "
-                                          r"so the failing sample was not located") as info:
+    with pytest.raises(RewardError, match=r"called on one completion at a time \(rows up to 0\)"
+                                          r" it ran past its 0.3 s limit, so the failing sample "
+                                          r"was not located") as info:
         score(RewardSuite.from_user(hangs_alone, timeout=0.3), ["t"] * 3)
     assert time.monotonic() - begin < 30
     assert isinstance(info.value.__cause__, ValueError)
     assert info.value.row is None
+
+
+def test_the_probes_together_take_at_most_the_function_time_limit():
+    import time
+
+    def slow_alone(prompts, completions, **kwargs):
+        if len(completions) == 1:  # each row alone ends in time, all of them would not
+            time.sleep(0.2)
+            return [0.0]
+        raise ValueError("batch")
+
+    begin = time.monotonic()
+    with pytest.raises(RewardError, match=r"ran past its 0.5 s limit"):
+        score(RewardSuite.from_user(slow_alone, timeout=0.5), ["t"] * 20)
+    assert time.monotonic() - begin < 3.0  # 20 probes of 0.2 s would take 4 s
 
 
 def test_probe_calls_at_most_the_first_64_rows():

@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import threading
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -216,11 +217,14 @@ def function_failure(
         )
     # bounded: each probe is a full call, and a slow function would be re-run N times
     probed = rows[:PROBE_LIMIT]
+    # no wait without a limit: a function that raised on the batch may hang on a row; all the
+    # probes together take at most the function's own limit (one call's), not one per row
+    budget_end = None if timeout is None else time.monotonic() + timeout
     for row in probed:
+        left = None if budget_end is None else budget_end - time.monotonic()
         try:
-            # no wait without a limit: a function that raised on the batch may hang on a row
-            ended, _ = call_with_deadline(
-                lambda: call_once(rf, batch.kwargs([row])), timeout)  # noqa: B023
+            ended, _ = (False, None) if left is not None and left <= 0 else call_with_deadline(
+                lambda: call_once(rf, batch.kwargs([row])), left)  # noqa: B023
         except Exception as row_exc:
             task = batch.tasks[row]
             return RewardError(
@@ -232,11 +236,11 @@ def function_failure(
                 row=row,
                 task=task,
             )
-        if not ended:  # every further probe could wait as long: the search stops here
+        if not ended:  # the probes' time is spent: the search stops here
             return RewardError(
-                f"{message}; called on row {row} alone it ran past its {timeout} s limit, so "
-                "the failing sample was not located. Fix the function, or make it return None "
-                "for completions it cannot score",
+                f"{message}; called on one completion at a time (rows up to {row}) it ran past "
+                f"its {timeout} s limit, so the failing sample was not located. Fix the "
+                "function, or make it return None for completions it cannot score",
                 function=rf.name,
             )
     return RewardError(
