@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 from test_trainer_distributed import SCRIPT as DISTRIBUTED_SCRIPT
 from test_trainer_distributed import _accelerate_launch, _free_port, script_env
+from trainer_helpers import assert_resumed_exactly, step_records
 
 from mtgrpo import GRPOConfig
 from mtgrpo.reporting import read_metrics
@@ -94,11 +95,6 @@ def _resume_run(model: Path, out: Path, *extra: str) -> subprocess.CompletedProc
     return _deepspeed_launch(RESUME_SCRIPT, 3, str(model), str(out), *RESUME_OPTIONS, *extra)
 
 
-def _steps(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
-            for r in read_metrics(run) if r["split"] != "run"]
-
-
 def test_a_zero3_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     done = _resume_run(tiny_model_dir, full)
@@ -114,11 +110,11 @@ def test_a_zero3_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_pat
     # would draw other completions (test_a_zero_step_... compares it on scripted ones)
     _accelerate_launch(RESUME_SCRIPT, 2, str(tiny_model_dir), str(tmp_path / "ddp"),
                        *RESUME_OPTIONS)
-    ddp, two = _steps(tmp_path / "ddp"), _steps(full)
+    ddp, two = step_records(tmp_path / "ddp"), step_records(full)
     assert len({r["learning_rate"] for r in two}) == 6
     assert [r["learning_rate"] for r in two] == [r["learning_rate"] for r in ddp]
     assert [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
-    _compare_steps(ddp, two)
+    _comparestep_records(ddp, two)
     killed = _resume_run(tiny_model_dir, crashed, "--kill-at", "6")
     assert killed.returncode != 0  # rank 0 killed itself; the launcher stopped rank 1
     assert f"Signals.{signal.SIGKILL.name}" in killed.stderr or "SIGKILL" in killed.stderr
@@ -138,21 +134,14 @@ def test_a_zero3_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_pat
 
     resumed = _resume_run(tiny_model_dir, crashed, "--resume")
     _succeeded(resumed)
-    expected, actual = _steps(full), _steps(crashed)
-    assert [r["step"] for r in actual] == [1, 2, 3, 4, 5, 6]
-    assert actual == expected
-    final_full = load_file(str(full / "checkpoint-6" / "trainable.safetensors"))
-    final_resumed = load_file(str(crashed / "checkpoint-6" / "trainable.safetensors"))
-    assert final_full.keys() == final_resumed.keys()
-    for name, tensor in final_full.items():
-        assert torch.equal(tensor, final_resumed[name]), name
+    assert_resumed_exactly(full, crashed)
     # the engine's state was restored, not rebuilt: it counts all 6 optimizer steps
     engine_state = torch.load(crashed / "checkpoint-6" / zero.CHECKPOINT_FOLDER
                               / "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=False)
     assert engine_state["global_steps"] == 6
 
 
-def _compare_steps(ddp: list[dict], two: list[dict]) -> None:
+def _comparestep_records(ddp: list[dict], two: list[dict]) -> None:
     """The same records, numbers to float32 agreement (forwards over other splits of the
     batch, gradients reduced in another order)."""
     assert [r["step"] for r in two] == [r["step"] for r in ddp]
@@ -189,9 +178,9 @@ def test_zero3_generates_with_the_hf_backend_as_ddp_does(tiny_model_dir, tmp_pat
     done = zero3.result()
     _succeeded(done)
     assert read_metrics(tmp_path / "zero3", split="run")[0]["generation/backend"] == "hf"
-    two = _steps(tmp_path / "zero3")
+    two = step_records(tmp_path / "zero3")
     assert [r["step"] for r in two] == [1, 2]
-    _compare_steps(_steps(tmp_path / "ddp"), two)
+    _comparestep_records(step_records(tmp_path / "ddp"), two)
 
 
 def _trainer(tmp_path: Path, **kwargs):

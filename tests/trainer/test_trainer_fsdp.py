@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from test_trainer_distributed import SCRIPT as DISTRIBUTED_SCRIPT
 from test_trainer_distributed import _accelerate_launch, _free_port, script_env
+from trainer_helpers import assert_resumed_exactly
 
 from mtgrpo import GRPOConfig
 from mtgrpo.reporting import read_metrics
@@ -53,11 +54,6 @@ def _resume_run(model: Path, out: Path, *extra: str) -> subprocess.CompletedProc
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _steps(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
-            for r in read_metrics(run) if r["split"] != "run"]
-
-
 def test_a_sharded_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     done = _resume_run(tiny_model_dir, full)
@@ -82,14 +78,7 @@ def test_a_sharded_run_killed_with_sigkill_resumes_exactly(tiny_model_dir, tmp_p
 
     resumed = _resume_run(tiny_model_dir, crashed, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected, actual = _steps(full), _steps(crashed)
-    assert [r["step"] for r in actual] == [1, 2, 3, 4, 5, 6]
-    assert actual == expected
-    final_full = load_file(str(full / "checkpoint-6" / "trainable.safetensors"))
-    final_resumed = load_file(str(crashed / "checkpoint-6" / "trainable.safetensors"))
-    assert final_full.keys() == final_resumed.keys()
-    for name, tensor in final_full.items():
-        assert torch.equal(tensor, final_resumed[name]), name
+    assert_resumed_exactly(full, crashed)
     # the optimizer's state was restored too, not rebuilt: its step counts all 6 updates
     optimizer = torch.load(crashed / "checkpoint-6" / "optimizer.pt", weights_only=False)
     steps = {float(s["step"]) for s in optimizer["state"].values()}

@@ -92,3 +92,28 @@ def run_and_leave(main: Callable[[], None]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def step_records(run: Any) -> list[dict[str, Any]]:
+    """A run directory's step records (train and eval, not the run records each train() call
+    writes) without their timings, which differ between runs."""
+    from mtgrpo.reporting import read_metrics
+
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+            for r in read_metrics(run) if r["split"] != "run"]
+
+
+def assert_resumed_exactly(full: Any, crashed: Any, steps: int = 6) -> None:
+    """The resumed run ``crashed`` logged the steps the uninterrupted ``full`` did and ended
+    with the same trainable weights, bit for bit (its last checkpoint's)."""
+    import torch
+    from safetensors.torch import load_file
+
+    expected, actual = step_records(full), step_records(crashed)
+    assert [r["step"] for r in actual] == list(range(1, steps + 1))
+    assert actual == expected
+    last = f"checkpoint-{steps}/trainable.safetensors"
+    final_full, final_resumed = load_file(str(full / last)), load_file(str(crashed / last))
+    assert final_full.keys() == final_resumed.keys()
+    for name, tensor in final_full.items():
+        assert torch.equal(tensor, final_resumed[name]), name
