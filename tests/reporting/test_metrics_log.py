@@ -32,6 +32,25 @@ def test_rewind_moves_later_lines_aside_and_keeps_them(tmp_path):
     assert MetricsWriter.rewind(path, step=2) is None  # nothing newer: nothing moved
 
 
+def test_rewind_reads_the_log_from_its_end(tmp_path):
+    path = tmp_path / "completions.jsonl"
+    path.write_bytes(b"")
+    assert MetricsWriter.rewind(path, step=0) is None  # an empty log
+    records = [json.dumps({"step": s, "completion": "x" * 100}) for s in range(1, 2001)]
+    path.write_text("\n".join(records))  # no newline after the last line
+    assert MetricsWriter.rewind(path, step=2000) is None  # every line stays, byte for byte
+    assert path.read_text() == "\n".join(records)
+    side = MetricsWriter.rewind(path, step=1500)
+    assert [r["step"] for r in read_metrics(path)][-1] == 1500
+    assert path.read_text().endswith("\n")
+    assert [json.loads(x)["step"] for x in side.read_text().splitlines()] == list(
+        range(1501, 2001))
+    path.write_text(records[0] + "\n[1, 2]\n\n")  # JSON that is no record moves too
+    side = MetricsWriter.rewind(path, step=0)  # step 0: the first line moves as well
+    assert path.read_bytes() == b""
+    assert side.read_text().splitlines()[:2] == [records[0], "[1, 2]"]
+
+
 def test_read_metrics_missing_file_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics log"):
         read_metrics(tmp_path / "nope")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-from mtgrpo._files import write_text_atomically
 
 __all__ = ["MetricsWriter", "read_metrics"]
 
@@ -63,29 +62,54 @@ class MetricsWriter:
 
         Used on resume: the interrupted run may have logged steps after its last checkpoint,
         which the resumed run logs again. Those lines are kept (never deleted) in
-        ``metrics.after-step-<step>.<time>.jsonl`` beside the log. Returns that file, if any.
+        ``<log>.after-step-<step>.<time>.jsonl`` beside the log. Returns that file, if any.
+
+        A log is written in step order, so the lines to move are its tail: it is found by
+        reading from the end (a completions log of many GB costs only its tail), copied to the
+        side file and flushed to disk, and the log is then truncated, one system call: a crash
+        in between leaves the lines in both files, never in neither.
         """
         path = Path(path)
         if not path.exists():
             return None
-        keep, moved = [], []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            try:
-                record_step = json.loads(line).get("step", 0)
-            except json.JSONDecodeError:  # a line cut by the crash: keep it aside
-                moved.append(line)
-                continue
-            (keep if record_step <= step else moved).append(line)
-        if not moved:
+        cut, size = _kept_end(path, step), path.stat().st_size
+        if cut >= size:
             return None
         # A timestamp: a later resume at the same step keeps this side file.
         side = path.with_name(f"{path.stem}.after-step-{step}.{int(time.time())}.jsonl")
-        side.write_text("\n".join(moved) + "\n", encoding="utf-8")
-        # A crash during the rewrite leaves the old log whole.
-        write_text_atomically(path, "".join(line + "\n" for line in keep))
+        with path.open("rb") as source, side.open("wb") as target:
+            source.seek(cut)
+            tail = source.read()
+            target.write(tail if tail.endswith(b"\n") else tail + b"\n")  # a cut last line
+            target.flush()
+            os.fsync(target.fileno())
+        os.truncate(path, cut)
         return side
+
+
+def _kept_end(path: Path, step: int) -> int:
+    """The byte offset after the last line to keep: the last line, scanning from the end, that
+    holds a record with ``step <= step`` (a line that is not JSON, cut by a crash, moves)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) \
+            as view:
+        end = cut = size  # the current line is view[start:end]; lines from `cut` on move
+        while True:
+            start = view.rfind(b"\n", 0, end) + 1  # 0: the first line
+            line = view[start:end]
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a cut line (JSONDecodeError), or bytes that are not UTF-8
+                    record = None
+                if isinstance(record, dict) and record.get("step", 0) <= step:
+                    return cut
+            cut = start
+            if start == 0:
+                return 0
+            end = start - 1  # before the newline that ends the previous line
 
 
 def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
