@@ -223,3 +223,24 @@ def test_an_atomic_rewrite_keeps_the_mode_a_plain_write_gives(tmp_path):
         assert atomic.stat().st_mode & 0o777 == 0o600  # the umask still applies
     finally:
         os.umask(old)
+
+
+def test_a_resume_refused_by_the_sampler_loads_nothing(tiny_model_dir, tmp_path):
+    import pytest
+    import trainer_helpers as common
+
+    from mtgrpo import GRPOTrainer
+
+    def trainer(**options):
+        return GRPOTrainer(str(tiny_model_dir), [common.alpha_reward, common.beta_reward],
+                           args=common.args(tmp_path, max_steps=2, save_steps=2, **options),
+                           train_dataset=common.rows())
+
+    trainer(shuffle_dataset=True).train()
+    other = trainer(shuffle_dataset=False)  # another prompt order: the sampler refuses it
+    before = {n: p.detach().clone() for n, p in other.unwrapped.named_parameters()}
+    with pytest.raises(ValueError, match="shuffle=True"):
+        other._resume(True)
+    assert other.step == 0
+    for name, tensor in other.unwrapped.named_parameters():
+        assert torch.equal(tensor, before[name]), name  # the checkpoint's weights not loaded

@@ -170,7 +170,10 @@ class Checkpointing:
                 f" run (fsdp={'full_shard' if state.get('sharded') else 'unset'}); resume with "
                 "the same fsdp setting")
         self._check_layout(checkpoint, state)
-        # every check above runs before anything is loaded: a refused resume changes nothing
+        # the sampler's state refuses another prompt set or order, and changes nothing when it
+        # does: restored before the weights, so a refused resume has loaded nothing
+        self.sampler.load_state_dict(state["sampler"])
+        # every check above runs before the weights are loaded: a refused resume changes nothing
         if self.zero is not None:
             _read(checkpoint / zero.CHECKPOINT_FOLDER, lambda p: self.zero.load(p.parent))
         elif self.sharded:
@@ -186,7 +189,6 @@ class Checkpointing:
         self.weighting.load_state_dict(state["weighting"])
         if self.validation is not None and "validation" in state:  # else: evaluated at once
             self.validation.load_state_dict(state["validation"])
-        self.sampler.load_state_dict(state["sampler"])
         if "entropy" in state:
             self.updater.entropy.load_state_dict(state["entropy"])
         if "hf_state" in state:
