@@ -17,7 +17,7 @@ from test_trainer_distributed import SCRIPT as DISTRIBUTED_SCRIPT
 from test_trainer_distributed import _accelerate_launch, _free_port, script_env
 from trainer_helpers import assert_resumed_exactly
 
-from mtgrpo import GRPOConfig
+from mtgrpo import GRPOConfig, GRPOTrainer
 from mtgrpo.reporting import read_metrics
 from tolerance import assert_close_f32
 
@@ -104,3 +104,21 @@ def test_fsdp_accepts_trl_spellings(tmp_path):
     for value in ("full_shard", "full_shard auto_wrap", ["full_shard", "auto_wrap"]):
         assert GRPOConfig(output_dir=str(tmp_path), fsdp=value).fully_sharded
     assert not GRPOConfig(output_dir=str(tmp_path)).fully_sharded
+
+
+def test_accelerates_own_fsdp_launch_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    monkeypatch.setattr(Accelerator, "distributed_type",
+                        property(lambda self: DistributedType.FSDP))
+    loaded = []
+    monkeypatch.setattr("mtgrpo.trainer.trainer.load_policy",
+                        lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(AssertionError))
+    with pytest.raises(ValueError, match=r"set fsdp: full_shard .* launch without "
+                                         r"accelerate's FSDP config"):
+        GRPOTrainer("any/model", [lambda completions, **kw: [0.0] * len(completions)],
+                    args=GRPOConfig(output_dir=str(tmp_path), report_to=[]),
+                    train_dataset=[{"prompt": "a"}, {"prompt": "b"}])
+    assert loaded == []  # refused before any model loads
+

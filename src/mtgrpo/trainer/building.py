@@ -133,6 +133,14 @@ class TrainerBuilding:
             cpu=self._on_cpu and not use_deepspeed, mixed_precision=precision,
             kwargs_handlers=_ddp_kwargs(args, backend),
         )
+        if self.accelerator.distributed_type.value == "FSDP" and not args.fully_sharded:
+            # accelerate's plugin would wrap the model in prepare(), where mtgrpo's generation
+            # gathers, filler passes and sharded checkpoints do not follow it
+            raise ValueError(
+                "accelerate was launched with its FSDP configuration, which mtgrpo does not "
+                "shard with: set fsdp: full_shard (mtgrpo shards the model with FSDP2 itself, "
+                "and its checkpoints resume exactly) and launch without accelerate's FSDP "
+                "config (accelerate launch --multi_gpu ...)")
         self.zero: zero.ZeroEngine | None = None  # the DeepSpeed engine, once prepared
         if zero.launched(self.accelerator):
             zero.configure(self.accelerator, args)
