@@ -6,9 +6,9 @@
 Prints a Markdown table: the native configuration's sections and options, the lines of
 ``trainer/trainer.py`` and of ``training_step``, the reward's path to the loss (hand-offs and
 files, from docs/architecture.md's table), the README's lines, and the share of non-blank lines
-holding a ``#`` comment, over ``src/mtgrpo`` and per package. ``--density`` measures other
-trees by the same rule (TRL's ``trl/trainer/grpo_trainer.py``, nanochat's ``nanochat/``), so a
-comparison uses one definition.
+holding a ``#`` comment (and with docstring lines counted too), over ``src/mtgrpo`` and per
+package. ``--density`` measures other trees by the same rule (TRL's
+``trl/trainer/grpo_trainer.py``, nanochat's ``nanochat/``), so a comparison uses one definition.
 """
 
 from __future__ import annotations
@@ -24,18 +24,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def comment_density(path: Path) -> tuple[int, int]:
+def comment_density(path: Path, docstrings: bool = False) -> tuple[int, int]:
     """(non-blank lines, lines holding a ``#`` comment) over ``path`` (a ``.py`` file or every
     ``.py`` file under a folder). A comment is a tokenizer ``COMMENT`` token, so a ``#`` inside
-    a string is not one; a line with code and a trailing comment counts once."""
+    a string is not one; a line with code and a trailing comment counts once. ``docstrings``:
+    the lines of module, class and function docstrings count too."""
     files = [path] if path.is_file() else sorted(path.rglob("*.py"))
     lines = commented = 0
     for file in files:
         text = file.read_text(encoding="utf-8")
         lines += sum(1 for line in text.splitlines() if line.strip())
         tokens = tokenize.generate_tokens(io.StringIO(text).readline)
-        commented += len({t.start[0] for t in tokens if t.type == tokenize.COMMENT})
+        numbers = {t.start[0] for t in tokens if t.type == tokenize.COMMENT}
+        if docstrings:
+            numbers |= _docstring_lines(text)
+        commented += len(numbers)
     return lines, commented
+
+
+def _docstring_lines(text: str) -> set[int]:
+    """The line numbers of the docstrings of ``text``'s module, classes and functions."""
+    found: set[int] = set()
+    kinds = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+            first = node.body[0]
+            found.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    return found
 
 
 def function_lines(path: Path, name: str) -> tuple[int, int]:
@@ -76,6 +91,11 @@ def native_options() -> tuple[int, int]:
     return len(SECTIONS), len(FIELD_SECTION)
 
 
+def _both(path: Path) -> str:
+    return (f"{_percent(comment_density(path))}; with docstrings "
+            f"{_percent(comment_density(path, docstrings=True)).split(' (')[0]}")
+
+
 def _percent(counts: tuple[int, int]) -> str:
     lines, commented = counts
     return f"{100 * commented / lines:.1f} % ({commented:,} of {lines:,})" if lines else "-"
@@ -93,7 +113,7 @@ def figures() -> list[tuple[str, str]]:
         ("`training_step`", f"{step_total} lines, {step_code} of code"),
         ("reward → loss", f"{handoffs} hand-offs in {len(files)} files"),
         ("README.md", f"{len((ROOT / 'README.md').read_text().splitlines())} lines"),
-        ("comment lines, `src/mtgrpo`", _percent(comment_density(src))),
+        ("comment lines, `src/mtgrpo`", _both(src)),
     ]
     packages = sorted(p for p in src.iterdir() if p.is_dir() and any(p.rglob("*.py")))
     rows += [(f"comment lines, `{p.name}/`", _percent(comment_density(p))) for p in packages]
@@ -105,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--density", nargs="+", type=Path, metavar="PATH",
                         help="only the comment density of these files or folders")
     options = parser.parse_args(argv)
-    rows = ([(str(p), _percent(comment_density(p))) for p in options.density]
+    rows = ([(str(p), _both(p)) for p in options.density]
             if options.density else figures())
     print("| figure | value |\n|---|---|")
     for name, value in rows:

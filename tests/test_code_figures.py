@@ -25,6 +25,21 @@ def test_comment_density_counts_comment_tokens_once_per_line(tmp_path):
     assert figures.comment_density(tmp_path) == (8, 3)  # a folder: every .py file under it
 
 
+def test_docstring_lines_count_only_when_asked(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text(
+        '"""A module\n'
+        'docstring."""\n'
+        "\n"
+        "def f():\n"
+        '    """One line."""\n'
+        "    x = 1  # a comment\n"
+        '    """Not a docstring: a later string."""\n'
+        "    return x\n")
+    assert figures.comment_density(source) == (7, 1)
+    assert figures.comment_density(source, docstrings=True) == (7, 4)  # lines 1, 2, 5 and 6
+
+
 def test_function_lines_leaves_out_the_docstring_comments_and_blanks(tmp_path):
     source = tmp_path / "sample.py"
     source.write_text(
