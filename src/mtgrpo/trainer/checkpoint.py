@@ -99,17 +99,15 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    stale = [child for child in root.iterdir() if _TEMPORARY.match(child.name) and child.is_dir()]
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
+    stale = []
     for child in list(root.iterdir()):
-        replaced = _REPLACED.match(child.name)
-        if replaced is None or not child.is_dir():
+        if not child.is_dir():
             continue
-        if (root / replaced.group(1)).exists():
+        replaced = _REPLACED.match(child.name)
+        if _TEMPORARY.match(child.name) or (replaced and (root / replaced.group(1)).exists()):
             shutil.rmtree(child, ignore_errors=True)
             stale.append(child)
-        else:
+        elif replaced:
             child.rename(root / replaced.group(1))
     return stale
 

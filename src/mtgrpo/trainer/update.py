@@ -295,8 +295,7 @@ class PolicyUpdater:
         if self.sharded or self._gathers_entropy:
             # a collective in every micro-batch (the shards' gathers, the entropy quantile's):
             # filler passes (empty row lists) up to the longest plan of any process
-            count = torch.tensor([len(plan)], device=self.accelerator.device)
-            plan += [[] for _ in range(int(self.accelerator.gather(count).max()) - len(plan))]
+            plan += [[] for _ in range(self._max_over_processes(len(plan)) - len(plan))]
         elif not plan:
             # no rows in this optimizer step's part: one filler pass, whose backward joins the
             # gradient all-reduce the other processes' last micro-batch starts
@@ -479,12 +478,12 @@ class PolicyUpdater:
         # no trained token on any process: 0 rather than NaN
         return float(total[0] / total[1].clamp(min=1))
 
-    def _largest_share(self, batch: PolicyBatch) -> int:
-        """The most rows any process holds in this batch (one gather; this process's count
+    def _max_over_processes(self, value: int) -> int:
+        """The largest of every process's ``value`` (one gather, a collective; ``value`` itself
         on one process)."""
         if self.accelerator.num_processes == 1:
-            return batch.num_rows
-        count = torch.tensor([batch.num_rows], device=self.accelerator.device)
+            return value
+        count = torch.tensor([value], device=self.accelerator.device)
         return int(self.accelerator.gather(count).max())
 
     def _mini_batches(self, num_rows: int, largest: int) -> list[list[int]]:
@@ -511,7 +510,7 @@ class PolicyUpdater:
         grad_norms = []
         self.model.train()
         # TRL's order: every mini-batch of the batch, then the whole pass again (num_iterations)
-        largest = self._largest_share(batch)
+        largest = self._max_over_processes(batch.num_rows)  # the most rows any process holds
         steps = [rows for _ in range(self.config.batch.num_iterations)
                  for rows in self._mini_batches(batch.num_rows, largest)]
         for rows in steps[:max_steps]:
